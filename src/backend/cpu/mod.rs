@@ -1,0 +1,184 @@
+//! The CPU backend: f32 activations in `Vec<f32>`, weights read in place
+//! from the mapped model file, rayon for threads.
+
+mod attn;
+mod delta;
+pub mod matmul;
+mod moe;
+
+use super::{AttnArgs, Backend, DeltaArgs, DeltaState, DeltaWeights, MlaArgs, MoeArgs, RopeArgs, Routes, Strided};
+use crate::error::Result;
+use crate::experts::ExpertStore;
+use crate::format::MatrixView;
+use matmul::CpuMatrix;
+use rayon::prelude::*;
+
+#[derive(Debug, Default)]
+pub struct CpuBackend;
+
+impl CpuBackend {
+    pub fn new() -> CpuBackend {
+        CpuBackend
+    }
+}
+
+#[inline]
+pub(crate) fn silu(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+#[inline]
+pub(crate) fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+pub(crate) fn rms_norm_row(x: &[f32], w: &[f32], eps: f32, y: &mut [f32]) {
+    let ss: f32 = x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32;
+    let inv = 1.0 / (ss + eps).sqrt();
+    for ((o, v), g) in y.iter_mut().zip(x).zip(w) {
+        *o = v * inv * g;
+    }
+}
+
+impl Backend for CpuBackend {
+    type Buf = Vec<f32>;
+    type Matrix = CpuMatrix;
+
+    fn name(&self) -> &'static str {
+        "cpu"
+    }
+
+    fn alloc(&self, len: usize) -> Result<Vec<f32>> {
+        Ok(vec![0.0; len])
+    }
+    fn upload(&self, data: &[f32]) -> Result<Vec<f32>> {
+        Ok(data.to_vec())
+    }
+    fn download(&self, buf: &Vec<f32>, off: usize, out: &mut [f32]) -> Result<()> {
+        out.copy_from_slice(&buf[off..off + out.len()]);
+        Ok(())
+    }
+    fn matrix(&self, m: &MatrixView) -> Result<CpuMatrix> {
+        Ok(CpuMatrix::new(m))
+    }
+
+    fn linear(&self, w: &CpuMatrix, x: &Vec<f32>, n: usize, y: &mut Vec<f32>) -> Result<()> {
+        matmul::linear(&w.view, x, n, y);
+        Ok(())
+    }
+    fn embed(&self, table: &CpuMatrix, tokens: &[u32], y: &mut Vec<f32>) -> Result<()> {
+        matmul::embed(&table.view, tokens, y);
+        Ok(())
+    }
+
+    fn rms_norm(&self, x: &Vec<f32>, w: &Vec<f32>, rows: usize, dim: usize, eps: f32, y: &mut Vec<f32>) -> Result<()> {
+        y[..rows * dim]
+            .par_chunks_mut(dim)
+            .zip(x[..rows * dim].par_chunks(dim))
+            .for_each(|(o, r)| rms_norm_row(r, w, eps, o));
+        Ok(())
+    }
+
+    fn gated_rms_norm(
+        &self,
+        x: &Vec<f32>,
+        z: &Vec<f32>,
+        w: &Vec<f32>,
+        rows: usize,
+        dim: usize,
+        eps: f32,
+        y: &mut Vec<f32>,
+    ) -> Result<()> {
+        y[..rows * dim]
+            .par_chunks_mut(dim)
+            .zip(x[..rows * dim].par_chunks(dim).zip(z[..rows * dim].par_chunks(dim)))
+            .for_each(|(o, (r, g))| {
+                rms_norm_row(r, w, eps, o);
+                for (v, gv) in o.iter_mut().zip(g) {
+                    *v *= silu(*gv);
+                }
+            });
+        Ok(())
+    }
+
+    fn add(&self, y: &mut Vec<f32>, x: &Vec<f32>, len: usize) -> Result<()> {
+        for (a, b) in y[..len].iter_mut().zip(&x[..len]) {
+            *a += b;
+        }
+        Ok(())
+    }
+
+    fn add_scaled_rows(&self, y: &mut Vec<f32>, x: &Vec<f32>, scale: &Vec<f32>, rows: usize, dim: usize, sigmoid_gate: bool) -> Result<()> {
+        for r in 0..rows {
+            let s = if sigmoid_gate { sigmoid(scale[r]) } else { scale[r] };
+            for (a, b) in y[r * dim..(r + 1) * dim].iter_mut().zip(&x[r * dim..(r + 1) * dim]) {
+                *a += s * b;
+            }
+        }
+        Ok(())
+    }
+
+    fn swiglu(&self, gate: &Vec<f32>, up: &Vec<f32>, len: usize, y: &mut Vec<f32>) -> Result<()> {
+        for ((o, g), u) in y[..len].iter_mut().zip(&gate[..len]).zip(&up[..len]) {
+            *o = silu(*g) * u;
+        }
+        Ok(())
+    }
+
+    fn sigmoid_mul(&self, x: &mut Vec<f32>, gate: &Vec<f32>, len: usize) -> Result<()> {
+        for (v, g) in x[..len].iter_mut().zip(&gate[..len]) {
+            *v *= sigmoid(*g);
+        }
+        Ok(())
+    }
+
+    fn copy(&self, src: &Vec<f32>, dst: &mut Vec<f32>, s: Strided) -> Result<()> {
+        for r in 0..s.rows {
+            let a = s.src_off + r * s.src_stride;
+            let b = s.dst_off + r * s.dst_stride;
+            dst[b..b + s.width].copy_from_slice(&src[a..a + s.width]);
+        }
+        Ok(())
+    }
+
+    fn rope(&self, x: &mut Vec<f32>, inv_freq: &Vec<f32>, a: RopeArgs) -> Result<()> {
+        attn::rope(x, inv_freq, a);
+        Ok(())
+    }
+
+    fn attention(&self, q: &Vec<f32>, k: &Vec<f32>, v: &Vec<f32>, a: AttnArgs, out: &mut Vec<f32>) -> Result<()> {
+        attn::attention(q, k, v, a, out);
+        Ok(())
+    }
+
+    fn mla_attention(
+        &self,
+        q: &Vec<f32>,
+        latent: &Vec<f32>,
+        k_pe: &Vec<f32>,
+        kv_b: &Vec<f32>,
+        a: MlaArgs,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
+        attn::mla_attention(q, latent, k_pe, kv_b, a, out);
+        Ok(())
+    }
+
+    fn gated_delta(
+        &self,
+        qkv: &Vec<f32>,
+        a: &Vec<f32>,
+        b: &Vec<f32>,
+        w: DeltaWeights<'_, Self>,
+        state: DeltaState<'_, Self>,
+        args: DeltaArgs,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
+        delta::gated_delta(qkv, a, b, w, state, args, out);
+        Ok(())
+    }
+
+    fn moe(&self, x: &Vec<f32>, routes: &Routes, store: &ExpertStore, a: MoeArgs, out: &mut Vec<f32>) -> Result<()> {
+        moe::moe(x, routes, store, a, out)
+    }
+}

@@ -1,0 +1,208 @@
+//! The `Backend` trait: a small set of coarse ops on backend-owned buffers,
+//! against which each architecture is written once. `cpu` implements it
+//! with rayon + SIMD; a CUDA backend implements the same ops on device
+//! buffers (the model code never touches a buffer's contents directly,
+//! except router logits, which it downloads to decide what to stream).
+
+pub mod cpu;
+
+use crate::error::Result;
+use crate::experts::ExpertStore;
+use crate::format::MatrixView;
+
+/// A strided copy of `rows` rows of `width` elements:
+/// `dst[dst_off + r·dst_stride + i] = src[src_off + r·src_stride + i]`.
+#[derive(Debug, Clone, Copy)]
+pub struct Strided {
+    pub rows: usize,
+    pub width: usize,
+    pub src_off: usize,
+    pub src_stride: usize,
+    pub dst_off: usize,
+    pub dst_stride: usize,
+}
+
+impl Strided {
+    /// A plain contiguous copy of `len` elements.
+    pub fn contiguous(len: usize, src_off: usize, dst_off: usize) -> Strided {
+        Strided {
+            rows: 1,
+            width: len,
+            src_off,
+            src_stride: len,
+            dst_off,
+            dst_stride: len,
+        }
+    }
+}
+
+/// Rotary embedding applied in place to `x` viewed as
+/// `[n_tokens, n_heads, head_stride]` (token stride `token_stride`):
+/// channels `[0, rot_dim)` of every head are rotated for the positions
+/// `pos0 .. pos0 + n_tokens`, angle `pos·inv_freq[j]` (computed in f32),
+/// and cos/sin are multiplied by `mscale`.
+#[derive(Debug, Clone, Copy)]
+pub struct RopeArgs {
+    pub n_tokens: usize,
+    pub n_heads: usize,
+    pub head_stride: usize,
+    pub token_stride: usize,
+    pub rot_dim: usize,
+    pub pos0: usize,
+    /// Pairs `(2i, 2i+1)` when true, `(i, i + rot_dim/2)` otherwise.
+    pub interleaved: bool,
+    pub mscale: f32,
+}
+
+/// Causal GQA attention of `n` new queries at positions `pos0..pos0+n`
+/// over a cache holding positions `0..pos0+n`.
+/// q `[n, n_heads, head_dim]`; caches `[capacity, n_kv_heads, head_dim]`
+/// (`v_dim` for V); out `[n, n_heads, v_dim]`.
+#[derive(Debug, Clone, Copy)]
+pub struct AttnArgs {
+    pub n: usize,
+    pub pos0: usize,
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    pub v_dim: usize,
+    pub scale: f32,
+}
+
+/// Absorbed multi-head latent attention of `n` queries at `pos0..` over
+/// `pos0 + n` cached positions.
+/// q `[n, n_heads, nope + rope]` (rope part already rotated);
+/// latent `[capacity, kv_lora_rank]` (normalized c_kv);
+/// k_pe `[capacity, rope]` (rotated);
+/// kv_b `[n_heads·(nope + v_dim), kv_lora_rank]` f32;
+/// out `[n, n_heads, v_dim]`.
+#[derive(Debug, Clone, Copy)]
+pub struct MlaArgs {
+    pub n: usize,
+    pub pos0: usize,
+    pub n_heads: usize,
+    pub nope: usize,
+    pub rope: usize,
+    pub v_dim: usize,
+    pub kv_lora_rank: usize,
+    pub scale: f32,
+}
+
+/// One GatedDeltaNet step over `n` tokens (SPEC.md §5).
+/// qkv `[n, conv_dim]` before the conv; a, b `[n, v_heads]`;
+/// conv_w `[conv_dim, kernel]`; a_log, dt_bias `[v_heads]`;
+/// conv_state `[kernel−1, conv_dim]` (oldest first), ssm_state
+/// `[v_heads, v_dim, k_dim]`; out `[n, v_heads·v_dim]`.
+#[derive(Debug, Clone, Copy)]
+pub struct DeltaArgs {
+    pub n: usize,
+    pub k_heads: usize,
+    pub v_heads: usize,
+    pub k_dim: usize,
+    pub v_dim: usize,
+    pub kernel: usize,
+}
+
+/// Weights of one GatedDeltaNet layer as the op needs them.
+pub struct DeltaWeights<'a, B: Backend> {
+    pub conv_w: &'a B::Buf,
+    pub a_log: &'a B::Buf,
+    pub dt_bias: &'a B::Buf,
+}
+
+/// The recurrent state of one GatedDeltaNet layer.
+pub struct DeltaState<'a, B: Backend> {
+    pub conv: &'a mut B::Buf,
+    pub ssm: &'a mut B::Buf,
+}
+
+/// The routed experts of `n` tokens for one MoE layer: token `t` uses
+/// experts `ids[t·k .. (t+1)·k]` with weights `weights[t·k ..]`.
+#[derive(Debug, Clone)]
+pub struct Routes {
+    pub k: usize,
+    pub ids: Vec<u32>,
+    pub weights: Vec<f32>,
+}
+
+/// One MoE step: `out[t] += Σ_k w[t,k] · expert_k(x[t])` over `n` tokens
+/// with x `[n, hidden]`, experts of width `inter` read from `store` for
+/// `layer`.
+#[derive(Debug, Clone, Copy)]
+pub struct MoeArgs {
+    pub layer: usize,
+    pub n: usize,
+    pub hidden: usize,
+    pub inter: usize,
+}
+
+pub trait Backend: Send + Sync + Sized + 'static {
+    /// An f32 buffer in the backend's memory.
+    type Buf: Send + Sync;
+    /// A resident weight matrix.
+    type Matrix: Send + Sync;
+
+    fn name(&self) -> &'static str;
+
+    /// A zeroed buffer of `len` f32.
+    fn alloc(&self, len: usize) -> Result<Self::Buf>;
+    fn upload(&self, data: &[f32]) -> Result<Self::Buf>;
+    /// Copy `out.len()` elements starting at `off` back to the host.
+    fn download(&self, buf: &Self::Buf, off: usize, out: &mut [f32]) -> Result<()>;
+    /// Make a weight matrix resident.
+    fn matrix(&self, m: &MatrixView) -> Result<Self::Matrix>;
+
+    /// `y[n, rows] = x[n, cols] · Wᵀ`.
+    fn linear(&self, w: &Self::Matrix, x: &Self::Buf, n: usize, y: &mut Self::Buf) -> Result<()>;
+    /// `y[t] = row tokens[t] of table`.
+    fn embed(&self, table: &Self::Matrix, tokens: &[u32], y: &mut Self::Buf) -> Result<()>;
+
+    /// `y[r] = x[r] / sqrt(mean(x[r]²) + eps) · w` for `rows` rows of `dim`.
+    fn rms_norm(&self, x: &Self::Buf, w: &Self::Buf, rows: usize, dim: usize, eps: f32, y: &mut Self::Buf) -> Result<()>;
+    /// Gated norm: `y[r] = rms_norm(x[r])·w · silu(z[r])`.
+    fn gated_rms_norm(
+        &self,
+        x: &Self::Buf,
+        z: &Self::Buf,
+        w: &Self::Buf,
+        rows: usize,
+        dim: usize,
+        eps: f32,
+        y: &mut Self::Buf,
+    ) -> Result<()>;
+    /// `y[..len] += x[..len]`.
+    fn add(&self, y: &mut Self::Buf, x: &Self::Buf, len: usize) -> Result<()>;
+    /// `y[..len] += scale[r] · x` row-wise: rows of `dim`, `scale` on the host
+    /// side already applied as sigmoid when `sigmoid` is set.
+    fn add_scaled_rows(&self, y: &mut Self::Buf, x: &Self::Buf, scale: &Self::Buf, rows: usize, dim: usize, sigmoid: bool) -> Result<()>;
+    /// `y[..len] = silu(gate) ⊙ up`.
+    fn swiglu(&self, gate: &Self::Buf, up: &Self::Buf, len: usize, y: &mut Self::Buf) -> Result<()>;
+    /// `x[..len] ⊙= sigmoid(gate)`.
+    fn sigmoid_mul(&self, x: &mut Self::Buf, gate: &Self::Buf, len: usize) -> Result<()>;
+    fn copy(&self, src: &Self::Buf, dst: &mut Self::Buf, s: Strided) -> Result<()>;
+
+    fn rope(&self, x: &mut Self::Buf, inv_freq: &Self::Buf, a: RopeArgs) -> Result<()>;
+    fn attention(&self, q: &Self::Buf, k: &Self::Buf, v: &Self::Buf, a: AttnArgs, out: &mut Self::Buf) -> Result<()>;
+    fn mla_attention(
+        &self,
+        q: &Self::Buf,
+        latent: &Self::Buf,
+        k_pe: &Self::Buf,
+        kv_b: &Self::Buf,
+        a: MlaArgs,
+        out: &mut Self::Buf,
+    ) -> Result<()>;
+    fn gated_delta(
+        &self,
+        qkv: &Self::Buf,
+        a: &Self::Buf,
+        b: &Self::Buf,
+        w: DeltaWeights<'_, Self>,
+        state: DeltaState<'_, Self>,
+        args: DeltaArgs,
+        out: &mut Self::Buf,
+    ) -> Result<()>;
+
+    /// Run the routed experts of one layer and add their weighted sum into `out`.
+    fn moe(&self, x: &Self::Buf, routes: &Routes, store: &ExpertStore, a: MoeArgs, out: &mut Self::Buf) -> Result<()>;
+}

@@ -1,0 +1,6 @@
+//! One file per subcommand.
+
+pub mod convert;
+pub mod inspect;
+pub mod logits;
+pub mod synth;

@@ -1,0 +1,111 @@
+//! The library's one error type. Every variant names the thing at fault:
+//! the file, the tensor, the config field, the position.
+
+use std::path::PathBuf;
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+
+    #[error("{path}: invalid JSON: {source}")]
+    Json {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+
+    /// A `config.json` field is missing, has the wrong type, or an
+    /// impossible value.
+    #[error("config.json: field `{field}`: {msg}")]
+    Config { field: String, msg: String },
+
+    #[error("unsupported model_type `{model_type}`; supported: {supported}")]
+    UnsupportedArch {
+        model_type: String,
+        supported: &'static str,
+    },
+
+    /// A file whose contents do not match what its format promises
+    /// (truncated, corrupt header, entry past the end).
+    #[error("{path}: {msg}")]
+    Format { path: PathBuf, msg: String },
+
+    #[error("tensor `{name}` not found{}", where_.as_ref().map(|w| format!(" in {w}")).unwrap_or_default())]
+    MissingTensor { name: String, where_: Option<String> },
+
+    #[error("tensor `{name}`: expected shape {expected:?}, found {found:?}")]
+    Shape {
+        name: String,
+        expected: Vec<usize>,
+        found: Vec<usize>,
+    },
+
+    #[error("tensor `{name}`: unsupported dtype {dtype}")]
+    Dtype { name: String, dtype: String },
+
+    #[error("token id {token} is outside the vocabulary (size {vocab})")]
+    TokenOutOfRange { token: u32, vocab: usize },
+
+    #[error("evaluation at position {got}, but the session holds {expected} positions (positions must be contiguous)")]
+    Position { expected: usize, got: usize },
+
+    #[error("context full: position {pos} exceeds the limit of {limit}")]
+    ContextFull { pos: usize, limit: usize },
+
+    /// Converting a checkpoint failed for a reason not covered above.
+    #[error("convert: {0}")]
+    Convert(String),
+
+    /// The destination exists and `--force` was not given.
+    #[error("{0} already exists (use --force to overwrite)")]
+    Exists(PathBuf),
+
+    #[error("invalid argument: {0}")]
+    Invalid(String),
+
+    #[error("backend {backend}: {msg}")]
+    Backend { backend: &'static str, msg: String },
+}
+
+impl Error {
+    pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        Error::Io {
+            path: path.into(),
+            source,
+        }
+    }
+    pub fn format(path: impl Into<PathBuf>, msg: impl Into<String>) -> Self {
+        Error::Format {
+            path: path.into(),
+            msg: msg.into(),
+        }
+    }
+    pub fn config(field: impl Into<String>, msg: impl Into<String>) -> Self {
+        Error::Config {
+            field: field.into(),
+            msg: msg.into(),
+        }
+    }
+    pub fn missing(name: impl Into<String>) -> Self {
+        Error::MissingTensor {
+            name: name.into(),
+            where_: None,
+        }
+    }
+}
+
+/// Read and parse a JSON file with errors naming the path.
+pub fn read_json<T: serde::de::DeserializeOwned>(path: &std::path::Path) -> Result<T> {
+    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    serde_json::from_str(&text).map_err(|e| Error::Json {
+        path: path.to_path_buf(),
+        source: e,
+    })
+}

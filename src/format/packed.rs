@@ -1,0 +1,335 @@
+//! The packed model directory (SPEC.md §2): `model_weights.bin` + its
+//! manifest `model_weights.json`, and `packed_experts/` with one file per
+//! MoE layer described by `layout.json`.
+
+use crate::error::{read_json, Error, Result};
+use crate::format::{Dtype, MatrixData, MatrixView, Region};
+use memmap2::Mmap;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+pub const WEIGHTS_FILE: &str = "model_weights.bin";
+pub const MANIFEST_FILE: &str = "model_weights.json";
+pub const EXPERTS_DIR: &str = "packed_experts";
+pub const LAYOUT_FILE: &str = "layout.json";
+/// Every tensor in `model_weights.bin` starts at a multiple of this.
+pub const ALIGN: u64 = 64;
+
+/// One tensor of `model_weights.bin`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct TensorEntry {
+    pub offset: u64,
+    pub size: u64,
+    pub shape: Vec<usize>,
+    pub dtype: String,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub bits: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub group_size: Option<usize>,
+}
+
+/// `model_weights.json`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Manifest {
+    pub model: String,
+    pub num_tensors: usize,
+    pub tensors: BTreeMap<String, TensorEntry>,
+    pub config: serde_json::Value,
+}
+
+/// One component of an expert (e.g. `gate_proj.weight`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Component {
+    pub name: String,
+    pub offset: usize,
+    pub size: usize,
+    pub dtype: String,
+    pub shape: Vec<usize>,
+}
+
+/// The experts of one layer file.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct LayerLayout {
+    pub bits: u32,
+    pub expert_size: usize,
+    pub components: Vec<Component>,
+}
+
+/// `packed_experts/layout.json`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Layout {
+    pub num_layers: usize,
+    pub num_experts: usize,
+    pub group_size: usize,
+    /// Keyed by the layer index as a decimal string.
+    pub layers: BTreeMap<String, LayerLayout>,
+}
+
+/// The nine expert components, in file order.
+pub const EXPERT_COMPONENTS: [&str; 9] = [
+    "gate_proj.weight",
+    "gate_proj.scales",
+    "gate_proj.biases",
+    "up_proj.weight",
+    "up_proj.scales",
+    "up_proj.biases",
+    "down_proj.weight",
+    "down_proj.scales",
+    "down_proj.biases",
+];
+
+pub fn expert_file_name(layer: usize) -> String {
+    format!("layer_{layer:02}.bin")
+}
+
+impl Layout {
+    pub fn read(dir: &Path) -> Result<Layout> {
+        read_json(&dir.join(EXPERTS_DIR).join(LAYOUT_FILE))
+    }
+    pub fn layer(&self, layer: usize) -> Option<&LayerLayout> {
+        self.layers.get(&layer.to_string())
+    }
+}
+
+impl LayerLayout {
+    /// The layout of one expert with these shapes: gate/up `[inter, hidden]`,
+    /// down `[hidden, inter]`, all quantized at `bits` with bf16 scales.
+    pub fn quantized(hidden: usize, inter: usize, bits: u32, group_size: usize) -> LayerLayout {
+        let mut components = Vec::with_capacity(9);
+        let mut offset = 0usize;
+        for (proj, rows, cols) in [("gate_proj", inter, hidden), ("up_proj", inter, hidden), ("down_proj", hidden, inter)] {
+            let w = rows * cols * bits as usize / 8;
+            let s = rows * (cols / group_size) * 2;
+            for (suffix, size, dtype, shape) in [
+                ("weight", w, "U32", vec![rows, cols * bits as usize / 32]),
+                ("scales", s, "BF16", vec![rows, cols / group_size]),
+                ("biases", s, "BF16", vec![rows, cols / group_size]),
+            ] {
+                components.push(Component {
+                    name: format!("{proj}.{suffix}"),
+                    offset,
+                    size,
+                    dtype: dtype.to_string(),
+                    shape,
+                });
+                offset += size;
+            }
+        }
+        LayerLayout {
+            bits,
+            expert_size: offset,
+            components,
+        }
+    }
+
+    /// Check the table against the expected expert shapes.
+    pub fn validate(&self, layer: usize, hidden: usize, inter: usize, group_size: usize) -> Result<()> {
+        let bad = |msg: String| Error::format(format!("{EXPERTS_DIR}/{LAYOUT_FILE}"), format!("layer {layer}: {msg}"));
+        if self.components.len() != 9 {
+            return Err(bad(format!("{} components, expected 9", self.components.len())));
+        }
+        let mut end = 0;
+        for (c, want) in self.components.iter().zip(EXPERT_COMPONENTS) {
+            if c.name != want {
+                return Err(bad(format!("component `{}` where `{want}` was expected", c.name)));
+            }
+            end = end.max(c.offset + c.size);
+        }
+        if end > self.expert_size {
+            return Err(bad(format!("components end at {end}, past expert_size {}", self.expert_size)));
+        }
+        let (gw, dw) = (&self.components[0], &self.components[6]);
+        let logical = |c: &Component| -> usize {
+            let cols = c.shape.get(1).copied().unwrap_or(0);
+            if c.dtype == "U32" {
+                cols * 32 / self.bits.max(1) as usize
+            } else {
+                cols
+            }
+        };
+        if gw.shape.first() != Some(&inter) || logical(gw) != hidden {
+            return Err(bad(format!("gate_proj shape {:?} does not match [{inter}, {hidden}]", gw.shape)));
+        }
+        if dw.shape.first() != Some(&hidden) || logical(dw) != inter {
+            return Err(bad(format!("down_proj shape {:?} does not match [{hidden}, {inter}]", dw.shape)));
+        }
+        let _ = group_size;
+        Ok(())
+    }
+
+    /// The gate, up and down matrices of one expert whose bytes are `blob`.
+    pub fn matrices(&self, blob: &Region, group_size: usize) -> Result<[MatrixView; 3]> {
+        let mut out = Vec::with_capacity(3);
+        for k in 0..3 {
+            let c = &self.components[3 * k..3 * k + 3];
+            let rows = c[0].shape[0];
+            let data = if c[0].dtype == "U32" {
+                let cols = c[0].shape[1] * 32 / self.bits as usize;
+                let sd = Dtype::parse(&c[1].dtype, &c[1].name)?;
+                MatrixView {
+                    rows,
+                    cols,
+                    data: MatrixData::Quant {
+                        bits: self.bits,
+                        group_size,
+                        weight: blob.sub(c[0].offset, c[0].size),
+                        scales: blob.sub(c[1].offset, c[1].size),
+                        biases: blob.sub(c[2].offset, c[2].size),
+                        scale_dtype: sd,
+                    },
+                }
+            } else {
+                let dtype = Dtype::parse(&c[0].dtype, &c[0].name)?;
+                MatrixView {
+                    rows,
+                    cols: c[0].shape[1],
+                    data: MatrixData::Float {
+                        dtype,
+                        data: blob.sub(c[0].offset, c[0].size),
+                    },
+                }
+            };
+            out.push(data);
+        }
+        let [g, u, d]: [MatrixView; 3] = out.try_into().map_err(|_| Error::Invalid("expert matrices".into()))?;
+        Ok([g, u, d])
+    }
+}
+
+/// The dense weights of a packed model: the manifest and a shared map of
+/// `model_weights.bin`.
+pub struct WeightsFile {
+    pub path: PathBuf,
+    pub manifest: Manifest,
+    pub map: Arc<Mmap>,
+}
+
+impl WeightsFile {
+    /// Open `DIR/model_weights.{bin,json}` and check every manifest entry
+    /// against the file's size.
+    pub fn open(dir: &Path) -> Result<WeightsFile> {
+        let mpath = dir.join(MANIFEST_FILE);
+        let manifest: Manifest = read_json(&mpath)?;
+        let path = dir.join(WEIGHTS_FILE);
+        let file = std::fs::File::open(&path).map_err(|e| Error::io(&path, e))?;
+        // SAFETY: the file is opened read-only; moeflux never writes a
+        // packed model in place (convert writes a temp dir and renames).
+        let map = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(&path, e))?;
+        let len = map.len() as u64;
+        for (name, t) in &manifest.tensors {
+            let end = t.offset.checked_add(t.size);
+            if end.is_none_or(|e| e > len) {
+                return Err(Error::format(
+                    &mpath,
+                    format!(
+                        "tensor `{name}` (offset {}, size {}) points past the end of {WEIGHTS_FILE} ({len} bytes)",
+                        t.offset, t.size
+                    ),
+                ));
+            }
+            let dtype = Dtype::parse(&t.dtype, name)?;
+            let want = t.shape.iter().product::<usize>() as u64 * dtype.size() as u64;
+            if want != t.size {
+                return Err(Error::format(
+                    &mpath,
+                    format!("tensor `{name}`: shape {:?} of {} needs {want} bytes, entry says {}", t.shape, t.dtype, t.size),
+                ));
+            }
+        }
+        Ok(WeightsFile {
+            path,
+            manifest,
+            map: Arc::new(map),
+        })
+    }
+
+    pub fn entry(&self, name: &str) -> Result<&TensorEntry> {
+        self.manifest.tensors.get(name).ok_or_else(|| Error::MissingTensor {
+            name: name.to_string(),
+            where_: Some(MANIFEST_FILE.to_string()),
+        })
+    }
+
+    pub fn has(&self, name: &str) -> bool {
+        self.manifest.tensors.contains_key(name)
+    }
+
+    pub fn region(&self, name: &str) -> Result<Region> {
+        let t = self.entry(name)?;
+        Ok(Region::new(self.map.clone(), t.offset as usize, t.size as usize))
+    }
+
+    /// A vector (norm weight, bias) as f32, checked to have `len` elements.
+    pub fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>> {
+        let t = self.entry(name)?;
+        if t.shape.iter().product::<usize>() != len {
+            return Err(Error::Shape {
+                name: name.to_string(),
+                expected: vec![len],
+                found: t.shape.clone(),
+            });
+        }
+        let dtype = Dtype::parse(&t.dtype, name)?;
+        Ok(dtype.to_f32(self.region(name)?.bytes()))
+    }
+
+    /// The matrix `X` of logical shape `[rows, cols]`: quantized as
+    /// `X.weight` + `X.scales` + `X.biases`, or a float `X.weight`.
+    pub fn matrix(&self, base: &str, rows: usize, cols: usize) -> Result<MatrixView> {
+        let wname = format!("{base}.weight");
+        let w = self.entry(&wname)?;
+        let shape_err = |found: &[usize]| Error::Shape {
+            name: wname.clone(),
+            expected: vec![rows, cols],
+            found: found.to_vec(),
+        };
+        if w.dtype == "U32" {
+            let bits = w.bits.ok_or_else(|| Error::format(MANIFEST_FILE, format!("`{wname}` is U32 without `bits`")))?;
+            let gs = w
+                .group_size
+                .ok_or_else(|| Error::format(MANIFEST_FILE, format!("`{wname}` is U32 without `group_size`")))?;
+            if !crate::format::quant::check_bits(bits) || gs == 0 || cols % gs != 0 {
+                return Err(Error::format(MANIFEST_FILE, format!("`{wname}`: bits {bits} / group_size {gs} not usable")));
+            }
+            if w.shape != [rows, cols * bits as usize / 32] {
+                return Err(shape_err(&[w.shape[0], w.shape.get(1).copied().unwrap_or(0) * 32 / bits as usize]));
+            }
+            let sname = format!("{base}.scales");
+            let s = self.entry(&sname)?;
+            let b = self.entry(&format!("{base}.biases"))?;
+            if s.shape != [rows, cols / gs] || b.shape != s.shape || b.dtype != s.dtype {
+                return Err(Error::Shape {
+                    name: sname,
+                    expected: vec![rows, cols / gs],
+                    found: s.shape.clone(),
+                });
+            }
+            Ok(MatrixView {
+                rows,
+                cols,
+                data: MatrixData::Quant {
+                    bits,
+                    group_size: gs,
+                    weight: self.region(&wname)?,
+                    scales: self.region(&sname)?,
+                    biases: self.region(&format!("{base}.biases"))?,
+                    scale_dtype: Dtype::parse(&s.dtype, &sname)?,
+                },
+            })
+        } else {
+            if w.shape != [rows, cols] {
+                return Err(shape_err(&w.shape));
+            }
+            Ok(MatrixView {
+                rows,
+                cols,
+                data: MatrixData::Float {
+                    dtype: Dtype::parse(&w.dtype, &wname)?,
+                    data: self.region(&wname)?,
+                },
+            })
+        }
+    }
+}

@@ -1,0 +1,13 @@
+//! moeflux: Mixture-of-Experts inference that streams the routed experts.
+//!
+//! The map of the code is `DESIGN.md`; the formats and numerics it keeps
+//! are in `SPEC.md`.
+
+pub mod config;
+pub mod error;
+pub mod format;
+
+pub use config::{Arch, ModelConfig};
+pub use error::{Error, Result};
+pub mod backend;
+pub mod experts;

@@ -1,0 +1,39 @@
+//! The `moeflux` command line.
+
+mod cli;
+
+use clap::{Parser, Subcommand};
+
+/// Mixture-of-Experts inference that streams the routed experts from disk.
+#[derive(Parser)]
+#[command(name = "moeflux", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Convert a Hugging Face or MLX checkpoint into the packed streaming layout.
+    Convert(cli::convert::ConvertArgs),
+    /// Describe a source checkpoint or a packed model directory.
+    Inspect(cli::inspect::InspectArgs),
+    /// Evaluate tokens from position 0 and print logits (debugging / oracle).
+    Logits(cli::logits::LogitsArgs),
+    /// Write a random-weight packed model of a real model's shape.
+    Synth(cli::synth::SynthArgs),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let r = match cli.command {
+        Command::Convert(a) => cli::convert::run(a),
+        Command::Inspect(a) => cli::inspect::run(a),
+        Command::Logits(a) => cli::logits::run(a),
+        Command::Synth(a) => cli::synth::run(a),
+    };
+    if let Err(e) = r {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}
