@@ -11,3 +11,9 @@ pub use config::{Arch, ModelConfig};
 pub use error::{Error, Result};
 pub mod backend;
 pub mod experts;
+pub mod model;
+pub mod engine;
+pub mod session;
+
+pub use engine::{Device, Model, Options};
+pub use session::Session;

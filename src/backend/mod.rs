@@ -38,7 +38,7 @@ impl Strided {
 
 /// Rotary embedding applied in place to `x` viewed as
 /// `[n_tokens, n_heads, head_stride]` (token stride `token_stride`):
-/// channels `[0, rot_dim)` of every head are rotated for the positions
+/// channels `[rot_off, rot_off + rot_dim)` of every head are rotated for the positions
 /// `pos0 .. pos0 + n_tokens`, angle `pos·inv_freq[j]` (computed in f32),
 /// and cos/sin are multiplied by `mscale`.
 #[derive(Debug, Clone, Copy)]
@@ -47,6 +47,7 @@ pub struct RopeArgs {
     pub n_heads: usize,
     pub head_stride: usize,
     pub token_stride: usize,
+    pub rot_off: usize,
     pub rot_dim: usize,
     pub pos0: usize,
     /// Pairs `(2i, 2i+1)` when true, `(i, i + rot_dim/2)` otherwise.

@@ -9,7 +9,7 @@ pub fn rope(x: &mut [f32], inv_freq: &[f32], a: RopeArgs) {
     for t in 0..a.n_tokens {
         let pos = (a.pos0 + t) as f32;
         for h in 0..a.n_heads {
-            let base = t * a.token_stride + h * a.head_stride;
+            let base = t * a.token_stride + h * a.head_stride + a.rot_off;
             for (j, f) in inv_freq[..half].iter().enumerate() {
                 let ang = pos * f;
                 let (s, c) = ang.sin_cos();

@@ -1,0 +1,285 @@
+//! The decoder, written once against the `Backend` ops. Every supported
+//! architecture is the same pre-norm residual stack,
+//! `h = x + Attn(norm_in(x)); y = h + FFN(norm_post(h))`, with one of three
+//! token mixers per layer (`attention` GQA, `linear_attn` GatedDeltaNet,
+//! `mla`) and a dense or MoE feed-forward (`ffn`).
+
+mod attention;
+mod ffn;
+mod linear_attn;
+mod mla;
+pub mod rope;
+pub mod router;
+
+use crate::backend::{Backend, Strided};
+use crate::config::{Arch, AttnKind, FfnKind, ModelConfig};
+use crate::error::{Error, Result};
+use crate::experts::ExpertStore;
+use crate::format::packed::WeightsFile;
+use attention::GqaWeights;
+use ffn::{Mlp, MoeBlock};
+use linear_attn::{linear_cfg, DeltaNetWeights};
+use mla::{mla_cfg, MlaWeights};
+
+pub(crate) fn load_mat<B: Backend>(b: &B, wf: &WeightsFile, base: &str, rows: usize, cols: usize) -> Result<B::Matrix> {
+    b.matrix(&wf.matrix(base, rows, cols)?)
+}
+
+pub(crate) fn load_vec<B: Backend>(b: &B, wf: &WeightsFile, name: &str, len: usize) -> Result<B::Buf> {
+    b.upload(&wf.vector(name, len)?)
+}
+
+/// What a block's forward needs besides its weights.
+pub struct Ctx<'a, B: Backend> {
+    pub b: &'a B,
+    pub cfg: &'a ModelConfig,
+    pub store: &'a ExpertStore,
+    pub inv_freq: &'a B::Buf,
+    /// cos/sin factor (YaRN attention_factor; 1 otherwise).
+    pub rope_mscale: f32,
+    /// Softmax scale of MLA (GQA computes its own).
+    pub attn_scale: f32,
+    /// Tokens in this chunk, and the position of the first.
+    pub n: usize,
+    pub pos0: usize,
+}
+
+enum Mixer<B: Backend> {
+    Gqa(GqaWeights<B>),
+    Delta(DeltaNetWeights<B>),
+    Mla(MlaWeights<B>),
+}
+
+enum Ffn<B: Backend> {
+    Dense(Mlp<B>),
+    Moe(MoeBlock<B>),
+}
+
+struct Layer<B: Backend> {
+    input_norm: B::Buf, // [hidden]
+    post_norm: B::Buf,  // [hidden]
+    mixer: Mixer<B>,
+    ffn: Ffn<B>,
+}
+
+/// The per-sequence state of one layer.
+pub enum LayerState<B: Backend> {
+    /// `[capacity, Hkv, hd]` each.
+    Kv { k: B::Buf, v: B::Buf },
+    /// conv `[kernel−1, conv_dim]`, ssm `[Hv, Dv, Dk]`.
+    Delta { conv: B::Buf, ssm: B::Buf },
+    /// latent `[capacity, kvr]`, k_pe `[capacity, dr]`.
+    Mla { latent: B::Buf, kpe: B::Buf },
+}
+
+/// All mutable per-sequence state: one entry per layer, and the capacity
+/// (positions) of the caches.
+pub struct State<B: Backend> {
+    pub layers: Vec<LayerState<B>>,
+    pub capacity: usize,
+}
+
+/// A loaded network on backend `B`.
+pub struct Net<B: Backend> {
+    pub b: B,
+    pub cfg: ModelConfig,
+    embed: B::Matrix,          // [vocab, hidden]
+    lm_head: Option<B::Matrix>, // [vocab, hidden]; None when tied
+    final_norm: B::Buf,        // [hidden]
+    layers: Vec<Layer<B>>,
+    inv_freq: B::Buf,
+    rope_mscale: f32,
+    attn_scale: f32,
+}
+
+impl<B: Backend> Net<B> {
+    pub fn load(b: B, cfg: &ModelConfig, wf: &WeightsFile) -> Result<Net<B>> {
+        let hid = cfg.hidden_size;
+        let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
+        for (i, spec) in cfg.layers.iter().enumerate() {
+            let p = format!("model.layers.{i}");
+            let mixer = match spec.attn {
+                AttnKind::Full => Mixer::Gqa(GqaWeights::load(&b, wf, &p, cfg)?),
+                AttnKind::Linear => Mixer::Delta(DeltaNetWeights::load(&b, wf, &p, cfg)?),
+                AttnKind::Mla => Mixer::Mla(MlaWeights::load(&b, wf, &p, cfg)?),
+            };
+            let ffn = match spec.ffn {
+                FfnKind::Dense => Ffn::Dense(Mlp::load(&b, wf, &format!("{p}.mlp"), hid, cfg.intermediate_size)?),
+                FfnKind::Moe => Ffn::Moe(MoeBlock::load(&b, wf, &p, i, cfg)?),
+            };
+            layers.push(Layer {
+                input_norm: load_vec(&b, wf, &format!("{p}.input_layernorm.weight"), hid)?,
+                post_norm: load_vec(&b, wf, &format!("{p}.post_attention_layernorm.weight"), hid)?,
+                mixer,
+                ffn,
+            });
+        }
+        let (inv_freq, rope_mscale, attn_scale) = match &cfg.mla {
+            Some(m) => {
+                let qd = (m.qk_nope_head_dim + m.qk_rope_head_dim) as f64;
+                match &cfg.yarn {
+                    Some(y) => (
+                        rope::yarn_inv_freq(cfg.rope_theta, m.qk_rope_head_dim, y),
+                        rope::yarn_attention_factor(y) as f32,
+                        (qd.powf(-0.5) * rope::yarn_softmax_factor(y)) as f32,
+                    ),
+                    None => (rope::inv_freq(cfg.rope_theta, m.qk_rope_head_dim), 1.0, qd.powf(-0.5) as f32),
+                }
+            }
+            None => {
+                if cfg.yarn.is_some() {
+                    return Err(Error::config("rope_scaling", "yarn is only supported for deepseek_v3"));
+                }
+                (rope::inv_freq(cfg.rope_theta, cfg.rotary_dim()), 1.0, (cfg.head_dim as f64).powf(-0.5) as f32)
+            }
+        };
+        let embed = load_mat(&b, wf, "model.embed_tokens", cfg.vocab_size, hid)?;
+        let lm_head = if cfg.tie_word_embeddings && !wf.has("lm_head.weight") {
+            None
+        } else {
+            Some(load_mat(&b, wf, "lm_head", cfg.vocab_size, hid)?)
+        };
+        Ok(Net {
+            final_norm: load_vec(&b, wf, "model.norm.weight", hid)?,
+            inv_freq: b.upload(&inv_freq)?,
+            embed,
+            lm_head,
+            layers,
+            rope_mscale,
+            attn_scale,
+            cfg: cfg.clone(),
+            b,
+        })
+    }
+
+    /// Empty state with room for `capacity` positions.
+    pub fn new_state(&self, capacity: usize) -> Result<State<B>> {
+        let mut layers = Vec::with_capacity(self.layers.len());
+        for l in &self.layers {
+            layers.push(match l.mixer {
+                Mixer::Gqa(_) => {
+                    let row = self.cfg.num_key_value_heads * self.cfg.head_dim;
+                    LayerState::Kv {
+                        k: self.b.alloc(capacity * row)?,
+                        v: self.b.alloc(capacity * row)?,
+                    }
+                }
+                Mixer::Delta(_) => {
+                    let lc = linear_cfg(&self.cfg)?;
+                    LayerState::Delta {
+                        conv: self.b.alloc((lc.conv_kernel - 1) * lc.conv_dim())?,
+                        ssm: self.b.alloc(lc.num_value_heads * lc.value_head_dim * lc.key_head_dim)?,
+                    }
+                }
+                Mixer::Mla(_) => {
+                    let m = mla_cfg(&self.cfg)?;
+                    LayerState::Mla {
+                        latent: self.b.alloc(capacity * m.kv_lora_rank)?,
+                        kpe: self.b.alloc(capacity * m.qk_rope_head_dim)?,
+                    }
+                }
+            });
+        }
+        Ok(State { layers, capacity })
+    }
+
+    /// Elements per position of each cache buffer of a layer state.
+    fn row_sizes(&self, s: &LayerState<B>) -> Option<(usize, usize)> {
+        match s {
+            LayerState::Kv { .. } => {
+                let row = self.cfg.num_key_value_heads * self.cfg.head_dim;
+                Some((row, row))
+            }
+            LayerState::Mla { .. } => self.cfg.mla.as_ref().map(|m| (m.kv_lora_rank, m.qk_rope_head_dim)),
+            LayerState::Delta { .. } => None,
+        }
+    }
+
+    /// Grow the caches to hold at least `need` positions (keeping `held`).
+    fn reserve(&self, st: &mut State<B>, need: usize, held: usize) -> Result<()> {
+        if need <= st.capacity {
+            return Ok(());
+        }
+        let cap = need.next_power_of_two().max(64);
+        for l in st.layers.iter_mut() {
+            let Some((ra, rb)) = self.row_sizes(l) else { continue };
+            let (a, b) = match l {
+                LayerState::Kv { k, v } => (k, v),
+                LayerState::Mla { latent, kpe } => (latent, kpe),
+                LayerState::Delta { .. } => continue,
+            };
+            let mut na = self.b.alloc(cap * ra)?;
+            let mut nb = self.b.alloc(cap * rb)?;
+            if held > 0 {
+                self.b.copy(a, &mut na, Strided::contiguous(held * ra, 0, 0))?;
+                self.b.copy(b, &mut nb, Strided::contiguous(held * rb, 0, 0))?;
+            }
+            *a = na;
+            *b = nb;
+        }
+        st.capacity = cap;
+        Ok(())
+    }
+
+    /// Evaluate `tokens` at positions `pos0..` and return the logits of the
+    /// last token `[vocab]`, or of every token `[n, vocab]` when `all`.
+    pub fn forward(&self, st: &mut State<B>, store: &ExpertStore, tokens: &[u32], pos0: usize, all: bool) -> Result<Vec<f32>> {
+        let (b, cfg) = (&self.b, &self.cfg);
+        let n = tokens.len();
+        if n == 0 {
+            return Err(Error::Invalid("no tokens to evaluate".into()));
+        }
+        if let Some(&t) = tokens.iter().find(|&&t| t as usize >= cfg.vocab_size) {
+            return Err(Error::TokenOutOfRange {
+                token: t,
+                vocab: cfg.vocab_size,
+            });
+        }
+        self.reserve(st, pos0 + n, pos0)?;
+        let hid = cfg.hidden_size;
+        let ctx = Ctx {
+            b,
+            cfg,
+            store,
+            inv_freq: &self.inv_freq,
+            rope_mscale: self.rope_mscale,
+            attn_scale: self.attn_scale,
+            n,
+            pos0,
+        };
+        let mut x = b.alloc(n * hid)?; // [n, hidden], the residual stream
+        b.embed(&self.embed, tokens, &mut x)?;
+        let mut xn = b.alloc(n * hid)?;
+        let mut y = b.alloc(n * hid)?;
+        for (layer, ls) in self.layers.iter().zip(st.layers.iter_mut()) {
+            b.rms_norm(&x, &layer.input_norm, n, hid, cfg.rms_norm_eps, &mut xn)?;
+            match (&layer.mixer, ls) {
+                (Mixer::Gqa(w), LayerState::Kv { k, v }) => w.forward(&ctx, &xn, k, v, &mut y)?,
+                (Mixer::Delta(w), LayerState::Delta { conv, ssm }) => w.forward(&ctx, &xn, conv, ssm, &mut y)?,
+                (Mixer::Mla(w), LayerState::Mla { latent, kpe }) => w.forward(&ctx, &xn, latent, kpe, &mut y)?,
+                _ => return Err(Error::Invalid("layer state does not match the layer kind".into())),
+            }
+            b.add(&mut x, &y, n * hid)?;
+            b.rms_norm(&x, &layer.post_norm, n, hid, cfg.rms_norm_eps, &mut xn)?;
+            match &layer.ffn {
+                Ffn::Dense(m) => m.forward(b, &xn, n, &mut y)?,
+                Ffn::Moe(m) => m.forward(&ctx, &xn, &mut y)?,
+            }
+            b.add(&mut x, &y, n * hid)?;
+        }
+        let (first, rows) = if all { (0, n) } else { (n - 1, 1) };
+        let mut last = b.alloc(rows * hid)?;
+        b.copy(&x, &mut last, Strided::contiguous(rows * hid, first * hid, 0))?;
+        let mut normed = b.alloc(rows * hid)?;
+        b.rms_norm(&last, &self.final_norm, rows, hid, cfg.rms_norm_eps, &mut normed)?;
+        let mut logits = b.alloc(rows * cfg.vocab_size)?;
+        b.linear(self.lm_head.as_ref().unwrap_or(&self.embed), &normed, rows, &mut logits)?;
+        let mut out = vec![0.0f32; rows * cfg.vocab_size];
+        b.download(&logits, 0, &mut out)?;
+        Ok(out)
+    }
+
+    pub fn arch(&self) -> Arch {
+        self.cfg.arch
+    }
+}

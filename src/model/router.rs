@@ -1,0 +1,118 @@
+//! Routers, on the host: the router logits decide which experts stream.
+
+use crate::backend::Routes;
+use crate::config::Routing;
+
+/// Indices of the `k` largest values (ties → lower index first), in
+/// descending order of value.
+fn top_k(v: &[f32], k: usize) -> Vec<usize> {
+    let mut idx: Vec<usize> = (0..v.len()).collect();
+    idx.sort_by(|&a, &b| v[b].partial_cmp(&v[a]).unwrap_or(std::cmp::Ordering::Equal).then(a.cmp(&b)));
+    idx.truncate(k);
+    idx
+}
+
+/// softmax over all experts → top-k → renormalize if asked.
+fn softmax_topk(logits: &[f32], k: usize, norm: bool) -> (Vec<u32>, Vec<f32>) {
+    let m = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+    let e: Vec<f32> = logits.iter().map(|x| (x - m).exp()).collect();
+    let sum: f32 = e.iter().sum();
+    let p: Vec<f32> = e.iter().map(|x| x / sum).collect();
+    let idx = top_k(&p, k);
+    let mut w: Vec<f32> = idx.iter().map(|&i| p[i]).collect();
+    if norm {
+        let s: f32 = w.iter().sum();
+        w.iter_mut().for_each(|x| *x /= s);
+    }
+    (idx.into_iter().map(|i| i as u32).collect(), w)
+}
+
+/// DeepSeek `noaux_tc`: sigmoid scores; selection on score + bias by
+/// groups (group score = sum of its top 2), keep `topk_group` groups,
+/// top-k among their experts (others masked to 0, as transformers does);
+/// weights are the unbiased scores.
+fn noaux_tc(logits: &[f32], bias: &[f32], k: usize, n_group: usize, topk_group: usize, scale: f32, norm: bool) -> (Vec<u32>, Vec<f32>) {
+    let s: Vec<f32> = logits.iter().map(|x| 1.0 / (1.0 + (-x).exp())).collect();
+    let choice: Vec<f32> = s.iter().zip(bias).map(|(a, b)| a + b).collect();
+    let per = s.len() / n_group;
+    let group_scores: Vec<f32> = choice
+        .chunks_exact(per)
+        .map(|g| top_k(g, 2).iter().map(|&i| g[i]).sum())
+        .collect();
+    let keep = top_k(&group_scores, topk_group);
+    let masked: Vec<f32> = choice
+        .iter()
+        .enumerate()
+        .map(|(i, &c)| if keep.contains(&(i / per)) { c } else { 0.0 })
+        .collect();
+    let idx = top_k(&masked, k);
+    let mut w: Vec<f32> = idx.iter().map(|&i| s[i]).collect();
+    if norm {
+        let d: f32 = w.iter().sum::<f32>() + 1e-20;
+        w.iter_mut().for_each(|x| *x /= d);
+    }
+    w.iter_mut().for_each(|x| *x *= scale);
+    (idx.into_iter().map(|i| i as u32).collect(), w)
+}
+
+/// Route `n` tokens from their router logits `[n, n_experts]`.
+pub fn route(routing: &Routing, logits: &[f32], n: usize, k: usize, bias: Option<&[f32]>) -> Routes {
+    let e = logits.len() / n;
+    let mut ids = Vec::with_capacity(n * k);
+    let mut weights = Vec::with_capacity(n * k);
+    for row in logits.chunks_exact(e) {
+        let (i, w) = match *routing {
+            Routing::Softmax { norm_topk_prob } => softmax_topk(row, k, norm_topk_prob),
+            Routing::NoauxTc {
+                n_group,
+                topk_group,
+                routed_scaling_factor,
+                norm_topk_prob,
+            } => {
+                let zeros;
+                let b = match bias {
+                    Some(b) => b,
+                    None => {
+                        zeros = vec![0.0; e];
+                        &zeros
+                    }
+                };
+                noaux_tc(row, b, k, n_group, topk_group, routed_scaling_factor, norm_topk_prob)
+            }
+        };
+        ids.extend(i);
+        weights.extend(w);
+    }
+    Routes { k, ids, weights }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn softmax_topk_picks_largest_and_normalizes() {
+        let r = route(&Routing::Softmax { norm_topk_prob: true }, &[0.0, 3.0, 1.0, 2.0], 1, 2, None);
+        assert_eq!(r.ids, vec![1, 3]);
+        assert!((r.weights.iter().sum::<f32>() - 1.0).abs() < 1e-6);
+        let r = route(&Routing::Softmax { norm_topk_prob: false }, &[0.0, 3.0, 1.0, 2.0], 1, 2, None);
+        assert!(r.weights.iter().sum::<f32>() < 0.95);
+    }
+
+    #[test]
+    fn noaux_tc_restricts_to_best_groups_and_uses_unbiased_weights() {
+        // Two groups of 4; the bias makes group 1 win although group 0 has the largest raw score.
+        let logits = [4.0, -4.0, -4.0, -4.0, 0.0, 0.5, 0.2, 0.1];
+        let bias = [0.0, 0.0, 0.0, 0.0, 2.0, 2.0, 2.0, 2.0];
+        let routing = Routing::NoauxTc {
+            n_group: 2,
+            topk_group: 1,
+            routed_scaling_factor: 2.0,
+            norm_topk_prob: true,
+        };
+        let r = route(&routing, &logits, 1, 2, Some(&bias));
+        assert_eq!(r.ids, vec![5, 6]);
+        let (a, b) = (1.0 / (1.0 + (-0.5f32).exp()), 1.0 / (1.0 + (-0.2f32).exp()));
+        assert!((r.weights[0] - 2.0 * a / (a + b)).abs() < 1e-6);
+    }
+}
