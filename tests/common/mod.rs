@@ -1,0 +1,78 @@
+//! Helpers shared by the integration tests: fixtures, conversion through
+//! the `moeflux` binary, comparisons.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+pub fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
+}
+
+pub fn moeflux() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_moeflux"))
+}
+
+/// Convert fixture `name` into `dst` with extra convert flags; panics with
+/// the converter's stderr on failure.
+pub fn convert(name: &str, dst: &Path, flags: &[&str]) {
+    let out = moeflux()
+        .arg("convert")
+        .arg(fixture(name))
+        .arg(dst)
+        .args(flags)
+        .output()
+        .expect("run moeflux convert");
+    assert!(
+        out.status.success(),
+        "convert {name} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The reference recorded by tools/make_fixtures.py.
+pub struct Reference {
+    pub tokens: Vec<u32>,
+    /// `[positions][vocab]`
+    pub logits: Vec<Vec<f32>>,
+    pub greedy_prompt: Vec<u32>,
+    pub greedy_tokens: Vec<u32>,
+}
+
+pub fn reference(name: &str) -> Reference {
+    let p = fixture(name).join("reference.json");
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&p).expect("read reference.json")).expect("parse reference.json");
+    let ids = |v: &serde_json::Value| -> Vec<u32> { v.as_array().expect("ids").iter().map(|x| x.as_u64().expect("id") as u32).collect() };
+    Reference {
+        tokens: ids(&v["tokens"]),
+        logits: v["logits"]
+            .as_array()
+            .expect("logits")
+            .iter()
+            .map(|row| row.as_array().expect("row").iter().map(|x| x.as_f64().expect("f") as f32).collect())
+            .collect(),
+        greedy_prompt: ids(&v["greedy"]["prompt"]),
+        greedy_tokens: ids(&v["greedy"]["tokens"]),
+    }
+}
+
+/// ‖a − b‖ / ‖b‖.
+pub fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    let (mut num, mut den) = (0.0f64, 0.0f64);
+    for (x, y) in a.iter().zip(b) {
+        num += ((x - y) as f64).powi(2);
+        den += (*y as f64).powi(2);
+    }
+    (num / den.max(1e-30)).sqrt()
+}
+
+pub fn argmax(v: &[f32]) -> usize {
+    let mut best = 0;
+    for (i, x) in v.iter().enumerate() {
+        if *x > v[best] {
+            best = i;
+        }
+    }
+    best
+}

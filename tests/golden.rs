@@ -1,0 +1,82 @@
+//! Golden tests: each fixture (a tiny random model saved by transformers or
+//! mlx-lm, see tests/fixtures/README.md) is converted, evaluated on the CPU,
+//! and compared with the logits transformers computed on the same weights
+//! (SPEC.md §6: relative L2 ≤ 1e-4 and equal argmax at every position).
+
+mod common;
+
+use common::*;
+use moeflux::{Device, Model, Options};
+
+const CPU_TOL: f64 = 1e-4;
+
+fn open(dir: &std::path::Path) -> Model {
+    let opts = Options {
+        device: Device::Cpu,
+        ..Options::default()
+    };
+    Model::open(dir, &opts).expect("open converted model")
+}
+
+fn check(name: &str, flags: &[&str]) {
+    let tmp = tempfile::tempdir().unwrap();
+    let dst = tmp.path().join("packed");
+    convert(name, &dst, flags);
+    let r = reference(name);
+    let model = open(&dst);
+    let vocab = model.n_vocab();
+
+    // The whole sequence as one chunk.
+    let mut s = model.session().unwrap();
+    let all = s.eval_all(&r.tokens, 0).unwrap();
+    for (pos, want) in r.logits.iter().enumerate() {
+        let got = &all[pos * vocab..(pos + 1) * vocab];
+        let e = rel_l2(got, want);
+        assert!(e <= CPU_TOL, "{name}: position {pos}: relative L2 {e:.3e} > {CPU_TOL:e}");
+        assert_eq!(argmax(got), argmax(want), "{name}: argmax differs at position {pos}");
+    }
+
+    // Token by token gives the same logits as the chunk.
+    let mut s = model.session().unwrap();
+    for (pos, &t) in r.tokens.iter().enumerate() {
+        let got = s.eval_token(t, pos).unwrap();
+        let chunk = &all[pos * vocab..(pos + 1) * vocab];
+        let e = rel_l2(&got, chunk);
+        assert!(e <= 1e-5, "{name}: token-by-token vs chunk at position {pos}: {e:.3e}");
+    }
+}
+
+#[test]
+fn qwen3_moe_bf16() {
+    check("qwen3_moe", &["--bits", "16"]);
+}
+
+#[test]
+fn qwen3_next_bf16_sharded() {
+    check("qwen3_next", &["--bits", "16"]);
+}
+
+#[test]
+fn qwen3_5_moe_bf16_nested() {
+    check("qwen3_5_moe", &["--bits", "16"]);
+}
+
+#[test]
+fn qwen3_5_moe_mlx_4bit() {
+    check("qwen3_5_moe_mlx4", &[]);
+}
+
+#[test]
+fn qwen3_moe_mlx_4bit() {
+    check("qwen3_moe_mlx4", &[]);
+}
+
+#[test]
+fn deepseek_v3_bf16() {
+    check("deepseek_v3", &["--bits", "16"]);
+}
+
+#[test]
+fn deepseek_v3_fp8() {
+    check("deepseek_v3_fp8", &["--bits", "16"]);
+}
