@@ -22,6 +22,8 @@ enum Command {
     Logits(cli::logits::LogitsArgs),
     /// Write a random-weight packed model of a real model's shape.
     Synth(cli::synth::SynthArgs),
+    /// Measure prefill and decode throughput and the expert traffic.
+    Bench(cli::bench::BenchArgs),
 }
 
 fn main() {
@@ -31,6 +33,7 @@ fn main() {
         Command::Inspect(a) => cli::inspect::run(a),
         Command::Logits(a) => cli::logits::run(a),
         Command::Synth(a) => cli::synth::run(a),
+        Command::Bench(a) => cli::bench::run(a),
     };
     if let Err(e) = r {
         eprintln!("error: {e:#}");

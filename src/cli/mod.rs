@@ -1,5 +1,6 @@
 //! One file per subcommand.
 
+pub mod bench;
 pub mod convert;
 pub mod inspect;
 pub mod logits;
