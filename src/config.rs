@@ -288,9 +288,11 @@ impl ModelConfig {
             tie_word_embeddings: f.bool_or("tie_word_embeddings", false)?,
             num_attention_heads,
             num_key_value_heads,
-            head_dim: f.usize_or("head_dim", hidden_size / num_attention_heads.max(1))?,
+            // transformers' Qwen3.5 / Qwen3-Next configs default head_dim to 256
+            // and partial_rotary_factor to 0.25; the others derive / rotate all.
+            head_dim: f.usize_or("head_dim", if arch.is_hybrid() { 256 } else { hidden_size / num_attention_heads.max(1) })?,
             rope_theta: rope.theta,
-            partial_rotary_factor: rope.partial_rotary_factor,
+            partial_rotary_factor: rope.partial_rotary_factor.unwrap_or(if arch.is_hybrid() { 0.25 } else { 1.0 }),
             yarn: rope.yarn,
             intermediate_size: f.usize_or("intermediate_size", 0)?,
             moe_intermediate_size: f.usize("moe_intermediate_size")?,
@@ -372,12 +374,13 @@ impl ModelConfig {
                     v_head_dim: f.usize("v_head_dim")?,
                     rope_interleave: f.bool_or("rope_interleave", true)?,
                 });
+                // As transformers: MoE iff i >= first_k_dense_replace
+                // (`moe_layer_freq` is 1 in every released checkpoint).
                 let first_dense = f.usize_or("first_k_dense_replace", 0)?;
-                let freq = f.usize_or("moe_layer_freq", 1)?.max(1);
                 cfg.layers = (0..num_hidden_layers)
                     .map(|i| LayerSpec {
                         attn: AttnKind::Mla,
-                        ffn: if i >= first_dense && i % freq == 0 {
+                        ffn: if i >= first_dense {
                             FfnKind::Moe
                         } else {
                             FfnKind::Dense
@@ -480,7 +483,7 @@ impl ModelConfig {
 
 struct RopeSettings {
     theta: f64,
-    partial_rotary_factor: f64,
+    partial_rotary_factor: Option<f64>,
     yarn: Option<Yarn>,
 }
 
@@ -501,7 +504,7 @@ fn rope_settings(f: &Fields) -> Result<RopeSettings> {
         Ok(None)
     };
     let theta = lookup("rope_theta")?.unwrap_or(10000.0);
-    let partial_rotary_factor = lookup("partial_rotary_factor")?.unwrap_or(1.0);
+    let partial_rotary_factor = lookup("partial_rotary_factor")?;
     let mut yarn = None;
     for m in [scaling, params].into_iter().flatten() {
         let kind = m

@@ -17,3 +17,4 @@ pub mod session;
 
 pub use engine::{Device, Model, Options};
 pub use session::Session;
+pub mod synth;

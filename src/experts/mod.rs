@@ -1,24 +1,19 @@
 //! `ExpertStore`: the routed experts of a packed model, one file per MoE
 //! layer, expert `e` at `[e·expert_size, (e+1)·expert_size)`. Reads go
-//! through an I/O thread pool (parallel pread by default); every read is
-//! counted.
+//! through an I/O thread pool (parallel reads, one per expert) in the
+//! chosen [`IoMode`]; every read is counted.
+
+mod io;
+
+pub use io::{IoMode, DIRECT_ALIGN};
 
 use crate::error::{Error, Result};
 use crate::format::packed::{expert_file_name, LayerLayout, Layout, EXPERTS_DIR};
-use crate::format::{AlignedBytes, Region};
-use std::fs::File;
-use std::os::unix::fs::FileExt;
-use std::path::{Path, PathBuf};
+use crate::format::Region;
+use io::ExpertFile;
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-
-/// How expert bytes come off the disk.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum IoMode {
-    /// One `pread` per expert into an owned buffer (page cache as the host cache).
-    #[default]
-    Pread,
-}
 
 /// Counters of expert traffic.
 #[derive(Debug, Default)]
@@ -38,8 +33,7 @@ pub struct StatsSnapshot {
 }
 
 struct LayerFile {
-    path: PathBuf,
-    file: File,
+    file: ExpertFile,
     layout: LayerLayout,
 }
 
@@ -54,9 +48,12 @@ pub struct ExpertStore {
 
 impl ExpertStore {
     /// Open `DIR/packed_experts/`, checking each layer file's size against
-    /// its layout.
+    /// its layout. `IoMode::Direct` on a filesystem that refuses `O_DIRECT`
+    /// falls back to `Pread` with a warning; [`ExpertStore::mode`] says
+    /// which mode is in use.
     pub fn open(dir: &Path, num_layers: usize, mode: IoMode, io_threads: usize) -> Result<ExpertStore> {
         let layout = Layout::read(dir)?;
+        let mut mode = mode;
         let mut layers = Vec::with_capacity(num_layers);
         for i in 0..num_layers {
             let Some(ll) = layout.layer(i) else {
@@ -64,8 +61,7 @@ impl ExpertStore {
                 continue;
             };
             let path = dir.join(EXPERTS_DIR).join(expert_file_name(i));
-            let file = File::open(&path).map_err(|e| Error::io(&path, e))?;
-            let len = file.metadata().map_err(|e| Error::io(&path, e))?.len();
+            let len = std::fs::metadata(&path).map_err(|e| Error::io(&path, e))?.len();
             let want = (layout.num_experts * ll.expert_size) as u64;
             if len != want {
                 return Err(Error::format(
@@ -76,8 +72,19 @@ impl ExpertStore {
                     ),
                 ));
             }
+            let file = match ExpertFile::open(&path, len, mode)? {
+                Some(f) => f,
+                None => {
+                    eprintln!(
+                        "warning: {}: the filesystem refuses O_DIRECT; reading experts with pread instead",
+                        path.display()
+                    );
+                    mode = IoMode::Pread;
+                    // Layers opened before this one keep O_DIRECT, which works for them.
+                    ExpertFile::open_pread(&path)?
+                }
+            };
             layers.push(Some(LayerFile {
-                path,
                 file,
                 layout: ll.clone(),
             }));
@@ -103,6 +110,7 @@ impl ExpertStore {
     pub fn group_size(&self) -> usize {
         self.group_size
     }
+    /// The mode reads use (`Pread` after an `O_DIRECT` fallback).
     pub fn mode(&self) -> IoMode {
         self.mode
     }
@@ -124,26 +132,27 @@ impl ExpertStore {
         let size = lf.layout.expert_size;
         for &e in ids {
             if e as usize >= self.num_experts {
-                return Err(Error::Invalid(format!("expert {e} of layer {layer} out of range ({})", self.num_experts)));
+                return Err(Error::Invalid(format!(
+                    "expert {e} of layer {layer} out of range (the model has {} experts)",
+                    self.num_experts
+                )));
             }
         }
         let t0 = std::time::Instant::now();
         let blobs: Result<Vec<Region>> = self.pool.install(|| {
             use rayon::prelude::*;
             ids.par_iter()
-                .map(|&e| {
-                    let mut buf = AlignedBytes::zeroed(size);
-                    lf.file
-                        .read_exact_at(buf.as_mut_slice(), e as u64 * size as u64)
-                        .map_err(|err| Error::io(&lf.path, err))?;
-                    Ok(Region::whole(Arc::new(buf)))
-                })
+                .map(|&e| lf.file.read(e as u64 * size as u64, size))
                 .collect()
         });
         let blobs = blobs?;
         self.stats.experts_read.fetch_add(ids.len() as u64, Ordering::Relaxed);
-        self.stats.bytes_read.fetch_add((ids.len() * size) as u64, Ordering::Relaxed);
-        self.stats.read_ns.fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        self.stats
+            .bytes_read
+            .fetch_add((ids.len() * size) as u64, Ordering::Relaxed);
+        self.stats
+            .read_ns
+            .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
         Ok(blobs)
     }
 
@@ -153,5 +162,12 @@ impl ExpertStore {
             bytes_read: self.stats.bytes_read.load(Ordering::Relaxed),
             read_ns: self.stats.read_ns.load(Ordering::Relaxed),
         }
+    }
+
+    /// Set every counter back to zero.
+    pub fn reset_stats(&self) {
+        self.stats.experts_read.store(0, Ordering::Relaxed);
+        self.stats.bytes_read.store(0, Ordering::Relaxed);
+        self.stats.read_ns.store(0, Ordering::Relaxed);
     }
 }

@@ -1,0 +1,184 @@
+//! How expert bytes come off the disk: one open layer file, read in one of
+//! three modes (plain `pread`, a shared memory map, or `O_DIRECT`).
+
+use crate::error::{Error, Result};
+use crate::format::{AlignedBytes, Region};
+use memmap2::{Advice, Mmap};
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// Block size that `O_DIRECT` offsets, lengths and buffer addresses are
+/// rounded to (the largest logical block size in common use).
+pub const DIRECT_ALIGN: usize = 4096;
+
+/// How expert bytes come off the disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum IoMode {
+    /// One `pread` per expert into an owned buffer (page cache as the host cache).
+    #[default]
+    Pread,
+    /// Map each layer file; experts are zero-copy views of the map.
+    Mmap,
+    /// `O_DIRECT` reads that bypass the page cache (models larger than RAM).
+    Direct,
+}
+
+impl IoMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            IoMode::Pread => "pread",
+            IoMode::Mmap => "mmap",
+            IoMode::Direct => "direct",
+        }
+    }
+}
+
+impl std::fmt::Display for IoMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for IoMode {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<IoMode> {
+        match s.to_ascii_lowercase().as_str() {
+            "pread" => Ok(IoMode::Pread),
+            "mmap" => Ok(IoMode::Mmap),
+            "direct" => Ok(IoMode::Direct),
+            _ => Err(Error::Invalid(format!(
+                "unknown I/O mode `{s}`; expected pread, mmap or direct"
+            ))),
+        }
+    }
+}
+
+/// One opened expert file and what reads it.
+pub(crate) struct ExpertFile {
+    path: PathBuf,
+    file: File,
+    /// The whole file mapped (mode `Mmap` only).
+    map: Option<Arc<Mmap>>,
+    direct: bool,
+}
+
+impl ExpertFile {
+    /// Open `path` (already checked to be `len` bytes) for `mode`.
+    /// `Direct` on a filesystem that refuses `O_DIRECT` returns `Ok(None)`:
+    /// the caller falls back to `Pread`.
+    pub fn open(path: &Path, len: u64, mode: IoMode) -> Result<Option<ExpertFile>> {
+        match mode {
+            IoMode::Pread => ExpertFile::open_pread(path).map(Some),
+            IoMode::Mmap => {
+                let file = File::open(path).map_err(|e| Error::io(path, e))?;
+                // SAFETY: the file is opened read-only; moeflux never writes a
+                // packed model in place (convert and synth write a temp dir and rename).
+                let map = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
+                if map.len() as u64 != len {
+                    return Err(Error::format(
+                        path,
+                        format!("mapped {} bytes, expected {len}", map.len()),
+                    ));
+                }
+                Ok(Some(ExpertFile {
+                    path: path.to_path_buf(),
+                    file,
+                    map: Some(Arc::new(map)),
+                    direct: false,
+                }))
+            }
+            IoMode::Direct => {
+                let file = match OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(path) {
+                    Ok(f) => f,
+                    Err(e) if e.raw_os_error() == Some(libc::EINVAL) => return Ok(None),
+                    Err(e) => return Err(Error::io(path, e)),
+                };
+                let ef = ExpertFile {
+                    path: path.to_path_buf(),
+                    file,
+                    map: None,
+                    direct: true,
+                };
+                // Some filesystems accept the flag at open and refuse the reads.
+                match ef.read_direct(0, len.min(DIRECT_ALIGN as u64) as usize) {
+                    Ok(_) => Ok(Some(ef)),
+                    Err(Error::Io { source, .. }) if source.raw_os_error() == Some(libc::EINVAL) => Ok(None),
+                    Err(e) => Err(e),
+                }
+            }
+        }
+    }
+
+    /// Open `path` for plain `pread`.
+    pub fn open_pread(path: &Path) -> Result<ExpertFile> {
+        Ok(ExpertFile {
+            path: path.to_path_buf(),
+            file: File::open(path).map_err(|e| Error::io(path, e))?,
+            map: None,
+            direct: false,
+        })
+    }
+
+    /// The `len` bytes at `off`.
+    pub fn read(&self, off: u64, len: usize) -> Result<Region> {
+        if let Some(map) = &self.map {
+            let start = off as usize;
+            // Start reading the range now; the compute that follows faults it in.
+            let _ = map.advise_range(Advice::WillNeed, start, len);
+            return Ok(Region::new(map.clone(), start, len));
+        }
+        if self.direct {
+            return self.read_direct(off, len);
+        }
+        let mut buf = AlignedBytes::zeroed(len);
+        self.file
+            .read_exact_at(buf.as_mut_slice(), off)
+            .map_err(|e| Error::io(&self.path, e))?;
+        Ok(Region::whole(Arc::new(buf)))
+    }
+
+    /// Read the aligned blocks covering `[off, off + len)` into an aligned
+    /// buffer and return the requested sub-range of it.
+    fn read_direct(&self, off: u64, len: usize) -> Result<Region> {
+        let a = DIRECT_ALIGN as u64;
+        let start = off - off % a;
+        let end = (off + len as u64).div_ceil(a) * a;
+        let span = (end - start) as usize;
+        let need = (off + len as u64 - start) as usize;
+        // One spare block so that the data can start at an aligned address.
+        let mut buf = AlignedBytes::zeroed(span + DIRECT_ALIGN);
+        let slice = buf.as_mut_slice();
+        let pad = slice.as_ptr().align_offset(DIRECT_ALIGN);
+        let dst = &mut slice[pad..pad + span];
+        let mut got = 0usize;
+        while got < need {
+            if got % DIRECT_ALIGN != 0 {
+                return Err(Error::format(
+                    &self.path,
+                    format!(
+                        "short O_DIRECT read at offset {}: the file ends early",
+                        start + got as u64
+                    ),
+                ));
+            }
+            match self.file.read_at(&mut dst[got..], start + got as u64) {
+                Ok(0) => {
+                    return Err(Error::io(
+                        &self.path,
+                        std::io::Error::new(
+                            std::io::ErrorKind::UnexpectedEof,
+                            format!("end of file before offset {}", off + len as u64),
+                        ),
+                    ))
+                }
+                Ok(n) => got += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(Error::io(&self.path, e)),
+            }
+        }
+        let inner = pad + (off - start) as usize;
+        Ok(Region::new(Arc::new(buf), inner, len))
+    }
+}

@@ -1,0 +1,164 @@
+//! Random tensor contents, generated straight into their on-disk bytes.
+//! Deterministic: the bytes of a segment depend only on its key and chunk
+//! number, so chunks can be generated in any order, in parallel.
+
+use half::bf16;
+
+/// SplitMix64: a tiny, fast generator with good statistics for this use.
+pub struct SplitMix64(u64);
+
+impl SplitMix64 {
+    pub fn new(seed: u64) -> SplitMix64 {
+        SplitMix64(seed)
+    }
+    #[inline]
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    /// Uniform in `[0, 1)`.
+    #[inline]
+    pub fn unit(&mut self) -> f32 {
+        (self.next_u64() >> 40) as f32 * (1.0 / (1u64 << 24) as f32)
+    }
+}
+
+/// Mix two words into a seed.
+pub fn mix(a: u64, b: u64) -> u64 {
+    SplitMix64::new(a ^ b.rotate_left(32).wrapping_mul(0xD6E8_FEB8_6659_FD93)).next_u64()
+}
+
+/// A stable key for a name (FNV-1a), mixed with the run's seed.
+pub fn key(seed: u64, name: &str) -> u64 {
+    let mut h: u64 = 0xCBF2_9CE4_8422_2325;
+    for b in name.bytes() {
+        h = (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01B3);
+    }
+    mix(seed, h)
+}
+
+/// Jitter of a group's scale: `base · [0.75, 1.25)`.
+const SCALE_JITTER: f32 = 0.5;
+
+/// What a tensor holds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Fill {
+    /// Uniformly random packed quantized words (U32).
+    Words,
+    /// Group scales (BF16): `base·j` with a random jitter `j` per group.
+    Scales { base: f32 },
+    /// Group biases (BF16) that centre the groups of `Scales { base }` on
+    /// zero: `−s·levels/2`, where `levels = 2^bits − 1`. Generated from the
+    /// same key as the scales, so the jitter matches.
+    Biases { base: f32, levels: f32 },
+    /// BF16 values uniform in `[−bound, bound)`.
+    Bf16 { bound: f32 },
+    /// F32 values uniform in `[lo, hi)`.
+    F32 { lo: f32, hi: f32 },
+    /// F32 values `ln(u)`, `u` uniform in `[lo, hi)` (`A_log`).
+    LnF32 { lo: f32, hi: f32 },
+}
+
+impl Fill {
+    /// Bytes per element.
+    pub fn elem_size(self) -> usize {
+        match self {
+            Fill::Words | Fill::F32 { .. } | Fill::LnF32 { .. } => 4,
+            Fill::Scales { .. } | Fill::Biases { .. } | Fill::Bf16 { .. } => 2,
+        }
+    }
+
+    /// Append the bytes of `n` elements, chunk `chunk` of the tensor keyed `key`.
+    pub fn generate(self, key: u64, chunk: u64, n: usize, out: &mut Vec<u8>) {
+        let mut rng = SplitMix64::new(mix(key, chunk));
+        let start = out.len();
+        out.resize(start + n * self.elem_size(), 0);
+        let dst = &mut out[start..];
+        match self {
+            Fill::Words => {
+                let mut words = dst.chunks_exact_mut(8);
+                for w in &mut words {
+                    w.copy_from_slice(&rng.next_u64().to_le_bytes());
+                }
+                let rest = words.into_remainder();
+                let last = rng.next_u64().to_le_bytes();
+                rest.copy_from_slice(&last[..rest.len()]);
+            }
+            Fill::Scales { base } => put_bf16(dst, || base * jitter(&mut rng)),
+            Fill::Biases { base, levels } => put_bf16(dst, || -bf16_round(base * jitter(&mut rng)) * levels / 2.0),
+            Fill::Bf16 { bound } => put_bf16(dst, || (2.0 * rng.unit() - 1.0) * bound),
+            Fill::F32 { lo, hi } => put_f32(dst, || lo + (hi - lo) * rng.unit()),
+            Fill::LnF32 { lo, hi } => put_f32(dst, || (lo + (hi - lo) * rng.unit()).ln()),
+        }
+    }
+}
+
+#[inline]
+fn jitter(rng: &mut SplitMix64) -> f32 {
+    1.0 - SCALE_JITTER / 2.0 + SCALE_JITTER * rng.unit()
+}
+
+/// The value a scale has once stored, so that the bias centres the group
+/// around the scale actually used.
+#[inline]
+fn bf16_round(x: f32) -> f32 {
+    bf16::from_f32(x).to_f32()
+}
+
+fn put_bf16(dst: &mut [u8], mut f: impl FnMut() -> f32) {
+    for c in dst.chunks_exact_mut(2) {
+        c.copy_from_slice(&bf16::from_f32(f()).to_le_bytes());
+    }
+}
+
+fn put_f32(dst: &mut [u8], mut f: impl FnMut() -> f32) {
+    for c in dst.chunks_exact_mut(4) {
+        c.copy_from_slice(&f().to_le_bytes());
+    }
+}
+
+/// The fills of a matrix `[rows, cols]` quantized at `bits` whose
+/// dequantized values are uniform, centred on zero, with standard
+/// deviation `std`: weights, scales, biases.
+pub fn quantized_fills(std: f32, bits: u32) -> [Fill; 3] {
+    let levels = ((1u32 << bits) - 1) as f32;
+    // q uniform on {0..levels}: variance ((levels+1)² − 1)/12.
+    let q_std = (((levels + 1.0) * (levels + 1.0) - 1.0) / 12.0).sqrt();
+    let base = std / q_std;
+    [Fill::Words, Fill::Scales { base }, Fill::Biases { base, levels }]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunks_are_deterministic_and_distinct() {
+        let (mut a, mut b, mut c) = (vec![], vec![], vec![]);
+        Fill::Words.generate(7, 0, 1001, &mut a);
+        Fill::Words.generate(7, 0, 1001, &mut b);
+        Fill::Words.generate(7, 1, 1001, &mut c);
+        assert_eq!(a.len(), 4004);
+        assert_eq!(a, b);
+        assert_ne!(a, c);
+    }
+
+    #[test]
+    fn biases_centre_the_groups_of_their_scales() {
+        let [_, s, b] = quantized_fills(0.05, 4);
+        let (mut sb, mut bb) = (vec![], vec![]);
+        s.generate(3, 2, 500, &mut sb);
+        b.generate(3, 2, 500, &mut bb);
+        let sv = crate::format::Dtype::Bf16.to_f32(&sb);
+        let bv = crate::format::Dtype::Bf16.to_f32(&bb);
+        for (s, b) in sv.iter().zip(&bv) {
+            // Dequantized q ∈ {0..15}: q=0 and q=15 land symmetric about 0.
+            let (lo, hi) = (*b, b + 15.0 * s);
+            // Off by at most twice the bf16 rounding of the bias (2^-8 relative).
+            assert!((lo + hi).abs() <= 0.06 * s.abs(), "{lo} {hi}");
+        }
+    }
+}

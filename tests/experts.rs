@@ -1,0 +1,153 @@
+//! ExpertStore: every read mode returns the bytes a plain read of the file
+//! gives; bad files and bad ids are errors; the counters count.
+
+use moeflux::experts::{ExpertStore, IoMode};
+use moeflux::format::packed::{expert_file_name, LayerLayout, Layout, EXPERTS_DIR, LAYOUT_FILE};
+use std::collections::BTreeMap;
+use std::path::Path;
+
+const NUM_EXPERTS: usize = 15;
+
+/// An expert of 6,912 bytes (not a multiple of 4096, so O_DIRECT reads
+/// need covering blocks), 15 of them (the file does not end on a block).
+fn layer_layout() -> LayerLayout {
+    LayerLayout::quantized(64, 64, 4, 64)
+}
+
+/// Write a model dir with expert files for layers 0 and 2 (layer 1 has
+/// none) filled with a byte pattern unique to (layer, position).
+fn write_store(dir: &Path) {
+    let ll = layer_layout();
+    assert_eq!(ll.expert_size, 6912);
+    let edir = dir.join(EXPERTS_DIR);
+    std::fs::create_dir_all(&edir).unwrap();
+    let mut layers = BTreeMap::new();
+    for layer in [0usize, 2] {
+        let bytes: Vec<u8> = (0..NUM_EXPERTS * ll.expert_size)
+            .map(|i| ((i * 31 + layer * 7 + i / 251) % 256) as u8)
+            .collect();
+        std::fs::write(edir.join(expert_file_name(layer)), bytes).unwrap();
+        layers.insert(layer.to_string(), ll.clone());
+    }
+    let layout = Layout {
+        num_layers: 3,
+        num_experts: NUM_EXPERTS,
+        group_size: 64,
+        layers,
+    };
+    std::fs::write(edir.join(LAYOUT_FILE), serde_json::to_string(&layout).unwrap()).unwrap();
+}
+
+fn expected(dir: &Path, layer: usize, e: usize) -> Vec<u8> {
+    let all = std::fs::read(dir.join(EXPERTS_DIR).join(expert_file_name(layer))).unwrap();
+    let size = layer_layout().expert_size;
+    all[e * size..(e + 1) * size].to_vec()
+}
+
+#[test]
+fn every_mode_returns_the_bytes_of_a_plain_read() {
+    let tmp = tempfile::tempdir().unwrap();
+    write_store(tmp.path());
+    let ids = [0u32, 14, 3, 7, 7, 1];
+    for mode in [IoMode::Pread, IoMode::Mmap, IoMode::Direct] {
+        let store = ExpertStore::open(tmp.path(), 3, mode, 3).unwrap();
+        // Direct falls back to Pread where the filesystem refuses O_DIRECT.
+        let fallback = mode == IoMode::Direct && store.mode() == IoMode::Pread;
+        assert!(store.mode() == mode || fallback, "{mode} opened as {}", store.mode());
+        for layer in [0usize, 2] {
+            let blobs = store.read(layer, &ids).unwrap();
+            assert_eq!(blobs.len(), ids.len());
+            for (&e, b) in ids.iter().zip(&blobs) {
+                assert_eq!(
+                    b.bytes(),
+                    expected(tmp.path(), layer, e as usize).as_slice(),
+                    "{mode} layer {layer} expert {e}"
+                );
+            }
+        }
+        // The blobs parse as the layout's matrices.
+        let blob = &store.read(2, &[5]).unwrap()[0];
+        let [g, _, d] = store
+            .layer_layout(2)
+            .unwrap()
+            .matrices(blob, store.group_size())
+            .unwrap();
+        assert_eq!((g.rows, g.cols, d.rows, d.cols), (64, 64, 64, 64));
+    }
+}
+
+#[test]
+fn io_mode_parses_from_the_command_line() {
+    assert_eq!("pread".parse::<IoMode>().unwrap(), IoMode::Pread);
+    assert_eq!("mmap".parse::<IoMode>().unwrap(), IoMode::Mmap);
+    assert_eq!("Direct".parse::<IoMode>().unwrap(), IoMode::Direct);
+    let err = "uring".parse::<IoMode>().unwrap_err().to_string();
+    assert!(err.contains("uring") && err.contains("pread, mmap or direct"), "{err}");
+    assert_eq!(IoMode::default(), IoMode::Pread);
+    assert_eq!(IoMode::Mmap.to_string(), "mmap");
+}
+
+#[test]
+fn a_truncated_layer_file_is_rejected_at_open() {
+    let tmp = tempfile::tempdir().unwrap();
+    write_store(tmp.path());
+    let path = tmp.path().join(EXPERTS_DIR).join(expert_file_name(2));
+    let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    f.set_len((NUM_EXPERTS * 6912 - 100) as u64).unwrap();
+    for mode in [IoMode::Pread, IoMode::Mmap, IoMode::Direct] {
+        let err = ExpertStore::open(tmp.path(), 3, mode, 1)
+            .err()
+            .expect("truncated file accepted")
+            .to_string();
+        assert!(
+            err.contains("layer_02.bin") && err.contains("truncated"),
+            "{mode}: {err}"
+        );
+    }
+}
+
+#[test]
+fn a_missing_layer_file_names_the_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    write_store(tmp.path());
+    std::fs::remove_file(tmp.path().join(EXPERTS_DIR).join(expert_file_name(0))).unwrap();
+    let err = ExpertStore::open(tmp.path(), 3, IoMode::Pread, 1)
+        .err()
+        .expect("missing file accepted")
+        .to_string();
+    assert!(err.contains("layer_00.bin"), "{err}");
+}
+
+#[test]
+fn bad_expert_ids_and_layers_are_errors() {
+    let tmp = tempfile::tempdir().unwrap();
+    write_store(tmp.path());
+    for mode in [IoMode::Pread, IoMode::Mmap, IoMode::Direct] {
+        let store = ExpertStore::open(tmp.path(), 3, mode, 2).unwrap();
+        let err = store.read(0, &[2, NUM_EXPERTS as u32]).unwrap_err().to_string();
+        assert!(err.contains("expert 15") && err.contains("out of range"), "{err}");
+        assert!(store.read(1, &[0]).is_err(), "layer 1 has no expert file");
+        assert!(store.read(3, &[0]).is_err(), "layer 3 does not exist");
+        assert_eq!(store.stats().experts_read, 0, "failed reads are not counted");
+    }
+}
+
+#[test]
+fn the_counters_count_and_reset() {
+    let tmp = tempfile::tempdir().unwrap();
+    write_store(tmp.path());
+    for mode in [IoMode::Pread, IoMode::Mmap, IoMode::Direct] {
+        let store = ExpertStore::open(tmp.path(), 3, mode, 2).unwrap();
+        assert_eq!(store.stats().experts_read, 0);
+        store.read(0, &[1, 2, 3]).unwrap();
+        store.read(2, &[4]).unwrap();
+        let s = store.stats();
+        assert_eq!(s.experts_read, 4, "{mode}");
+        assert_eq!(s.bytes_read, 4 * 6912, "{mode}");
+        assert!(s.read_ns > 0, "{mode}");
+        store.reset_stats();
+        assert_eq!(store.stats(), Default::default());
+        store.read(2, &[0]).unwrap();
+        assert_eq!(store.stats().experts_read, 1);
+    }
+}
