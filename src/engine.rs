@@ -116,6 +116,30 @@ impl Model {
         })
     }
 
+    pub(crate) fn has_recurrent_layers(&self) -> bool {
+        match &self.engine {
+            Engine::Cpu(n) => n.has_recurrent_layers(),
+        }
+    }
+
+    pub(crate) fn state_size(&self, len: usize) -> usize {
+        match &self.engine {
+            Engine::Cpu(n) => n.state_size(len),
+        }
+    }
+
+    pub(crate) fn save_state(&self, st: &EngineState, len: usize, out: &mut Vec<u8>) -> Result<()> {
+        match (&self.engine, st) {
+            (Engine::Cpu(n), EngineState::Cpu(s)) => n.save_state(s, len, out),
+        }
+    }
+
+    pub(crate) fn load_state(&self, buf: &[u8], max_len: usize) -> Result<(EngineState, usize)> {
+        match &self.engine {
+            Engine::Cpu(n) => n.load_state(buf, max_len).map(|(s, l)| (EngineState::Cpu(s), l)),
+        }
+    }
+
     pub(crate) fn forward(&self, st: &mut EngineState, tokens: &[u32], pos0: usize, all: bool) -> Result<Vec<f32>> {
         match (&self.engine, st) {
             (Engine::Cpu(n), EngineState::Cpu(s)) => n.forward(s, &self.store, tokens, pos0, all),

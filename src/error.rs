@@ -7,19 +7,13 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("{path}: {source}")]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    // The cause is part of the message (not a `source`), so that error
+    // chains print it once.
+    #[error("{path}: {err}")]
+    Io { path: PathBuf, err: std::io::Error },
 
-    #[error("{path}: invalid JSON: {source}")]
-    Json {
-        path: PathBuf,
-        #[source]
-        source: serde_json::Error,
-    },
+    #[error("{path}: invalid JSON: {err}")]
+    Json { path: PathBuf, err: serde_json::Error },
 
     /// A `config.json` field is missing, has the wrong type, or an
     /// impossible value.
@@ -59,6 +53,19 @@ pub enum Error {
     #[error("context full: position {pos} exceeds the limit of {limit}")]
     ContextFull { pos: usize, limit: usize },
 
+    /// `truncate` on a model with recurrent layers found no checkpoint at or
+    /// below the position (and the tokens to re-evaluate are not known).
+    #[error("cannot truncate to {pos}: the model has recurrent layers and no checkpoint at or below {pos} covers it (store checkpoints with Session::checkpoint)")]
+    NoCheckpoint { pos: usize },
+
+    #[error("no checkpoint at position {0}")]
+    CheckpointMissing(usize),
+
+    /// An evaluation failed part-way on a model with recurrent state; the
+    /// session must be cleared, restored or reloaded before it is used again.
+    #[error("the session's recurrent state is incomplete after an earlier error; clear, restore or load a state first")]
+    SessionBroken,
+
     /// Converting a checkpoint failed for a reason not covered above.
     #[error("convert: {0}")]
     Convert(String),
@@ -78,7 +85,7 @@ impl Error {
     pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         Error::Io {
             path: path.into(),
-            source,
+            err: source,
         }
     }
     pub fn format(path: impl Into<PathBuf>, msg: impl Into<String>) -> Self {
@@ -106,6 +113,6 @@ pub fn read_json<T: serde::de::DeserializeOwned>(path: &std::path::Path) -> Resu
     let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
     serde_json::from_str(&text).map_err(|e| Error::Json {
         path: path.to_path_buf(),
-        source: e,
+        err: e,
     })
 }

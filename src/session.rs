@@ -1,39 +1,84 @@
-//! `Session`: one sequence's state over a shared `Model`, with explicit,
-//! contiguous positions.
+//! `Session`: one sequence's state over a shared `Model` (SPEC.md §3):
+//! explicit contiguous positions, chunked prompt evaluation, snapshots in
+//! the MFLX format, checkpoints, and truncation that is correct for
+//! recurrent layers.
 
 use crate::engine::{EngineState, Model};
 use crate::error::{Error, Result};
 
 /// Positions the caches are first sized for; they grow on demand.
 const INITIAL_CAPACITY: usize = 256;
+/// Tokens evaluated together by `eval_prompt`.
+pub const DEFAULT_CHUNK: usize = 512;
+pub const DEFAULT_MAX_CHECKPOINTS: usize = 4;
+
+struct Checkpoint {
+    pos: usize,
+    snapshot: Vec<u8>,
+    /// Order of storing, for eviction.
+    stamp: u64,
+}
 
 pub struct Session<'m> {
     model: &'m Model,
     state: EngineState,
-    /// The tokens evaluated so far, one per position.
-    tokens: Vec<u32>,
+    pos: usize,
+    /// The tokens of positions `[0, pos)` when known (not after `load_state`).
+    tokens: Option<Vec<u32>>,
+    checkpoints: Vec<Checkpoint>,
+    max_checkpoints: usize,
+    clock: u64,
+    chunk: usize,
+    broken: bool,
 }
 
 impl Model {
+    /// A new, empty session over this model.
     pub fn session(&self) -> Result<Session<'_>> {
         Ok(Session {
             model: self,
             state: self.new_state(INITIAL_CAPACITY)?,
-            tokens: Vec::new(),
+            pos: 0,
+            tokens: Some(Vec::new()),
+            checkpoints: Vec::new(),
+            max_checkpoints: DEFAULT_MAX_CHECKPOINTS,
+            clock: 0,
+            chunk: DEFAULT_CHUNK,
+            broken: false,
         })
     }
 }
 
 impl<'m> Session<'m> {
-    /// Number of positions held.
+    pub fn model(&self) -> &'m Model {
+        self.model
+    }
+
+    /// Number of positions held (0 when empty).
     pub fn pos(&self) -> usize {
-        self.tokens.len()
+        self.pos
+    }
+
+    /// The tokens held, when the session knows them.
+    pub fn tokens(&self) -> Option<&[u32]> {
+        self.tokens.as_deref()
+    }
+
+    /// Tokens per chunk of `eval_prompt` (at least 1).
+    pub fn set_chunk_size(&mut self, n: usize) {
+        self.chunk = n.max(1);
     }
 
     fn check(&self, tokens: &[u32], start_pos: usize) -> Result<()> {
-        if start_pos != self.pos() {
+        if self.broken {
+            return Err(Error::SessionBroken);
+        }
+        if tokens.is_empty() {
+            return Err(Error::Invalid("no tokens to evaluate".into()));
+        }
+        if start_pos != self.pos {
             return Err(Error::Position {
-                expected: self.pos(),
+                expected: self.pos,
                 got: start_pos,
             });
         }
@@ -51,19 +96,43 @@ impl<'m> Session<'m> {
         Ok(())
     }
 
-    /// Evaluate a prompt from `start_pos`; logits of the last token.
+    /// Evaluate one chunk; on failure of a model with recurrent layers
+    /// the session is marked broken (its recurrent state is part-updated).
+    fn run(&mut self, tokens: &[u32], all: bool) -> Result<Vec<f32>> {
+        match self.model.forward(&mut self.state, tokens, self.pos, all) {
+            Ok(out) => {
+                self.pos += tokens.len();
+                if let Some(t) = &mut self.tokens {
+                    t.extend_from_slice(tokens);
+                }
+                Ok(out)
+            }
+            Err(e) => {
+                if self.model.has_recurrent_layers() {
+                    self.broken = true;
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Evaluate a prompt from `start_pos` in chunks; logits of the last token.
     pub fn eval_prompt(&mut self, tokens: &[u32], start_pos: usize) -> Result<Vec<f32>> {
         self.check(tokens, start_pos)?;
-        let out = self.model.forward(&mut self.state, tokens, start_pos, false)?;
-        self.tokens.extend_from_slice(tokens);
-        Ok(out)
+        let mut last = Vec::new();
+        for c in tokens.chunks(self.chunk) {
+            last = self.run(c, false)?;
+        }
+        Ok(last)
     }
 
     /// Evaluate a prompt and return the logits of every position `[n, vocab]`.
     pub fn eval_all(&mut self, tokens: &[u32], start_pos: usize) -> Result<Vec<f32>> {
         self.check(tokens, start_pos)?;
-        let out = self.model.forward(&mut self.state, tokens, start_pos, true)?;
-        self.tokens.extend_from_slice(tokens);
+        let mut out = Vec::with_capacity(tokens.len() * self.model.n_vocab());
+        for c in tokens.chunks(self.chunk) {
+            out.extend(self.run(c, true)?);
+        }
         Ok(out)
     }
 
@@ -71,10 +140,172 @@ impl<'m> Session<'m> {
         self.eval_prompt(&[token], pos)
     }
 
-    /// Everything back to empty.
+    /// Everything back to empty, checkpoints dropped.
     pub fn clear(&mut self) -> Result<()> {
         self.state = self.model.new_state(INITIAL_CAPACITY)?;
-        self.tokens.clear();
+        self.pos = 0;
+        self.tokens = Some(Vec::new());
+        self.checkpoints.clear();
+        self.broken = false;
+        Ok(())
+    }
+
+    /// Bytes `save_state` writes now.
+    pub fn state_size(&self) -> usize {
+        self.model.state_size(self.pos)
+    }
+
+    /// Append the MFLX snapshot of the current state to `buf`.
+    pub fn save_state(&self, buf: &mut Vec<u8>) -> Result<()> {
+        if self.broken {
+            return Err(Error::SessionBroken);
+        }
+        self.model.save_state(&self.state, self.pos, buf)
+    }
+
+    /// Replace the state with a snapshot. The whole buffer is validated
+    /// first: on error the session is exactly as before. Checkpoints are
+    /// dropped (they belong to the replaced sequence).
+    pub fn load_state(&mut self, buf: &[u8]) -> Result<()> {
+        let (state, len) = self.model.load_state(buf, self.model.n_ctx())?;
+        self.state = state;
+        self.pos = len;
+        self.tokens = None;
+        self.checkpoints.clear();
+        self.broken = false;
+        Ok(())
+    }
+
+    pub fn set_max_checkpoints(&mut self, n: usize) {
+        self.max_checkpoints = n.max(1);
+        while self.checkpoints.len() > self.max_checkpoints {
+            if !self.evict_one(None) {
+                break;
+            }
+        }
+    }
+
+    /// Positions with a checkpoint, ascending.
+    pub fn checkpoints(&self) -> Vec<usize> {
+        let mut v: Vec<usize> = self.checkpoints.iter().map(|c| c.pos).collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// Evict the least recently stored checkpoint other than position 0 and
+    /// `keep`; false when none can go.
+    fn evict_one(&mut self, keep: Option<usize>) -> bool {
+        let victim = self
+            .checkpoints
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| c.pos != 0 && Some(c.pos) != keep)
+            .min_by_key(|(_, c)| c.stamp)
+            .map(|(i, _)| i);
+        match victim {
+            Some(i) => {
+                self.checkpoints.remove(i);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Store a snapshot of the current state under `pos` (which must be the
+    /// current position).
+    pub fn checkpoint(&mut self, pos: usize) -> Result<()> {
+        if pos != self.pos {
+            return Err(Error::Position {
+                expected: self.pos,
+                got: pos,
+            });
+        }
+        let mut snapshot = Vec::new();
+        self.save_state(&mut snapshot)?;
+        self.clock += 1;
+        let stamp = self.clock;
+        match self.checkpoints.iter_mut().find(|c| c.pos == pos) {
+            Some(c) => {
+                c.snapshot = snapshot;
+                c.stamp = stamp;
+            }
+            None => self.checkpoints.push(Checkpoint { pos, snapshot, stamp }),
+        }
+        while self.checkpoints.len() > self.max_checkpoints {
+            if !self.evict_one(Some(pos)) {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// Load the checkpoint at exactly `pos` and drop every checkpoint above it.
+    pub fn restore(&mut self, pos: usize) -> Result<()> {
+        let i = self
+            .checkpoints
+            .iter()
+            .position(|c| c.pos == pos)
+            .ok_or(Error::CheckpointMissing(pos))?;
+        let (state, len) = self.model.load_state(&self.checkpoints[i].snapshot, self.model.n_ctx())?;
+        self.state = state;
+        self.pos = len;
+        if let Some(t) = &mut self.tokens {
+            t.truncate(len);
+        }
+        self.checkpoints.retain(|c| c.pos <= pos);
+        self.broken = false;
+        Ok(())
+    }
+
+    pub fn forget(&mut self, pos: usize) -> Result<()> {
+        let n = self.checkpoints.len();
+        self.checkpoints.retain(|c| c.pos != pos);
+        if self.checkpoints.len() == n {
+            return Err(Error::CheckpointMissing(pos));
+        }
+        Ok(())
+    }
+
+    /// Keep positions `[0, p0)`. Attention caches are cut by length; a
+    /// model with recurrent layers restores the nearest checkpoint at or
+    /// below `p0` (or the empty state) and re-evaluates the gap from the
+    /// remembered tokens, or fails with `NoCheckpoint`.
+    pub fn truncate(&mut self, p0: usize) -> Result<()> {
+        if p0 > self.pos {
+            return Err(Error::Invalid(format!("cannot truncate to {p0}: the session holds {} positions", self.pos)));
+        }
+        self.checkpoints.retain(|c| c.pos <= p0);
+        if !self.model.has_recurrent_layers() && !self.broken {
+            self.pos = p0;
+            if let Some(t) = &mut self.tokens {
+                t.truncate(p0);
+            }
+            return Ok(());
+        }
+        if p0 == self.pos && !self.broken {
+            return Ok(());
+        }
+        let base = self.checkpoints.iter().map(|c| c.pos).max();
+        let gap: Vec<u32> = match (&self.tokens, base) {
+            (Some(t), b) => t[b.unwrap_or(0)..p0].to_vec(),
+            (None, Some(b)) if b == p0 => Vec::new(),
+            (None, _) => return Err(Error::NoCheckpoint { pos: p0 }),
+        };
+        match base {
+            Some(b) => self.restore(b)?,
+            None => {
+                let tokens = self.tokens.take();
+                self.clear()?;
+                self.tokens = tokens.map(|mut t| {
+                    t.clear();
+                    t
+                });
+            }
+        }
+        if !gap.is_empty() {
+            let start = self.pos;
+            self.eval_prompt(&gap, start)?;
+        }
         Ok(())
     }
 }

@@ -104,7 +104,7 @@ impl ExpertFile {
                 // Some filesystems accept the flag at open and refuse the reads.
                 match ef.read_direct(0, len.min(DIRECT_ALIGN as u64) as usize) {
                     Ok(_) => Ok(Some(ef)),
-                    Err(Error::Io { source, .. }) if source.raw_os_error() == Some(libc::EINVAL) => Ok(None),
+                    Err(Error::Io { err, .. }) if err.raw_os_error() == Some(libc::EINVAL) => Ok(None),
                     Err(e) => Err(e),
                 }
             }

@@ -1,8 +1,10 @@
 //! File formats: checkpoints we read, the packed model directory we write
 //! and run from, MLX affine quantization, and the converter.
 
+pub mod convert;
 pub mod packed;
 pub mod quant;
+pub mod safetensors;
 
 use crate::error::{Error, Result};
 use half::{bf16, f16};

@@ -97,21 +97,53 @@ impl LayerLayout {
     /// The layout of one expert with these shapes: gate/up `[inter, hidden]`,
     /// down `[hidden, inter]`, all quantized at `bits` with bf16 scales.
     pub fn quantized(hidden: usize, inter: usize, bits: u32, group_size: usize) -> LayerLayout {
+        LayerLayout::quantized_scales(hidden, inter, bits, group_size, Dtype::Bf16)
+    }
+
+    /// Like [`LayerLayout::quantized`], with scales and biases of
+    /// `scale_dtype` (BF16 or F16, as an MLX source has them).
+    pub fn quantized_scales(hidden: usize, inter: usize, bits: u32, group_size: usize, scale_dtype: Dtype) -> LayerLayout {
+        let es = scale_dtype.size();
+        LayerLayout::build(hidden, inter, bits, |rows, cols| {
+            let groups = vec![rows, cols / group_size];
+            [
+                (rows * cols * bits as usize / 8, Dtype::U32, vec![rows, cols * bits as usize / 32]),
+                (rows * (cols / group_size) * es, scale_dtype, groups.clone()),
+                (rows * (cols / group_size) * es, scale_dtype, groups),
+            ]
+        })
+    }
+
+    /// Unquantized experts: each `X.weight` is `dtype` `[rows, cols]`; the
+    /// `scales` / `biases` components stay in the table with size 0 and
+    /// shape `[]`. `bits` is the width of `dtype`.
+    pub fn float(hidden: usize, inter: usize, dtype: Dtype) -> LayerLayout {
+        LayerLayout::build(hidden, inter, 8 * dtype.size() as u32, |rows, cols| {
+            [
+                (rows * cols * dtype.size(), dtype, vec![rows, cols]),
+                (0, dtype, vec![]),
+                (0, dtype, vec![]),
+            ]
+        })
+    }
+
+    /// The nine components in file order; `parts(rows, cols)` gives
+    /// `(size, dtype, shape)` of weight, scales and biases of one matrix.
+    fn build(
+        hidden: usize,
+        inter: usize,
+        bits: u32,
+        parts: impl Fn(usize, usize) -> [(usize, Dtype, Vec<usize>); 3],
+    ) -> LayerLayout {
         let mut components = Vec::with_capacity(9);
         let mut offset = 0usize;
         for (proj, rows, cols) in [("gate_proj", inter, hidden), ("up_proj", inter, hidden), ("down_proj", hidden, inter)] {
-            let w = rows * cols * bits as usize / 8;
-            let s = rows * (cols / group_size) * 2;
-            for (suffix, size, dtype, shape) in [
-                ("weight", w, "U32", vec![rows, cols * bits as usize / 32]),
-                ("scales", s, "BF16", vec![rows, cols / group_size]),
-                ("biases", s, "BF16", vec![rows, cols / group_size]),
-            ] {
+            for (suffix, (size, dtype, shape)) in ["weight", "scales", "biases"].into_iter().zip(parts(rows, cols)) {
                 components.push(Component {
                     name: format!("{proj}.{suffix}"),
                     offset,
                     size,
-                    dtype: dtype.to_string(),
+                    dtype: dtype.name().to_string(),
                     shape,
                 });
                 offset += size;

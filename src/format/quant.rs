@@ -93,14 +93,16 @@ mod tests {
             dequantize_row(&w, &sf, &bf, bits, 64, &mut out);
             let step = 101.0 * 0.013 / ((1 << bits) - 1) as f32;
             for (a, o) in row.iter().zip(&out) {
-                // bf16 rounding of scale/bias adds a little on top of half a step.
-                assert!((a - o).abs() <= 0.5 * step * 1.05 + 0.02 * a.abs().max(0.1), "{bits}: {a} vs {o}");
+                // MLX snaps the grid to the edge of larger magnitude, so the far
+                // edge can be clamped by up to a step; bf16 rounding of scale
+                // and bias adds a little more.
+                assert!((a - o).abs() <= 1.05 * step + 0.01 * a.abs(), "{bits}: {a} vs {o}");
             }
         }
     }
 
     #[test]
-    fn zero_is_exact_and_packing_is_lowest_bits_first() {
+    fn packing_is_lowest_bits_first() {
         let mut row = vec![0.0f32; 64];
         row[0] = 1.0;
         row[1] = -1.0;
@@ -110,7 +112,7 @@ mod tests {
         let bf = [b[0].to_f32()];
         let mut out = vec![9.0; 64];
         dequantize_row(&w, &sf, &bf, 4, 64, &mut out);
-        assert_eq!(out[5], 0.0);
+        assert!(out[5].abs() < 4e-3, "{}", out[5]);
         assert!((out[0] - 1.0).abs() < 1e-2 && (out[1] + 1.0).abs() < 1e-2);
         assert_eq!(unpack(&w, 4, 0), w[0] & 0xF);
         assert_eq!(unpack(&w, 4, 1), (w[0] >> 4) & 0xF);

@@ -10,6 +10,7 @@ mod linear_attn;
 mod mla;
 pub mod rope;
 pub mod router;
+mod state;
 
 use crate::backend::{Backend, Strided};
 use crate::config::{Arch, AttnKind, FfnKind, ModelConfig};
@@ -150,6 +151,11 @@ impl<B: Backend> Net<B> {
             cfg: cfg.clone(),
             b,
         })
+    }
+
+    /// True when some layer keeps a recurrent state that cannot be rewound.
+    pub fn has_recurrent_layers(&self) -> bool {
+        self.cfg.layers.iter().any(|l| l.attn == AttnKind::Linear)
     }
 
     /// Empty state with room for `capacity` positions.

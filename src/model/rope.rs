@@ -66,7 +66,7 @@ mod tests {
         let f = inv_freq(10000.0, 8);
         assert_eq!(f.len(), 4);
         assert_eq!(f[0], 1.0);
-        assert!((f[1] as f64 - 10000f64.powf(-0.25)).abs() < 1e-9);
+        assert!((f[1] as f64 / 10000f64.powf(-0.25) - 1.0).abs() < 1e-7);
     }
 
     #[test]

@@ -1,0 +1,361 @@
+//! `moeflux convert`: a Hugging Face or MLX checkpoint → the packed model
+//! directory of SPEC.md §2.
+//!
+//! 1. [`source`] opens the checkpoint (config, shards, quantization block).
+//! 2. [`plan`] (with [`layers`]) resolves every packed tensor to its source
+//!    tensors and checks names, shapes and dtypes — before anything is
+//!    written.
+//! 3. [`dense`] and [`experts`] stream the tensors from the mapped shards
+//!    into `DST.tmp-<pid>`, encoding in parallel with bounded memory.
+//! 4. [`verify`] re-reads the result with the engine's readers and
+//!    compares it with the source; only then is the temp dir renamed to
+//!    `DST`. On any error the temp dir is removed.
+
+mod dense;
+mod experts;
+mod fp8;
+mod layers;
+mod matrix;
+mod names;
+mod plan;
+pub mod source;
+mod verify;
+
+pub use source::Source;
+
+use crate::error::{Error, Result};
+use crate::format::packed::{
+    Layout, Manifest, EXPERTS_DIR, LAYOUT_FILE, MANIFEST_FILE, WEIGHTS_FILE,
+};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use plan::{Item, Settings};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// Files copied unchanged from the source directory when present.
+pub const COPIED_FILES: [&str; 10] = [
+    "config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "generation_config.json",
+    "chat_template.jinja",
+    "chat_template.json",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+];
+
+/// What `moeflux convert` was asked for.
+#[derive(Debug, Clone)]
+pub struct ConvertOptions {
+    /// 2, 4, 8, or 16 (keep floats); `None`: the default, 4. Ignored for
+    /// MLX-quantized sources, which are repacked as they are.
+    pub bits: Option<u32>,
+    pub group_size: usize,
+    /// Bits of the routed experts only (default: `bits`).
+    pub bits_experts: Option<u32>,
+    /// Replace an existing destination.
+    pub force: bool,
+    /// Draw a progress bar on stderr (when it is a terminal).
+    pub progress: bool,
+}
+
+impl Default for ConvertOptions {
+    fn default() -> Self {
+        ConvertOptions {
+            bits: None,
+            group_size: 64,
+            bits_experts: None,
+            force: false,
+            progress: false,
+        }
+    }
+}
+
+/// What a conversion did.
+#[derive(Debug, Clone)]
+pub struct ConvertReport {
+    /// Tensors in `model_weights.bin`.
+    pub tensors: usize,
+    pub dense_bytes: u64,
+    pub expert_bytes: u64,
+    pub expert_layers: usize,
+    /// Experts re-read and checked against the source.
+    pub verified_experts: usize,
+    pub notes: Vec<String>,
+    pub elapsed: Duration,
+}
+
+/// Progress over source bytes; cheap to share between threads.
+pub struct Progress(ProgressBar);
+
+impl Progress {
+    fn new(total: u64, show: bool) -> Progress {
+        if !show {
+            return Progress(ProgressBar::hidden());
+        }
+        let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
+        let style = ProgressStyle::with_template(
+            "{spinner} [{elapsed_precise}] {wide_bar} {bytes}/{total_bytes} {bytes_per_sec} ETA {eta} {msg}",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar());
+        bar.set_style(style);
+        Progress(bar)
+    }
+    pub fn inc(&self, n: u64) {
+        self.0.inc(n);
+    }
+}
+
+fn check_bits_arg(bits: u32, flag: &str) -> Result<()> {
+    if matches!(bits, 2 | 4 | 8 | 16) {
+        Ok(())
+    } else {
+        Err(Error::Invalid(format!(
+            "{flag} {bits}: use 2, 4, 8, or 16 (keep bf16)"
+        )))
+    }
+}
+
+/// Convert the checkpoint in `src` into a packed model at `dst`.
+pub fn convert(src: &Path, dst: &Path, opts: &ConvertOptions) -> Result<ConvertReport> {
+    let t0 = Instant::now();
+    if let Some(b) = opts.bits {
+        check_bits_arg(b, "--bits")?;
+    }
+    if let Some(b) = opts.bits_experts {
+        check_bits_arg(b, "--bits-experts")?;
+    }
+    if !matches!(opts.group_size, 32 | 64 | 128) {
+        return Err(Error::Invalid(format!(
+            "--group-size {}: use 32, 64 or 128",
+            opts.group_size
+        )));
+    }
+    if !src.join("config.json").is_file() {
+        return Err(Error::Invalid(format!(
+            "{} is not a checkpoint directory: it has no config.json (give the folder that holds config.json and the *.safetensors files)",
+            src.display()
+        )));
+    }
+    check_destination(src, dst, opts.force)?;
+    let source = Source::open(src)?;
+    let bits = opts.bits.unwrap_or(4);
+    let as_option = |b: u32| (b != 16).then_some(b);
+    let settings = Settings {
+        dense_bits: as_option(bits),
+        expert_bits: as_option(opts.bits_experts.unwrap_or(bits)),
+        group_size: opts.group_size,
+    };
+    let plan = plan::build(&source, settings)?;
+    let mut notes = plan.notes.clone();
+    if source.mlx.is_some() && (opts.bits.is_some() || opts.bits_experts.is_some()) {
+        notes.push("the source is MLX-quantized: it is repacked as it is, --bits/--bits-experts do not apply".into());
+    }
+    let tmp = temp_path(dst)?;
+    if tmp.exists() {
+        std::fs::remove_dir_all(&tmp).map_err(|e| Error::io(&tmp, e))?;
+    }
+    notes.extend(leftovers(dst));
+    if let Some(parent) = dst.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent).map_err(|e| Error::io(parent, e))?;
+    }
+    let written = write_model(&source, &plan, &tmp, opts.progress).and_then(|w| {
+        let checked = verify::verify(&tmp, &plan)?;
+        Ok((w, checked))
+    });
+    let (w, verified) = match written {
+        Ok(x) => x,
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&tmp);
+            return Err(e);
+        }
+    };
+    if let Err(e) = install(&tmp, dst, opts.force) {
+        let _ = std::fs::remove_dir_all(&tmp);
+        return Err(e);
+    }
+    Ok(ConvertReport {
+        tensors: w.tensors,
+        dense_bytes: w.dense_bytes,
+        expert_bytes: w.expert_bytes,
+        expert_layers: w.expert_layers,
+        verified_experts: verified,
+        notes,
+        elapsed: t0.elapsed(),
+    })
+}
+
+struct Written {
+    tensors: usize,
+    dense_bytes: u64,
+    expert_bytes: u64,
+    expert_layers: usize,
+}
+
+/// Write the whole packed model into `out` (a fresh directory).
+fn write_model(source: &Source, plan: &plan::Plan, out: &Path, show: bool) -> Result<Written> {
+    let cfg = &source.config;
+    std::fs::create_dir_all(out.join(EXPERTS_DIR)).map_err(|e| Error::io(out, e))?;
+    for f in COPIED_FILES {
+        let from = source.dir.join(f);
+        if from.is_file() {
+            std::fs::copy(&from, out.join(f)).map_err(|e| Error::io(&from, e))?;
+        }
+    }
+    let progress = Progress::new(plan.source_bytes, show);
+    let mut dense = dense::DenseWriter::create(&out.join(WEIGHTS_FILE))?;
+    let mut layers = BTreeMap::new();
+    let mut expert_bytes = 0;
+    for item in &plan.items {
+        match item {
+            Item::Matrix(m) => dense.matrix(m, source, &progress)?,
+            Item::Vector(v) => dense.vector(v, &progress)?,
+            Item::Experts(l) => {
+                expert_bytes += experts::write_layer(out, l, source, &progress)?;
+                layers.insert(l.layer.to_string(), l.layout.clone());
+            }
+        }
+        release(source, item);
+    }
+    let dense_bytes = dense.finish()?;
+    progress.0.finish_and_clear();
+    let model = source
+        .dir
+        .canonicalize()
+        .ok()
+        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .unwrap_or_else(|| cfg.model_type.clone());
+    let manifest = Manifest {
+        model,
+        num_tensors: dense.tensors.len(),
+        tensors: dense.tensors.clone(),
+        config: source.config_json.clone(),
+    };
+    write_json(&out.join(MANIFEST_FILE), &manifest)?;
+    let expert_layers = layers.len();
+    let layout = Layout {
+        num_layers: cfg.num_hidden_layers,
+        num_experts: cfg.num_experts,
+        group_size: plan.expert_group_size,
+        layers,
+    };
+    write_json(&out.join(EXPERTS_DIR).join(LAYOUT_FILE), &layout)?;
+    Ok(Written {
+        tensors: manifest.num_tensors,
+        dense_bytes,
+        expert_bytes,
+        expert_layers,
+    })
+}
+
+/// Let go of the source pages an item has been converted from.
+fn release(source: &Source, item: &Item) {
+    let mut slices: Vec<&[u8]> = match item {
+        Item::Matrix(m) => m.src.source_slices(),
+        Item::Vector(v) => vec![v.src.data],
+        Item::Experts(l) => l
+            .experts
+            .iter()
+            .flatten()
+            .flat_map(|m| m.source_slices())
+            .collect(),
+    };
+    slices.sort_by_key(|s| (s.as_ptr() as usize, s.len()));
+    slices.dedup_by_key(|s| (s.as_ptr() as usize, s.len()));
+    for s in slices {
+        source.release(s);
+    }
+}
+
+fn write_json<T: serde::Serialize>(path: &Path, v: &T) -> Result<()> {
+    let text = serde_json::to_string_pretty(v).map_err(|e| Error::Json {
+        path: path.to_path_buf(),
+        err: e,
+    })?;
+    std::fs::write(path, text).map_err(|e| Error::io(path, e))
+}
+
+/// `DST.tmp-<pid>`, beside `DST`.
+fn temp_path(dst: &Path) -> Result<PathBuf> {
+    let name = dst.file_name().ok_or_else(|| {
+        Error::Invalid(format!(
+            "destination {} has no directory name",
+            dst.display()
+        ))
+    })?;
+    let mut tmp = name.to_os_string();
+    tmp.push(format!(".tmp-{}", std::process::id()));
+    Ok(dst.with_file_name(tmp))
+}
+
+/// Temp dirs of earlier, interrupted runs beside `dst` (reported, not
+/// removed: another conversion may still be writing one).
+fn leftovers(dst: &Path) -> Vec<String> {
+    let (Some(parent), Some(name)) = (dst.parent(), dst.file_name()) else {
+        return vec![];
+    };
+    let parent = if parent.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        parent
+    };
+    let prefix = format!("{}.tmp-", name.to_string_lossy());
+    let Ok(rd) = std::fs::read_dir(parent) else {
+        return vec![];
+    };
+    rd.filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+        .map(|e| {
+            format!(
+                "{} is left over from an interrupted conversion; remove it if none is running",
+                e.path().display()
+            )
+        })
+        .collect()
+}
+
+/// Refuse a destination that exists (without `--force`) or that is, or
+/// contains, the source. Changes nothing on disk.
+fn check_destination(src: &Path, dst: &Path, force: bool) -> Result<()> {
+    let src_c = src.canonicalize().map_err(|e| Error::io(src, e))?;
+    if dst.exists() {
+        if !force {
+            return Err(Error::Exists(dst.to_path_buf()));
+        }
+        let dst_c = dst.canonicalize().map_err(|e| Error::io(dst, e))?;
+        if src_c.starts_with(&dst_c) {
+            return Err(Error::Invalid(format!(
+                "destination {} is (or contains) the source; --force would delete it",
+                dst.display()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Move the finished `tmp` to `dst`, replacing what `--force` allowed.
+fn install(tmp: &Path, dst: &Path, force: bool) -> Result<()> {
+    if dst.symlink_metadata().is_ok() {
+        if !force {
+            return Err(Error::Exists(dst.to_path_buf()));
+        }
+        let mut old = dst.as_os_str().to_os_string();
+        old.push(format!(".old-{}", std::process::id()));
+        let old = PathBuf::from(old);
+        std::fs::rename(dst, &old).map_err(|e| Error::io(dst, e))?;
+        if let Err(e) = std::fs::rename(tmp, dst) {
+            let _ = std::fs::rename(&old, dst);
+            return Err(Error::io(dst, e));
+        }
+        let removed = if old.is_dir() {
+            std::fs::remove_dir_all(&old)
+        } else {
+            std::fs::remove_file(&old)
+        };
+        return removed.map_err(|e| Error::io(&old, e));
+    }
+    std::fs::rename(tmp, dst).map_err(|e| Error::io(dst, e))
+}
