@@ -1,0 +1,109 @@
+//! Bad input at run time: a clear message naming the thing at fault, a
+//! non-zero exit, no panic. (Converter-side bad input is in convert.rs.)
+
+mod common;
+
+use common::*;
+use moeflux::{Device, Model, Options};
+use std::path::Path;
+
+fn packed_copy(dst: &Path) {
+    convert("qwen3_moe", dst, &["--bits", "16"]);
+}
+
+fn open_err(dir: &Path) -> String {
+    let opts = Options {
+        device: Device::Cpu,
+        ..Options::default()
+    };
+    match Model::open(dir, &opts) {
+        Ok(_) => panic!("opening {} should fail", dir.display()),
+        Err(e) => e.to_string(),
+    }
+}
+
+/// Run `moeflux logits` and return (success, stderr).
+fn logits(dir: &Path, tokens: &str) -> (bool, String) {
+    let out = moeflux()
+        .args(["logits", "--device", "cpu", "--model"])
+        .arg(dir)
+        .args(["--tokens", tokens])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(!err.contains("panicked"), "the binary panicked: {err}");
+    (out.status.success(), err)
+}
+
+#[test]
+fn truncated_expert_file_is_named() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("m");
+    packed_copy(&dir);
+    let f = dir.join("packed_experts/layer_02.bin");
+    let len = std::fs::metadata(&f).unwrap().len();
+    std::fs::OpenOptions::new().write(true).open(&f).unwrap().set_len(len - 100).unwrap();
+    let e = open_err(&dir);
+    assert!(e.contains("layer_02.bin") && e.contains("truncated"), "{e}");
+    let (ok, err) = logits(&dir, "1,2");
+    assert!(!ok && err.contains("layer_02.bin"), "{err}");
+}
+
+#[test]
+fn manifest_entry_past_the_end_is_named() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("m");
+    packed_copy(&dir);
+    let mpath = dir.join("model_weights.json");
+    let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&mpath).unwrap()).unwrap();
+    let size = std::fs::metadata(dir.join("model_weights.bin")).unwrap().len();
+    v["tensors"]["model.norm.weight"]["offset"] = serde_json::json!(size);
+    std::fs::write(&mpath, serde_json::to_string(&v).unwrap()).unwrap();
+    let e = open_err(&dir);
+    assert!(e.contains("model.norm.weight") && e.contains("past the end"), "{e}");
+}
+
+#[test]
+fn wrong_shape_in_manifest_is_named() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("m");
+    packed_copy(&dir);
+    let mpath = dir.join("model_weights.json");
+    let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&mpath).unwrap()).unwrap();
+    // Same byte count, wrong shape.
+    let t = &mut v["tensors"]["model.layers.0.self_attn.o_proj.weight"];
+    let shape: Vec<u64> = t["shape"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect();
+    t["shape"] = serde_json::json!([shape[1], shape[0]]);
+    std::fs::write(&mpath, serde_json::to_string(&v).unwrap()).unwrap();
+    let e = open_err(&dir);
+    assert!(e.contains("model.layers.0.self_attn.o_proj.weight"), "{e}");
+}
+
+#[test]
+fn unknown_model_type_in_packed_dir_is_named() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("m");
+    packed_copy(&dir);
+    let cpath = dir.join("config.json");
+    let text = std::fs::read_to_string(&cpath).unwrap().replace("\"qwen3_moe\"", "\"mixtral\"");
+    std::fs::write(&cpath, text).unwrap();
+    let e = open_err(&dir);
+    assert!(e.contains("mixtral") && e.contains("supported"), "{e}");
+}
+
+#[test]
+fn token_outside_the_vocabulary_is_an_error() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("m");
+    packed_copy(&dir);
+    let (ok, err) = logits(&dir, "1,512");
+    assert!(!ok && err.contains("512") && err.contains("vocabulary"), "{err}");
+    let (ok, _) = logits(&dir, "1,511");
+    assert!(ok);
+}
+
+#[test]
+fn missing_model_dir_is_named() {
+    let (ok, err) = logits(Path::new("/nonexistent/model"), "1");
+    assert!(!ok && err.contains("/nonexistent/model"), "{err}");
+}
