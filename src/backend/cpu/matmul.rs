@@ -1,8 +1,12 @@
 //! Matrix products on the CPU: `y[n, rows] = x[n, cols] · Wᵀ` for MLX
 //! affine 2/4/8-bit and bf16/f16/f32 weights. Rows are split across the
-//! rayon pool; each row is decoded once and applied to all `n` inputs.
+//! rayon pool in blocks of a few tens of KiB of weights; inside a block
+//! each row (group) is decoded once and applied to all `n` inputs. The
+//! kernels live in `qmatvec` (scalar) and `simd` (AVX2 + FMA).
 
-use crate::format::{Dtype, MatrixData, MatrixView};
+use super::qmatvec::{self, Acts, Mat};
+use crate::error::{Error, Result};
+use crate::format::MatrixView;
 use rayon::prelude::*;
 
 /// A resident CPU matrix: a view of mapped (or owned) bytes.
@@ -12,44 +16,146 @@ pub struct CpuMatrix {
 }
 
 impl CpuMatrix {
-    pub fn new(view: &MatrixView) -> CpuMatrix {
-        CpuMatrix { view: view.clone() }
+    /// Check the view's byte sizes against its shape and keep it.
+    pub fn new(view: &MatrixView) -> Result<CpuMatrix> {
+        Mat::new(view)?;
+        Ok(CpuMatrix { view: view.clone() })
     }
 }
 
-/// `y[n, rows] = x[n, cols] · Wᵀ`.
-pub fn linear(w: &MatrixView, x: &[f32], n: usize, y: &mut [f32]) {
+/// Which kernels compute `linear`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kernel {
+    /// Portable Rust; the reference for the others.
+    Scalar,
+    /// x86_64 AVX2 + FMA + F16C.
+    Avx2,
+}
+
+impl Kernel {
+    /// The fastest kernel this CPU runs.
+    pub fn detect() -> Kernel {
+        #[cfg(target_arch = "x86_64")]
+        if super::simd::available() {
+            return Kernel::Avx2;
+        }
+        Kernel::Scalar
+    }
+
+    /// Whether this CPU runs `self`.
+    pub fn available(self) -> bool {
+        match self {
+            Kernel::Scalar => true,
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx2 => super::simd::available(),
+            #[cfg(not(target_arch = "x86_64"))]
+            Kernel::Avx2 => false,
+        }
+    }
+}
+
+/// `y[n, rows] = x[n, cols] · Wᵀ` with the fastest kernel of this CPU.
+pub fn linear(w: &MatrixView, x: &[f32], n: usize, y: &mut [f32]) -> Result<()> {
+    linear_with(Kernel::detect(), w, x, n, y)
+}
+
+/// Weight bytes a rayon task should get: enough to hide the cost of a task.
+const TASK_BYTES: usize = 32 << 10;
+
+/// `y[n, rows] = x[n, cols] · Wᵀ` with the given kernel (tests and
+/// benchmarks compare kernels with this).
+pub fn linear_with(
+    kernel: Kernel,
+    w: &MatrixView,
+    x: &[f32],
+    n: usize,
+    y: &mut [f32],
+) -> Result<()> {
     let (rows, cols) = (w.rows, w.cols);
-    debug_assert!(x.len() >= n * cols && y.len() >= n * rows);
-    // Work on rows in blocks so that each task decodes a contiguous range.
-    const BLOCK: usize = 16;
-    let mut out_t = vec![0.0f32; rows * n]; // [rows, n]
-    out_t.par_chunks_mut(BLOCK * n).enumerate().for_each(|(bi, chunk)| {
-        let mut row = vec![0.0f32; cols];
-        for (j, o) in chunk.chunks_mut(n).enumerate() {
-            let r = bi * BLOCK + j;
-            decode_row(w, r, &mut row);
-            for (t, ot) in o.iter_mut().enumerate() {
-                *ot = dot(&row, &x[t * cols..(t + 1) * cols]);
+    if x.len() < n * cols || y.len() < n * rows {
+        return Err(Error::Invalid(format!(
+            "linear [{rows}, {cols}] over {n} tokens: x has {} elements (need {}), y has {} (need {})",
+            x.len(),
+            n * cols,
+            y.len(),
+            n * rows
+        )));
+    }
+    if !kernel.available() {
+        return Err(Error::Invalid(format!(
+            "the {kernel:?} kernel does not run on this CPU"
+        )));
+    }
+    if n == 0 || rows == 0 {
+        return Ok(());
+    }
+    if cols == 0 {
+        y[..n * rows].fill(0.0);
+        return Ok(());
+    }
+    let mat = Mat::new(w)?;
+    let acts = prepare(kernel, &mat, x, n, cols);
+    let run = |r0: usize, out: &mut [f32]| rows_into(kernel, &mat, &acts, r0, out);
+
+    // Tasks: at least TASK_BYTES of weights each, several per thread.
+    let total = rows * mat.row_bytes() * n.div_ceil(4);
+    let tasks = (total / TASK_BYTES).clamp(1, 8 * rayon::current_num_threads());
+    let block = rows.div_ceil(tasks);
+    // One token writes y directly; several go through [rows, n] and a transpose.
+    let mut out_t = vec![0.0f32; if n == 1 { 0 } else { rows * n }];
+    let out: &mut [f32] = if n == 1 { &mut y[..rows] } else { &mut out_t };
+    if tasks == 1 {
+        run(0, out);
+    } else {
+        out.par_chunks_mut(block * n)
+            .enumerate()
+            .for_each(|(bi, o)| run(bi * block, o));
+    }
+    if n > 1 {
+        for (r, o) in out_t.chunks_exact(n).enumerate() {
+            for (t, v) in o.iter().enumerate() {
+                y[t * rows + r] = *v;
             }
-        }
-    });
-    for t in 0..n {
-        for r in 0..rows {
-            y[t * rows + r] = out_t[r * n + t];
         }
     }
+    Ok(())
 }
 
-fn decode_row(w: &MatrixView, r: usize, out: &mut [f32]) {
-    match &w.data {
-        MatrixData::Float { dtype: Dtype::F32, data } => {
-            let b = &data.bytes()[r * w.cols * 4..(r + 1) * w.cols * 4];
-            for (o, c) in out.iter_mut().zip(b.chunks_exact(4)) {
-                *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-            }
-        }
-        _ => w.row_f32(r, out),
+/// The activations as `kernel` wants them for `mat`.
+fn prepare<'a>(kernel: Kernel, mat: &Mat, x: &'a [f32], n: usize, cols: usize) -> Acts<'a> {
+    let Mat::Quant(q) = mat else {
+        return Acts::new(x, n, cols, None);
+    };
+    let mut acts = Acts::new(x, n, cols, Some(q.group_size));
+    acts.xp = permuted(kernel, q, acts.x);
+    acts
+}
+
+/// x in the column order in which `kernel` unpacks `q` (empty when the
+/// kernel reads x as it is).
+fn permuted(kernel: Kernel, q: &qmatvec::QuantMat, x: &[f32]) -> Vec<f32> {
+    #[cfg(target_arch = "x86_64")]
+    if kernel == Kernel::Avx2 && super::simd::quant_supported(q) {
+        return super::simd::permute_x(x, q.bits);
+    }
+    let _ = (kernel, q, x);
+    Vec::new()
+}
+
+/// Rows `r0..r0 + out.len()/n` into `out` `[rows, n]`.
+fn rows_into(kernel: Kernel, mat: &Mat, a: &Acts, r0: usize, out: &mut [f32]) {
+    match (kernel, mat) {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `linear_with` checked that the CPU has the features,
+        // `Mat::new` checked every byte size, and `a` was prepared for `mat`.
+        (Kernel::Avx2, Mat::Quant(q)) if super::simd::quant_supported(q) => unsafe {
+            super::simd::quant_rows(q, a, r0, out)
+        },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above.
+        (Kernel::Avx2, Mat::Float(f)) => unsafe { super::simd::float_rows(f, a, r0, out) },
+        (_, Mat::Quant(q)) => qmatvec::quant_rows(q, a, r0, out),
+        (_, Mat::Float(f)) => qmatvec::float_rows(f, a, r0, out),
     }
 }
 
@@ -72,11 +178,27 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     s
 }
 
-/// `y[t] = row tokens[t] of the table`.
-pub fn embed(table: &MatrixView, tokens: &[u32], y: &mut [f32]) {
+/// `y[t] = row tokens[t] of the table` (quantized rows dequantized).
+pub fn embed(table: &MatrixView, tokens: &[u32], y: &mut [f32]) -> Result<()> {
     let cols = table.cols;
+    if y.len() < tokens.len() * cols {
+        return Err(Error::Invalid(format!(
+            "embed of {} tokens into {} elements (need {})",
+            tokens.len(),
+            y.len(),
+            tokens.len() * cols
+        )));
+    }
+    if let Some(&t) = tokens.iter().find(|&&t| t as usize >= table.rows) {
+        return Err(Error::TokenOutOfRange {
+            token: t,
+            vocab: table.rows,
+        });
+    }
+    let mat = Mat::new(table)?;
     y[..tokens.len() * cols]
-        .par_chunks_mut(cols)
+        .par_chunks_mut(cols.max(1))
         .zip(tokens.par_iter())
-        .for_each(|(o, &t)| decode_row(table, t as usize, o));
+        .for_each(|(o, &t)| mat.decode_row(t as usize, o));
+    Ok(())
 }

@@ -5,6 +5,9 @@ mod attn;
 mod delta;
 pub mod matmul;
 mod moe;
+mod qmatvec;
+#[cfg(target_arch = "x86_64")]
+mod simd;
 
 use super::{AttnArgs, Backend, DeltaArgs, DeltaState, DeltaWeights, MlaArgs, MoeArgs, RopeArgs, Routes, Strided};
 use crate::error::Result;
@@ -59,16 +62,14 @@ impl Backend for CpuBackend {
         Ok(())
     }
     fn matrix(&self, m: &MatrixView) -> Result<CpuMatrix> {
-        Ok(CpuMatrix::new(m))
+        CpuMatrix::new(m)
     }
 
     fn linear(&self, w: &CpuMatrix, x: &Vec<f32>, n: usize, y: &mut Vec<f32>) -> Result<()> {
-        matmul::linear(&w.view, x, n, y);
-        Ok(())
+        matmul::linear(&w.view, x, n, y)
     }
     fn embed(&self, table: &CpuMatrix, tokens: &[u32], y: &mut Vec<f32>) -> Result<()> {
-        matmul::embed(&table.view, tokens, y);
-        Ok(())
+        matmul::embed(&table.view, tokens, y)
     }
 
     fn rms_norm(&self, x: &Vec<f32>, w: &Vec<f32>, rows: usize, dim: usize, eps: f32, y: &mut Vec<f32>) -> Result<()> {

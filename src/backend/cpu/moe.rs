@@ -31,13 +31,13 @@ pub fn moe(x: &[f32], routes: &Routes, store: &ExpertStore, a: MoeArgs, out: &mu
         let [gate, up, down] = layout.matrices(blob, store.group_size())?;
         let mut g = vec![0.0f32; m * inter];
         let mut u = vec![0.0f32; m * inter];
-        linear(&gate, &xs, m, &mut g);
-        linear(&up, &xs, m, &mut u);
+        linear(&gate, &xs, m, &mut g)?;
+        linear(&up, &xs, m, &mut u)?;
         for (gv, uv) in g.iter_mut().zip(&u) {
             *gv = silu(*gv) * uv;
         }
         let mut d = vec![0.0f32; m * h];
-        linear(&down, &g, m, &mut d);
+        linear(&down, &g, m, &mut d)?;
         for (i, &t) in toks.iter().enumerate() {
             for (o, v) in out[t * h..(t + 1) * h].iter_mut().zip(&d[i * h..(i + 1) * h]) {
                 *o += wts[i] * v;

@@ -61,7 +61,7 @@ impl QuantMat<'_> {
     /// The integer levels of group `g` of row `r`, as f32, into `q[..group_size]`.
     fn levels(&self, r: usize, g: usize, q: &mut [f32]) {
         let per_byte = 8 / self.bits;
-        let mask = (1u8 << self.bits) - 1;
+        let mask = ((1u32 << self.bits) - 1) as u8;
         let gb = self.group_size * self.bits / 8;
         let bytes = &self.weight[r * self.row_bytes() + g * gb..][..gb];
         for (qs, &byte) in q.chunks_exact_mut(per_byte).zip(bytes) {
@@ -130,19 +130,32 @@ impl<'a> Mat<'a> {
             } => {
                 let (bits, gs) = (*bits as usize, *group_size);
                 if !matches!(bits, 2 | 4 | 8) {
-                    return Err(bad(format!("{bits}-bit weights are not supported (2, 4 or 8)")));
+                    return Err(bad(format!(
+                        "{bits}-bit weights are not supported (2, 4 or 8)"
+                    )));
                 }
                 if gs == 0 || cols % gs != 0 || (gs * bits) % 32 != 0 {
-                    return Err(bad(format!("group size {gs} does not divide the columns into whole words")));
+                    return Err(bad(format!(
+                        "group size {gs} does not divide the columns into whole words"
+                    )));
                 }
                 if !matches!(scale_dtype, Dtype::Bf16 | Dtype::F16) {
-                    return Err(bad(format!("scales of dtype {} (BF16 or F16 expected)", scale_dtype.name())));
+                    return Err(bad(format!(
+                        "scales of dtype {} (BF16 or F16 expected)",
+                        scale_dtype.name()
+                    )));
                 }
                 let wbytes = rows * cols * bits / 8;
                 let sbytes = rows * (cols / gs) * 2;
-                for (name, len, want) in [("weight", weight.len(), wbytes), ("scales", scales.len(), sbytes), ("biases", biases.len(), sbytes)] {
+                for (name, len, want) in [
+                    ("weight", weight.len(), wbytes),
+                    ("scales", scales.len(), sbytes),
+                    ("biases", biases.len(), sbytes),
+                ] {
                     if len != want {
-                        return Err(bad(format!("{name} has {len} bytes, the shape needs {want}")));
+                        return Err(bad(format!(
+                            "{name} has {len} bytes, the shape needs {want}"
+                        )));
                     }
                 }
                 Ok(Mat::Quant(QuantMat {
@@ -161,7 +174,10 @@ impl<'a> Mat<'a> {
                 }
                 let want = rows * cols * dtype.size();
                 if data.len() != want {
-                    return Err(bad(format!("data has {} bytes, the shape needs {want}", data.len())));
+                    return Err(bad(format!(
+                        "data has {} bytes, the shape needs {want}",
+                        data.len()
+                    )));
                 }
                 Ok(Mat::Float(FloatMat {
                     dtype: *dtype,

@@ -1,0 +1,517 @@
+//! Every op of the `Backend` trait, run on fresh random inputs and
+//! compared with a naive reference (`backend_ops/reference.rs`), in the
+//! manner of llama.cpp's test-backend-ops. A backend is put under test
+//! with one line: `backend_ops_tests!(name, constructor);` at the bottom.
+
+#[path = "backend_ops/reference.rs"]
+mod reference;
+#[path = "backend_ops/util.rs"]
+mod util;
+
+use moeflux::backend::cpu::CpuBackend;
+use moeflux::backend::{
+    AttnArgs, Backend, DeltaArgs, DeltaState, DeltaWeights, MlaArgs, MoeArgs, RopeArgs, Routes,
+    Strided,
+};
+use moeflux::format::Dtype;
+use util::{close, float_matrix, quant_matrix, write_experts, Rng};
+
+fn run<B: Backend>(b: &B, buf: &B::Buf, len: usize) -> Vec<f32> {
+    let mut out = vec![0.0f32; len];
+    b.download(buf, 0, &mut out).expect("download");
+    out
+}
+
+fn up<B: Backend>(b: &B, data: &[f32]) -> B::Buf {
+    b.upload(data).expect("upload")
+}
+
+/// Quantized (2/4/8-bit, bf16 and f16 scales, several group sizes) and
+/// float matrices; one token and several; odd row counts; a matrix large
+/// enough to be split across threads.
+pub fn check_linear<B: Backend>(b: &B) {
+    let mut rng = Rng::new(1);
+    let quant = [
+        (2, 64, 37, 256, false),
+        (4, 64, 37, 256, false),
+        (8, 64, 37, 256, false),
+        (4, 32, 65, 512, true),
+        (2, 128, 129, 512, false),
+        (8, 128, 17, 1024, true),
+        (4, 16, 9, 64, false),
+        (2, 16, 9, 64, false),
+        (4, 64, 1001, 1024, false),
+    ];
+    for &(bits, gs, rows, cols, f16) in &quant {
+        let (view, dense) = quant_matrix(&mut rng, rows, cols, bits, gs, f16);
+        let m = b.matrix(&view).expect("matrix");
+        for n in [1, 2, 3, 5, 8] {
+            let x = rng.vec(n * cols, 1.0);
+            let mut y = b.alloc(n * rows).expect("alloc");
+            b.linear(&m, &up(b, &x), n, &mut y).expect("linear");
+            let want = reference::linear(&dense, rows, cols, &x, n);
+            close(
+                &format!("linear q{bits} gs{gs} f16={f16} [{rows}, {cols}] n={n}"),
+                &run(b, &y, n * rows),
+                &want,
+                2e-6,
+            );
+        }
+    }
+    for (dtype, rows, cols) in [
+        (Dtype::Bf16, 37, 256),
+        (Dtype::F16, 31, 203),
+        (Dtype::F32, 33, 77),
+        (Dtype::Bf16, 700, 1000),
+    ] {
+        let (view, dense) = float_matrix(&mut rng, rows, cols, dtype);
+        let m = b.matrix(&view).expect("matrix");
+        for n in [1, 2, 3, 7] {
+            let x = rng.vec(n * cols, 1.0);
+            let mut y = b.alloc(n * rows).expect("alloc");
+            b.linear(&m, &up(b, &x), n, &mut y).expect("linear");
+            let want = reference::linear(&dense, rows, cols, &x, n);
+            close(
+                &format!("linear {dtype:?} [{rows}, {cols}] n={n}"),
+                &run(b, &y, n * rows),
+                &want,
+                2e-6,
+            );
+        }
+    }
+}
+
+pub fn check_embed<B: Backend>(b: &B) {
+    let mut rng = Rng::new(2);
+    let tables = [
+        quant_matrix(&mut rng, 50, 128, 4, 64, false),
+        quant_matrix(&mut rng, 50, 128, 2, 32, true),
+        float_matrix(&mut rng, 50, 96, Dtype::Bf16),
+        float_matrix(&mut rng, 50, 96, Dtype::F32),
+    ];
+    for (view, dense) in &tables {
+        let m = b.matrix(view).expect("matrix");
+        let tokens = [0u32, 49, 7, 7, 23];
+        let cols = view.cols;
+        let mut y = b.alloc(tokens.len() * cols).expect("alloc");
+        b.embed(&m, &tokens, &mut y).expect("embed");
+        let want: Vec<f64> = tokens
+            .iter()
+            .flat_map(|&t| dense[t as usize * cols..][..cols].iter().copied())
+            .collect();
+        close(
+            &format!("embed [{}, {cols}]", view.rows),
+            &run(b, &y, tokens.len() * cols),
+            &want,
+            1e-7,
+        );
+        assert!(
+            b.embed(&m, &[50], &mut y).is_err(),
+            "embed accepted a token outside the table"
+        );
+    }
+}
+
+pub fn check_norms<B: Backend>(b: &B) {
+    let mut rng = Rng::new(3);
+    for (rows, dim) in [(1, 64), (5, 200), (3, 2048)] {
+        let x = rng.vec(rows * dim, 3.0);
+        let z = rng.vec(rows * dim, 4.0);
+        let w = rng.vec(dim, 1.5);
+        let mut y = b.alloc(rows * dim).expect("alloc");
+        b.rms_norm(&up(b, &x), &up(b, &w), rows, dim, 1e-6, &mut y)
+            .expect("rms_norm");
+        close(
+            &format!("rms_norm [{rows}, {dim}]"),
+            &run(b, &y, rows * dim),
+            &reference::rms_norm(&x, &w, rows, dim, 1e-6),
+            2e-6,
+        );
+        b.gated_rms_norm(&up(b, &x), &up(b, &z), &up(b, &w), rows, dim, 1e-5, &mut y)
+            .expect("gated_rms_norm");
+        let want = reference::gated_rms_norm(&x, &z, &w, rows, dim, 1e-5);
+        close(
+            &format!("gated_rms_norm [{rows}, {dim}]"),
+            &run(b, &y, rows * dim),
+            &want,
+            2e-6,
+        );
+    }
+}
+
+/// add, add_scaled_rows (plain and sigmoid), swiglu, sigmoid_mul, copy.
+pub fn check_elementwise<B: Backend>(b: &B) {
+    let mut rng = Rng::new(4);
+    let (rows, dim) = (7, 129);
+    let len = rows * dim;
+    let (x, y0, g) = (rng.vec(len, 2.0), rng.vec(len, 2.0), rng.vec(len, 6.0));
+    let mut y = up(b, &y0);
+    b.add(&mut y, &up(b, &x), len - 3).expect("add");
+    let mut want: Vec<f64> = y0
+        .iter()
+        .zip(&x)
+        .map(|(a, c)| *a as f64 + *c as f64)
+        .collect();
+    for i in len - 3..len {
+        want[i] = y0[i] as f64;
+    }
+    close("add (partial length)", &run(b, &y, len), &want, 1e-7);
+
+    for sig in [false, true] {
+        let scale = rng.vec(rows, 3.0);
+        let mut y = up(b, &y0);
+        b.add_scaled_rows(&mut y, &up(b, &x), &up(b, &scale), rows, dim, sig)
+            .expect("add_scaled_rows");
+        let want = reference::add_scaled_rows(&y0, &x, &scale, dim, sig);
+        close(
+            &format!("add_scaled_rows sigmoid={sig}"),
+            &run(b, &y, len),
+            &want,
+            1e-6,
+        );
+    }
+
+    let mut out = b.alloc(len).expect("alloc");
+    b.swiglu(&up(b, &g), &up(b, &x), len, &mut out)
+        .expect("swiglu");
+    close(
+        "swiglu",
+        &run(b, &out, len),
+        &reference::swiglu(&g, &x),
+        1e-6,
+    );
+
+    let mut xm = up(b, &x);
+    b.sigmoid_mul(&mut xm, &up(b, &g), len)
+        .expect("sigmoid_mul");
+    close(
+        "sigmoid_mul",
+        &run(b, &xm, len),
+        &reference::sigmoid_mul(&x, &g),
+        1e-6,
+    );
+
+    // Rows 1..4 of x's columns 5..5+40 into dst rows 0, 3, 6 at column 2.
+    let s = Strided {
+        rows: 3,
+        width: 40,
+        src_off: dim + 5,
+        src_stride: dim,
+        dst_off: 2,
+        dst_stride: 3 * 50,
+    };
+    let dst0 = rng.vec(500, 1.0);
+    let mut dst = up(b, &dst0);
+    b.copy(&up(b, &x), &mut dst, s).expect("copy");
+    let mut want: Vec<f64> = dst0.iter().map(|&v| v as f64).collect();
+    for r in 0..s.rows {
+        for i in 0..s.width {
+            want[s.dst_off + r * s.dst_stride + i] = x[s.src_off + r * s.src_stride + i] as f64;
+        }
+    }
+    close("copy (strided)", &run(b, &dst, 500), &want, 0.0);
+}
+
+pub fn check_rope<B: Backend>(b: &B) {
+    let mut rng = Rng::new(5);
+    // (heads, head_stride, rot_off, rot_dim, interleaved, mscale, pos0)
+    for (heads, hs, off, rot, il, ms, pos0) in [
+        (4, 64, 0, 64, false, 1.0, 0),
+        (3, 80, 0, 16, false, 1.0, 17),
+        (2, 96, 0, 64, true, 1.3, 1000),
+        (5, 40, 0, 32, true, 0.7, 3),
+        (2, 192, 128, 64, true, 1.1, 40),
+        (3, 48, 32, 16, false, 1.0, 5),
+    ] {
+        let n = 3;
+        let ts = heads * hs + 6;
+        let x = rng.vec(n * ts, 1.0);
+        let inv_freq: Vec<f32> = (0..rot / 2)
+            .map(|j| 10000f32.powf(-2.0 * j as f32 / rot as f32))
+            .collect();
+        let a = RopeArgs {
+            n_tokens: n,
+            n_heads: heads,
+            head_stride: hs,
+            token_stride: ts,
+            rot_off: off,
+            rot_dim: rot,
+            pos0,
+            interleaved: il,
+            mscale: ms,
+        };
+        let mut xb = up(b, &x);
+        b.rope(&mut xb, &up(b, &inv_freq), a).expect("rope");
+        close(
+            &format!("rope {a:?}"),
+            &run(b, &xb, n * ts),
+            &reference::rope(&x, &inv_freq, a),
+            2e-6,
+        );
+    }
+}
+
+pub fn check_attention<B: Backend>(b: &B) {
+    let mut rng = Rng::new(6);
+    for (n, pos0, h, hkv, hd, vd) in [
+        (1, 0, 4, 4, 32, 32),
+        (1, 9, 8, 2, 64, 64),
+        (5, 3, 6, 2, 32, 48),
+        (4, 0, 4, 1, 16, 16),
+    ] {
+        let cap = pos0 + n + 2;
+        let q = rng.vec(n * h * hd, 2.0);
+        let k = rng.vec(cap * hkv * hd, 2.0);
+        let v = rng.vec(cap * hkv * vd, 1.0);
+        let a = AttnArgs {
+            n,
+            pos0,
+            n_heads: h,
+            n_kv_heads: hkv,
+            head_dim: hd,
+            v_dim: vd,
+            scale: (hd as f32).powf(-0.5),
+        };
+        let mut out = b.alloc(n * h * vd).expect("alloc");
+        b.attention(&up(b, &q), &up(b, &k), &up(b, &v), a, &mut out)
+            .expect("attention");
+        close(
+            &format!("attention {a:?}"),
+            &run(b, &out, n * h * vd),
+            &reference::attention(&q, &k, &v, a),
+            2e-6,
+        );
+    }
+}
+
+pub fn check_mla<B: Backend>(b: &B) {
+    let mut rng = Rng::new(7);
+    for (n, pos0, h, dn, dr, dv, r) in [
+        (1, 0, 2, 16, 8, 16, 32),
+        (1, 6, 4, 32, 16, 24, 64),
+        (4, 2, 3, 16, 8, 32, 48),
+    ] {
+        let cap = pos0 + n + 1;
+        let q = rng.vec(n * h * (dn + dr), 1.0);
+        let latent = rng.vec(cap * r, 1.0);
+        let k_pe = rng.vec(cap * dr, 1.0);
+        let kv_b = rng.vec(h * (dn + dv) * r, 0.3);
+        let a = MlaArgs {
+            n,
+            pos0,
+            n_heads: h,
+            nope: dn,
+            rope: dr,
+            v_dim: dv,
+            kv_lora_rank: r,
+            scale: ((dn + dr) as f32).powf(-0.5),
+        };
+        let mut out = b.alloc(n * h * dv).expect("alloc");
+        b.mla_attention(
+            &up(b, &q),
+            &up(b, &latent),
+            &up(b, &k_pe),
+            &up(b, &kv_b),
+            a,
+            &mut out,
+        )
+        .expect("mla_attention");
+        let want = reference::mla_attention(&q, &latent, &k_pe, &kv_b, a);
+        close(
+            &format!("mla_attention {a:?}"),
+            &run(b, &out, n * h * dv),
+            &want,
+            5e-6,
+        );
+    }
+}
+
+/// Two calls in a row (state carried over), then the final states.
+pub fn check_gated_delta<B: Backend>(b: &B) {
+    let mut rng = Rng::new(8);
+    for (hk, hv, dk, dv, kern) in [(2, 4, 16, 8, 4), (1, 1, 32, 32, 1), (2, 2, 8, 16, 2)] {
+        let cd = 2 * hk * dk + hv * dv;
+        let conv_w = rng.vec(cd * kern, 0.6);
+        let a_log = rng.vec(hv, 1.0);
+        let dt_bias = rng.vec(hv, 1.0);
+        let conv0 = rng.vec((kern - 1) * cd, 1.0);
+        let ssm0 = rng.vec(hv * dv * dk, 0.5);
+        let (cw, al, dtb) = (up(b, &conv_w), up(b, &a_log), up(b, &dt_bias));
+        let (mut conv, mut ssm) = (up(b, &conv0), up(b, &ssm0));
+        let mut conv_ref: Vec<f64> = conv0.iter().map(|&v| v as f64).collect();
+        let mut ssm_ref: Vec<f64> = ssm0.iter().map(|&v| v as f64).collect();
+        for (call, n) in [3, 1].into_iter().enumerate() {
+            let qkv = rng.vec(n * cd, 2.0);
+            let (av, bv) = (rng.vec(n * hv, 2.0), rng.vec(n * hv, 2.0));
+            let args = DeltaArgs {
+                n,
+                k_heads: hk,
+                v_heads: hv,
+                k_dim: dk,
+                v_dim: dv,
+                kernel: kern,
+            };
+            let mut out = b.alloc(n * hv * dv).expect("alloc");
+            let w = DeltaWeights::<B> {
+                conv_w: &cw,
+                a_log: &al,
+                dt_bias: &dtb,
+            };
+            let st = DeltaState::<B> {
+                conv: &mut conv,
+                ssm: &mut ssm,
+            };
+            b.gated_delta(
+                &up(b, &qkv),
+                &up(b, &av),
+                &up(b, &bv),
+                w,
+                st,
+                args,
+                &mut out,
+            )
+            .expect("gated_delta");
+            let din = reference::DeltaIn {
+                qkv: &qkv,
+                a: &av,
+                b: &bv,
+                conv_w: &conv_w,
+                a_log: &a_log,
+                dt_bias: &dt_bias,
+            };
+            let want = reference::gated_delta(&din, &mut conv_ref, &mut ssm_ref, args);
+            close(
+                &format!("gated_delta call {call} {args:?}"),
+                &run(b, &out, n * hv * dv),
+                &want,
+                5e-6,
+            );
+        }
+        close(
+            &format!("gated_delta conv state kernel={kern}"),
+            &run(b, &conv, (kern - 1) * cd),
+            &conv_ref,
+            0.0,
+        );
+        close(
+            &format!("gated_delta ssm state hv={hv}"),
+            &run(b, &ssm, hv * dv * dk),
+            &ssm_ref,
+            5e-6,
+        );
+    }
+}
+
+/// A tiny expert file in a tempdir, read through `ExpertStore`; routes
+/// that share experts across tokens and repeat none within a token.
+pub fn check_moe<B: Backend>(b: &B) {
+    let mut rng = Rng::new(9);
+    for (bits, n, k) in [(4, 1, 2), (2, 3, 3), (8, 5, 2)] {
+        let (hidden, inter, ne, gs) = (128, 64, 6, 32);
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (store, experts) = write_experts(&mut rng, dir.path(), hidden, inter, ne, bits, gs);
+        let x = rng.vec(n * hidden, 1.0);
+        let out0 = rng.vec(n * hidden, 1.0);
+        let mut ids = Vec::new();
+        for t in 0..n {
+            let first = rng.below(ne);
+            ids.extend((0..k).map(|j| ((first + j * (t + 1)) % ne) as u32));
+        }
+        let weights = rng.vec(n * k, 1.0);
+        let routes = Routes {
+            k,
+            ids: ids.clone(),
+            weights: weights.clone(),
+        };
+        let mut out = up(b, &out0);
+        b.moe(
+            &up(b, &x),
+            &routes,
+            &store,
+            MoeArgs {
+                layer: 1,
+                n,
+                hidden,
+                inter,
+            },
+            &mut out,
+        )
+        .expect("moe");
+        let mut want: Vec<f64> = out0.iter().map(|&v| v as f64).collect();
+        for t in 0..n {
+            let xt = &x[t * hidden..(t + 1) * hidden];
+            for j in 0..k {
+                let [gate, upm, down] = &experts[ids[t * k + j] as usize];
+                let g = reference::linear(gate, inter, hidden, xt, 1);
+                let u = reference::linear(upm, inter, hidden, xt, 1);
+                let act: Vec<f32> = g
+                    .iter()
+                    .zip(&u)
+                    .map(|(a, c)| (a / (1.0 + (-a).exp()) * c) as f32)
+                    .collect();
+                let d = reference::linear(down, hidden, inter, &act, 1);
+                for (o, dv) in want[t * hidden..(t + 1) * hidden].iter_mut().zip(&d) {
+                    *o += weights[t * k + j] as f64 * dv;
+                }
+            }
+        }
+        close(
+            &format!("moe q{bits} n={n} k={k}"),
+            &run(b, &out, n * hidden),
+            &want,
+            5e-6,
+        );
+    }
+}
+
+/// One `#[test]` per op for a backend.
+macro_rules! backend_ops_tests {
+    ($name:ident, $make:expr) => {
+        mod $name {
+            use super::*;
+            #[test]
+            fn linear() {
+                check_linear(&$make);
+            }
+            #[test]
+            fn embed() {
+                check_embed(&$make);
+            }
+            #[test]
+            fn norms() {
+                check_norms(&$make);
+            }
+            #[test]
+            fn elementwise() {
+                check_elementwise(&$make);
+            }
+            #[test]
+            fn rope() {
+                check_rope(&$make);
+            }
+            #[test]
+            fn attention() {
+                check_attention(&$make);
+            }
+            #[test]
+            fn mla_attention() {
+                check_mla(&$make);
+            }
+            #[test]
+            fn gated_delta() {
+                check_gated_delta(&$make);
+            }
+            #[test]
+            fn moe() {
+                check_moe(&$make);
+            }
+        }
+    };
+}
+
+backend_ops_tests!(cpu, CpuBackend::new());
+
+/// The CPU kernels one by one (the scalar one is the reference for the
+/// SIMD ones), and the checks `linear` makes before reading any bytes.
+#[path = "backend_ops/cpu_kernels.rs"]
+mod cpu_kernels;

@@ -1,0 +1,111 @@
+//! The CPU `linear` kernels one by one against the naive reference, the
+//! SIMD kernel against the scalar one, and the size checks.
+
+use super::reference;
+use super::util::{close, float_matrix, quant_matrix, Rng};
+use moeflux::backend::cpu::matmul::{linear_with, Kernel};
+use moeflux::format::{Dtype, MatrixData, MatrixView, Region};
+
+fn kernels() -> Vec<Kernel> {
+    [Kernel::Scalar, Kernel::Avx2]
+        .into_iter()
+        .filter(|k| k.available())
+        .collect()
+}
+
+fn cases(rng: &mut Rng) -> Vec<(String, MatrixView, Vec<f64>)> {
+    let mut out = Vec::new();
+    for (bits, gs, rows, cols) in [
+        (2, 32, 33, 256),
+        (4, 64, 45, 512),
+        (8, 128, 19, 384),
+        (4, 16, 7, 96),
+        (4, 64, 600, 2048),
+    ] {
+        let (v, d) = quant_matrix(rng, rows, cols, bits, gs, false);
+        out.push((format!("q{bits} gs{gs} [{rows}, {cols}]"), v, d));
+    }
+    for (dtype, rows, cols) in [
+        (Dtype::Bf16, 40, 333),
+        (Dtype::F16, 9, 64),
+        (Dtype::F32, 23, 41),
+    ] {
+        let (v, d) = float_matrix(rng, rows, cols, dtype);
+        out.push((format!("{dtype:?} [{rows}, {cols}]"), v, d));
+    }
+    out
+}
+
+#[test]
+fn every_kernel_matches_the_reference_and_the_scalar_kernel() {
+    let mut rng = Rng::new(11);
+    for (name, view, dense) in cases(&mut rng) {
+        for n in [1, 4, 6, 9] {
+            let x = rng.vec(n * view.cols, 1.0);
+            let want = reference::linear(&dense, view.rows, view.cols, &x, n);
+            let mut scalar = vec![0.0f32; n * view.rows];
+            linear_with(Kernel::Scalar, &view, &x, n, &mut scalar).expect("scalar linear");
+            for k in kernels() {
+                let mut y = vec![0.0f32; n * view.rows];
+                linear_with(k, &view, &x, n, &mut y).expect("linear");
+                close(&format!("{k:?} {name} n={n}"), &y, &want, 2e-6);
+                if k != Kernel::Scalar {
+                    let as_f64: Vec<f64> = scalar.iter().map(|&v| v as f64).collect();
+                    close(&format!("{k:?} vs Scalar {name} n={n}"), &y, &as_f64, 2e-6);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn linear_refuses_wrong_sizes_instead_of_reading_past_them() {
+    let mut rng = Rng::new(12);
+    let (view, _) = quant_matrix(&mut rng, 8, 128, 4, 64, false);
+    let MatrixData::Quant {
+        bits,
+        group_size,
+        weight,
+        scales,
+        biases,
+        scale_dtype,
+    } = view.data.clone()
+    else {
+        unreachable!("quant_matrix makes a quantized view")
+    };
+    let with = |weight: Region, group_size: usize| MatrixView {
+        rows: 8,
+        cols: 128,
+        data: MatrixData::Quant {
+            bits,
+            group_size,
+            weight,
+            scales: scales.clone(),
+            biases: biases.clone(),
+            scale_dtype,
+        },
+    };
+    let x = rng.vec(2 * 128, 1.0);
+    let mut y = vec![0.0f32; 2 * 8];
+    for k in kernels() {
+        assert!(linear_with(k, &view, &x, 2, &mut y).is_ok());
+        assert!(
+            linear_with(k, &view, &x[..200], 2, &mut y).is_err(),
+            "short x accepted"
+        );
+        assert!(
+            linear_with(k, &view, &x, 2, &mut y[..15]).is_err(),
+            "short y accepted"
+        );
+        // A weight region one row short, as a corrupt layout could make it.
+        let short = with(weight.sub(0, weight.len() - 64), group_size);
+        assert!(
+            linear_with(k, &short, &x, 2, &mut y).is_err(),
+            "short weight region accepted"
+        );
+        assert!(
+            linear_with(k, &with(weight.clone(), 48), &x, 2, &mut y).is_err(),
+            "group size 48 of 128 columns accepted"
+        );
+    }
+}
