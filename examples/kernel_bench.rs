@@ -44,8 +44,7 @@ fn stats(t: &[f64]) -> Stats {
 
 /// Last-level cache size in bytes (sysfs), 32 MiB when unknown.
 fn l3_bytes() -> usize {
-    let text = std::fs::read_to_string("/sys/devices/system/cpu/cpu0/cache/index3/size")
-        .unwrap_or_default();
+    let text = std::fs::read_to_string("/sys/devices/system/cpu/cpu0/cache/index3/size").unwrap_or_default();
     let t = text.trim();
     let (num, mult) = match t.chars().last() {
         Some('K') => (&t[..t.len() - 1], 1 << 10),
@@ -109,11 +108,7 @@ fn bandwidth() {
         black_box(sum(black_box(&src)));
     });
     report("streaming sum (read)", n, LEN, &mut || {
-        black_box(
-            src.par_chunks(chunk)
-                .map(sum)
-                .reduce(|| 0, u64::wrapping_add),
-        );
+        black_box(src.par_chunks(chunk).map(sum).reduce(|| 0, u64::wrapping_add));
     });
     black_box(&dst);
 }
@@ -149,9 +144,8 @@ fn matrix(kind: Kind, seed: u64) -> MatrixView {
         }
         Region::whole(Arc::new(v))
     };
-    let halfs = |len: usize, v: f32| -> Region {
-        Region::whole(Arc::new(half::bf16::from_f32(v).to_le_bytes().repeat(len)))
-    };
+    let halfs =
+        |len: usize, v: f32| -> Region { Region::whole(Arc::new(half::bf16::from_f32(v).to_le_bytes().repeat(len))) };
     let data = match kind {
         Kind::Quant(bits) => MatrixData::Quant {
             bits,
@@ -213,7 +207,8 @@ fn main() {
         bandwidth();
     }
     let placement = if hot {
-        "--hot: one matrix of each kind, called again and again, so the weights come from cache (compute ceiling)".to_string()
+        "--hot: one matrix of each kind, called again and again, so the weights come from cache (compute ceiling)"
+            .to_string()
     } else {
         format!(
             "each call uses the next matrix of a set holding more than 4× the last-level cache ({} MiB), so the weights stream from memory",

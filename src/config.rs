@@ -290,9 +290,18 @@ impl ModelConfig {
             num_key_value_heads,
             // transformers' Qwen3.5 / Qwen3-Next configs default head_dim to 256
             // and partial_rotary_factor to 0.25; the others derive / rotate all.
-            head_dim: f.usize_or("head_dim", if arch.is_hybrid() { 256 } else { hidden_size / num_attention_heads.max(1) })?,
+            head_dim: f.usize_or(
+                "head_dim",
+                if arch.is_hybrid() {
+                    256
+                } else {
+                    hidden_size / num_attention_heads.max(1)
+                },
+            )?,
             rope_theta: rope.theta,
-            partial_rotary_factor: rope.partial_rotary_factor.unwrap_or(if arch.is_hybrid() { 0.25 } else { 1.0 }),
+            partial_rotary_factor: rope
+                .partial_rotary_factor
+                .unwrap_or(if arch.is_hybrid() { 0.25 } else { 1.0 }),
             yarn: rope.yarn,
             intermediate_size: f.usize_or("intermediate_size", 0)?,
             moe_intermediate_size: f.usize("moe_intermediate_size")?,
@@ -300,9 +309,7 @@ impl ModelConfig {
             num_experts_per_tok: f.usize("num_experts_per_tok")?,
             shared_expert_intermediate_size: 0,
             shared_expert_gated: false,
-            routing: Routing::Softmax {
-                norm_topk_prob: false,
-            },
+            routing: Routing::Softmax { norm_topk_prob: false },
             linear: None,
             mla: None,
             layers: vec![],
@@ -380,11 +387,7 @@ impl ModelConfig {
                 cfg.layers = (0..num_hidden_layers)
                     .map(|i| LayerSpec {
                         attn: AttnKind::Mla,
-                        ffn: if i >= first_dense {
-                            FfnKind::Moe
-                        } else {
-                            FfnKind::Dense
-                        },
+                        ffn: if i >= first_dense { FfnKind::Moe } else { FfnKind::Dense },
                     })
                     .collect();
             }
@@ -421,11 +424,17 @@ impl ModelConfig {
         if self.num_experts_per_tok > self.num_experts {
             return Err(Error::config(
                 "num_experts_per_tok",
-                format!("{} exceeds the number of experts {}", self.num_experts_per_tok, self.num_experts),
+                format!(
+                    "{} exceeds the number of experts {}",
+                    self.num_experts_per_tok, self.num_experts
+                ),
             ));
         }
         if self.layers.iter().any(|l| l.ffn == FfnKind::Dense) && self.intermediate_size == 0 {
-            return Err(Error::config("intermediate_size", "missing, but the model has dense MLP layers"));
+            return Err(Error::config(
+                "intermediate_size",
+                "missing, but the model has dense MLP layers",
+            ));
         }
         if !(self.rope_theta > 0.0) {
             return Err(Error::config("rope_theta", "must be positive"));
@@ -435,7 +444,10 @@ impl ModelConfig {
             if rd == 0 || rd % 2 != 0 || rd > self.head_dim {
                 return Err(Error::config(
                     "partial_rotary_factor",
-                    format!("gives rotary dim {rd} for head_dim {}; it must be even and in (0, head_dim]", self.head_dim),
+                    format!(
+                        "gives rotary dim {rd} for head_dim {}; it must be even and in (0, head_dim]",
+                        self.head_dim
+                    ),
                 ));
             }
         }
@@ -445,7 +457,10 @@ impl ModelConfig {
             if l.num_value_heads % l.num_key_heads != 0 {
                 return Err(Error::config(
                     "linear_num_value_heads",
-                    format!("{} is not a multiple of linear_num_key_heads {}", l.num_value_heads, l.num_key_heads),
+                    format!(
+                        "{} is not a multiple of linear_num_key_heads {}",
+                        l.num_value_heads, l.num_key_heads
+                    ),
                 ));
             }
         }
@@ -454,7 +469,10 @@ impl ModelConfig {
                 return Err(Error::config("qk_rope_head_dim", "must be even"));
             }
         }
-        if let Routing::NoauxTc { n_group, topk_group, .. } = self.routing {
+        if let Routing::NoauxTc {
+            n_group, topk_group, ..
+        } = self.routing
+        {
             if n_group == 0 || self.num_experts % n_group != 0 {
                 return Err(Error::config(
                     "n_group",
@@ -462,7 +480,10 @@ impl ModelConfig {
                 ));
             }
             if topk_group == 0 || topk_group > n_group {
-                return Err(Error::config("topk_group", format!("{topk_group} must be in 1..={n_group}")));
+                return Err(Error::config(
+                    "topk_group",
+                    format!("{topk_group} must be in 1..={n_group}"),
+                ));
             }
             if self.num_experts / n_group < 2 {
                 return Err(Error::config("n_group", "each group needs at least 2 experts"));
@@ -595,7 +616,12 @@ fn hybrid_attn_kinds(f: &Fields, n: usize) -> Result<Vec<AttnKind>> {
         return Err(Error::config("full_attention_interval", "must be greater than 0"));
     }
     Ok((0..n)
-        .map(|i| if (i + 1) % every == 0 { AttnKind::Full } else { AttnKind::Linear })
+        .map(|i| {
+            if (i + 1) % every == 0 {
+                AttnKind::Full
+            } else {
+                AttnKind::Linear
+            }
+        })
         .collect())
 }
-

@@ -24,7 +24,9 @@ impl std::str::FromStr for Device {
         match s {
             "auto" => Ok(Device::Auto),
             "cpu" => Ok(Device::Cpu),
-            other => Err(Error::Invalid(format!("unknown device `{other}` (expected auto or cpu)"))),
+            other => Err(Error::Invalid(format!(
+                "unknown device `{other}` (expected auto or cpu)"
+            ))),
         }
     }
 }
@@ -73,9 +75,12 @@ impl Model {
         let store = ExpertStore::open(dir, config.num_hidden_layers, opts.io_mode, opts.io_threads)?;
         for (i, l) in config.layers.iter().enumerate() {
             if l.ffn == crate::config::FfnKind::Moe {
-                store
-                    .layer_layout(i)?
-                    .validate(i, config.hidden_size, config.moe_intermediate_size, store.group_size())?;
+                store.layer_layout(i)?.validate(
+                    i,
+                    config.hidden_size,
+                    config.moe_intermediate_size,
+                    store.group_size(),
+                )?;
             }
         }
         let engine = match opts.device {

@@ -63,7 +63,9 @@ pub enum Error {
 
     /// An evaluation failed part-way on a model with recurrent state; the
     /// session must be cleared, restored or reloaded before it is used again.
-    #[error("the session's recurrent state is incomplete after an earlier error; clear, restore or load a state first")]
+    #[error(
+        "the session's recurrent state is incomplete after an earlier error; clear, restore or load a state first"
+    )]
     SessionBroken,
 
     /// Converting a checkpoint failed for a reason not covered above.

@@ -246,7 +246,9 @@ impl<'m> Session<'m> {
             .iter()
             .position(|c| c.pos == pos)
             .ok_or(Error::CheckpointMissing(pos))?;
-        let (state, len) = self.model.load_state(&self.checkpoints[i].snapshot, self.model.n_ctx())?;
+        let (state, len) = self
+            .model
+            .load_state(&self.checkpoints[i].snapshot, self.model.n_ctx())?;
         self.state = state;
         self.pos = len;
         if let Some(t) = &mut self.tokens {
@@ -272,7 +274,10 @@ impl<'m> Session<'m> {
     /// remembered tokens, or fails with `NoCheckpoint`.
     pub fn truncate(&mut self, p0: usize) -> Result<()> {
         if p0 > self.pos {
-            return Err(Error::Invalid(format!("cannot truncate to {p0}: the session holds {} positions", self.pos)));
+            return Err(Error::Invalid(format!(
+                "cannot truncate to {p0}: the session holds {} positions",
+                self.pos
+            )));
         }
         self.checkpoints.retain(|c| c.pos <= p0);
         if !self.model.has_recurrent_layers() && !self.broken {

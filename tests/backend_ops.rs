@@ -10,8 +10,7 @@ mod util;
 
 use moeflux::backend::cpu::CpuBackend;
 use moeflux::backend::{
-    AttnArgs, Backend, DeltaArgs, DeltaState, DeltaWeights, MlaArgs, MoeArgs, RopeArgs, Routes,
-    Strided,
+    AttnArgs, Backend, DeltaArgs, DeltaState, DeltaWeights, MlaArgs, MoeArgs, RopeArgs, Routes, Strided,
 };
 use moeflux::format::Dtype;
 use util::{close, float_matrix, quant_matrix, write_experts, Rng};
@@ -147,11 +146,7 @@ pub fn check_elementwise<B: Backend>(b: &B) {
     let (x, y0, g) = (rng.vec(len, 2.0), rng.vec(len, 2.0), rng.vec(len, 6.0));
     let mut y = up(b, &y0);
     b.add(&mut y, &up(b, &x), len - 3).expect("add");
-    let mut want: Vec<f64> = y0
-        .iter()
-        .zip(&x)
-        .map(|(a, c)| *a as f64 + *c as f64)
-        .collect();
+    let mut want: Vec<f64> = y0.iter().zip(&x).map(|(a, c)| *a as f64 + *c as f64).collect();
     for i in len - 3..len {
         want[i] = y0[i] as f64;
     }
@@ -163,33 +158,16 @@ pub fn check_elementwise<B: Backend>(b: &B) {
         b.add_scaled_rows(&mut y, &up(b, &x), &up(b, &scale), rows, dim, sig)
             .expect("add_scaled_rows");
         let want = reference::add_scaled_rows(&y0, &x, &scale, dim, sig);
-        close(
-            &format!("add_scaled_rows sigmoid={sig}"),
-            &run(b, &y, len),
-            &want,
-            1e-6,
-        );
+        close(&format!("add_scaled_rows sigmoid={sig}"), &run(b, &y, len), &want, 1e-6);
     }
 
     let mut out = b.alloc(len).expect("alloc");
-    b.swiglu(&up(b, &g), &up(b, &x), len, &mut out)
-        .expect("swiglu");
-    close(
-        "swiglu",
-        &run(b, &out, len),
-        &reference::swiglu(&g, &x),
-        1e-6,
-    );
+    b.swiglu(&up(b, &g), &up(b, &x), len, &mut out).expect("swiglu");
+    close("swiglu", &run(b, &out, len), &reference::swiglu(&g, &x), 1e-6);
 
     let mut xm = up(b, &x);
-    b.sigmoid_mul(&mut xm, &up(b, &g), len)
-        .expect("sigmoid_mul");
-    close(
-        "sigmoid_mul",
-        &run(b, &xm, len),
-        &reference::sigmoid_mul(&x, &g),
-        1e-6,
-    );
+    b.sigmoid_mul(&mut xm, &up(b, &g), len).expect("sigmoid_mul");
+    close("sigmoid_mul", &run(b, &xm, len), &reference::sigmoid_mul(&x, &g), 1e-6);
 
     // Rows 1..4 of x's columns 5..5+40 into dst rows 0, 3, 6 at column 2.
     let s = Strided {
@@ -307,22 +285,10 @@ pub fn check_mla<B: Backend>(b: &B) {
             scale: ((dn + dr) as f32).powf(-0.5),
         };
         let mut out = b.alloc(n * h * dv).expect("alloc");
-        b.mla_attention(
-            &up(b, &q),
-            &up(b, &latent),
-            &up(b, &k_pe),
-            &up(b, &kv_b),
-            a,
-            &mut out,
-        )
-        .expect("mla_attention");
+        b.mla_attention(&up(b, &q), &up(b, &latent), &up(b, &k_pe), &up(b, &kv_b), a, &mut out)
+            .expect("mla_attention");
         let want = reference::mla_attention(&q, &latent, &k_pe, &kv_b, a);
-        close(
-            &format!("mla_attention {a:?}"),
-            &run(b, &out, n * h * dv),
-            &want,
-            5e-6,
-        );
+        close(&format!("mla_attention {a:?}"), &run(b, &out, n * h * dv), &want, 5e-6);
     }
 }
 
@@ -361,16 +327,8 @@ pub fn check_gated_delta<B: Backend>(b: &B) {
                 conv: &mut conv,
                 ssm: &mut ssm,
             };
-            b.gated_delta(
-                &up(b, &qkv),
-                &up(b, &av),
-                &up(b, &bv),
-                w,
-                st,
-                args,
-                &mut out,
-            )
-            .expect("gated_delta");
+            b.gated_delta(&up(b, &qkv), &up(b, &av), &up(b, &bv), w, st, args, &mut out)
+                .expect("gated_delta");
             let din = reference::DeltaIn {
                 qkv: &qkv,
                 a: &av,

@@ -42,7 +42,12 @@ fn truncated_expert_file_is_named() {
     packed_copy(&dir);
     let f = dir.join("packed_experts/layer_02.bin");
     let len = std::fs::metadata(&f).unwrap().len();
-    std::fs::OpenOptions::new().write(true).open(&f).unwrap().set_len(len - 100).unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&f)
+        .unwrap()
+        .set_len(len - 100)
+        .unwrap();
     let e = open_err(&dir);
     assert!(e.contains("layer_02.bin") && e.contains("truncated"), "{e}");
     let (ok, err) = logits(&dir, "1,2");
@@ -72,7 +77,12 @@ fn wrong_shape_in_manifest_is_named() {
     let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&mpath).unwrap()).unwrap();
     // Same byte count, wrong shape.
     let t = &mut v["tensors"]["model.layers.0.self_attn.o_proj.weight"];
-    let shape: Vec<u64> = t["shape"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect();
+    let shape: Vec<u64> = t["shape"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap())
+        .collect();
     t["shape"] = serde_json::json!([shape[1], shape[0]]);
     std::fs::write(&mpath, serde_json::to_string(&v).unwrap()).unwrap();
     let e = open_err(&dir);
@@ -85,7 +95,9 @@ fn unknown_model_type_in_packed_dir_is_named() {
     let dir = tmp.path().join("m");
     packed_copy(&dir);
     let cpath = dir.join("config.json");
-    let text = std::fs::read_to_string(&cpath).unwrap().replace("\"qwen3_moe\"", "\"mixtral\"");
+    let text = std::fs::read_to_string(&cpath)
+        .unwrap()
+        .replace("\"qwen3_moe\"", "\"mixtral\"");
     std::fs::write(&cpath, text).unwrap();
     let e = open_err(&dir);
     assert!(e.contains("mixtral") && e.contains("supported"), "{e}");

@@ -57,7 +57,10 @@ fn qwen3_5_text_config_and_rope_parameters() {
     assert_eq!(c.rope_theta, 1e7);
     assert_eq!(c.rotary_dim(), 16);
     let attn: Vec<_> = c.layers.iter().map(|l| l.attn).collect();
-    assert_eq!(attn, [AttnKind::Linear, AttnKind::Full, AttnKind::Linear, AttnKind::Linear]);
+    assert_eq!(
+        attn,
+        [AttnKind::Linear, AttnKind::Full, AttnKind::Linear, AttnKind::Linear]
+    );
     assert_eq!(c.routing, Routing::Softmax { norm_topk_prob: true });
     assert!(c.shared_expert_gated);
     assert_eq!(c.linear.as_ref().unwrap().conv_dim(), 2 * 2 * 32 + 4 * 32);
@@ -107,7 +110,14 @@ fn deepseek_dense_first_layers_mla_and_yarn() {
     assert_eq!(c.shared_expert_intermediate_size, 128);
     let y = c.yarn.as_ref().unwrap();
     assert_eq!((y.factor, y.mscale, y.mscale_all_dim), (4.0, Some(0.707), Some(1.0)));
-    assert!(matches!(c.routing, Routing::NoauxTc { n_group: 4, topk_group: 2, .. }));
+    assert!(matches!(
+        c.routing,
+        Routing::NoauxTc {
+            n_group: 4,
+            topk_group: 2,
+            ..
+        }
+    ));
 }
 
 #[test]
@@ -117,22 +127,34 @@ fn unknown_model_type_is_named() {
     let e = ModelConfig::from_json(&v).unwrap_err();
     assert!(matches!(e, Error::UnsupportedArch { .. }));
     let msg = e.to_string();
-    assert!(msg.contains("llama4") && msg.contains("qwen3_moe") && msg.contains("deepseek_v3"), "{msg}");
+    assert!(
+        msg.contains("llama4") && msg.contains("qwen3_moe") && msg.contains("deepseek_v3"),
+        "{msg}"
+    );
 }
 
 #[test]
 fn errors_name_the_field() {
     let mut v = qwen3_moe();
     v.as_object_mut().unwrap().remove("num_experts_per_tok");
-    assert!(ModelConfig::from_json(&v).unwrap_err().to_string().contains("num_experts_per_tok"));
+    assert!(ModelConfig::from_json(&v)
+        .unwrap_err()
+        .to_string()
+        .contains("num_experts_per_tok"));
 
     let mut v = qwen3_moe();
     v["num_key_value_heads"] = json!(3);
-    assert!(ModelConfig::from_json(&v).unwrap_err().to_string().contains("num_key_value_heads"));
+    assert!(ModelConfig::from_json(&v)
+        .unwrap_err()
+        .to_string()
+        .contains("num_key_value_heads"));
 
     let mut v = qwen3_moe();
     v["hidden_size"] = json!("wide");
-    assert!(ModelConfig::from_json(&v).unwrap_err().to_string().contains("hidden_size"));
+    assert!(ModelConfig::from_json(&v)
+        .unwrap_err()
+        .to_string()
+        .contains("hidden_size"));
 
     let mut v = deepseek();
     v["n_group"] = json!(3);

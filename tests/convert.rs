@@ -18,9 +18,7 @@ use std::path::{Path, PathBuf};
 use synthetic::*;
 
 fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures")
-        .join(name)
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
 }
 
 fn bits(b: u32) -> ConvertOptions {
@@ -97,15 +95,12 @@ fn every_fixture_converts_and_reopens() {
     for name in FIXTURES {
         let src = fixture(name);
         if !src.join("config.json").is_file() {
-            eprintln!(
-                "note: fixture {name} is absent (tools/make_fixtures.sh makes it); not converted"
-            );
+            eprintln!("note: fixture {name} is absent (tools/make_fixtures.sh makes it); not converted");
             continue;
         }
         for b in [4, 16] {
             let dst = tmp.path().join(format!("{name}-{b}"));
-            let r =
-                convert(&src, &dst, &bits(b)).unwrap_or_else(|e| panic!("{name} --bits {b}: {e}"));
+            let r = convert(&src, &dst, &bits(b)).unwrap_or_else(|e| panic!("{name} --bits {b}: {e}"));
             let cfg = moeflux::ModelConfig::from_dir(&src).unwrap();
             assert!(r.verified_experts >= cfg.num_moe_layers(), "{name}");
             assert_eq!(r.expert_layers, cfg.num_moe_layers(), "{name}");
@@ -141,10 +136,7 @@ fn every_fixture_converts_and_reopens() {
         converted.push(name);
     }
     eprintln!("converted fixtures: {converted:?}");
-    assert!(
-        !converted.is_empty(),
-        "no fixture found under tests/fixtures"
-    );
+    assert!(!converted.is_empty(), "no fixture found under tests/fixtures");
 }
 
 #[test]
@@ -180,9 +172,7 @@ fn mlx_fixture_is_repacked_byte_for_byte() {
         for proj in ["gate_proj", "up_proj", "down_proj"] {
             for part in ["weight", "scales", "biases"] {
                 let t = st
-                    .tensor(&format!(
-                        "model.layers.{layer}.mlp.switch_mlp.{proj}.{part}"
-                    ))
+                    .tensor(&format!("model.layers.{layer}.mlp.switch_mlp.{proj}.{part}"))
                     .unwrap();
                 let per = t.data().len() / cfg.num_experts;
                 want.extend_from_slice(&t.data()[e * per..(e + 1) * per]);
@@ -197,10 +187,7 @@ fn mlx_fixture_is_repacked_byte_for_byte() {
 #[test]
 fn four_bit_conversion_equals_mlx_lm() {
     let mut compared = 0;
-    for (hf, mlx) in [
-        ("qwen3_moe", "qwen3_moe_mlx4"),
-        ("qwen3_5_moe", "qwen3_5_moe_mlx4"),
-    ] {
+    for (hf, mlx) in [("qwen3_moe", "qwen3_moe_mlx4"), ("qwen3_5_moe", "qwen3_5_moe_mlx4")] {
         if !fixture(hf).is_dir() || !fixture(mlx).is_dir() {
             eprintln!("note: fixtures {hf} / {mlx} absent; skipped");
             continue;
@@ -209,10 +196,7 @@ fn four_bit_conversion_equals_mlx_lm() {
         let (a, b) = (tmp.path().join("hf"), tmp.path().join("mlx"));
         convert(&fixture(hf), &a, &ConvertOptions::default()).unwrap();
         convert(&fixture(mlx), &b, &ConvertOptions::default()).unwrap();
-        let (wa, wb) = (
-            WeightsFile::open(&a).unwrap(),
-            WeightsFile::open(&b).unwrap(),
-        );
+        let (wa, wb) = (WeightsFile::open(&a).unwrap(), WeightsFile::open(&b).unwrap());
         assert_eq!(
             wa.manifest.tensors.keys().collect::<Vec<_>>(),
             wb.manifest.tensors.keys().collect::<Vec<_>>()
@@ -229,10 +213,7 @@ fn four_bit_conversion_equals_mlx_lm() {
                 compared += 1;
             }
         }
-        let (fa, fb) = (
-            files(&a.join("packed_experts")),
-            files(&b.join("packed_experts")),
-        );
+        let (fa, fb) = (files(&a.join("packed_experts")), files(&b.join("packed_experts")));
         assert_eq!(fa, fb, "{hf}: expert files differ from mlx_lm's");
     }
     eprintln!("{compared} quantized tensors equal to mlx_lm's");
@@ -270,10 +251,7 @@ fn fp8_fixture_dequantizes_by_blocks() {
     let mut checked = 0;
     for (name, view) in st.tensors() {
         // (MTP layers are not converted; experts are checked by verify.)
-        if view.dtype() != safetensors::Dtype::F8_E4M3
-            || name.contains(".experts.")
-            || !w.has(&name)
-        {
+        if view.dtype() != safetensors::Dtype::F8_E4M3 || name.contains(".experts.") || !w.has(&name) {
             continue;
         }
         let (rows, cols) = (view.shape()[0], view.shape()[1]);
@@ -319,9 +297,7 @@ fn bf16_to_4bit_matches_quantize_row() {
         assert_eq!(tensor(&w, &format!("{name}.biases")), qb, "{name}");
         assert_eq!(w.entry(&format!("{name}.weight")).unwrap().bits, Some(b));
     }
-    let norm = w
-        .vector("model.layers.0.input_layernorm.weight", HIDDEN)
-        .unwrap();
+    let norm = w.vector("model.layers.0.input_layernorm.weight", HIDDEN).unwrap();
     assert_eq!(
         norm,
         values(find(&ts, "model.layers.0.input_layernorm.weight")),
@@ -329,16 +305,9 @@ fn bf16_to_4bit_matches_quantize_row() {
     );
     for e in 0..EXPERTS {
         let mut want = vec![];
-        for (p, cols) in [
-            ("gate_proj", HIDDEN),
-            ("up_proj", HIDDEN),
-            ("down_proj", MOE_INTER),
-        ] {
+        for (p, cols) in [("gate_proj", HIDDEN), ("up_proj", HIDDEN), ("down_proj", MOE_INTER)] {
             let (qw, qs, qb) = quantized(
-                &values(find(
-                    &ts,
-                    &format!("model.layers.0.mlp.experts.{e}.{p}.weight"),
-                )),
+                &values(find(&ts, &format!("model.layers.0.mlp.experts.{e}.{p}.weight"))),
                 cols,
                 4,
             );
@@ -352,35 +321,20 @@ fn bf16_to_4bit_matches_quantize_row() {
 fn expert_layouts_and_prefixes_give_the_same_model() {
     let tmp = tempfile::tempdir().unwrap();
     let mut outputs = vec![];
-    for (i, (prefix, stacked)) in [
-        ("model.", false),
-        ("model.", true),
-        ("model.language_model.", true),
-    ]
-    .into_iter()
-    .enumerate()
+    for (i, (prefix, stacked)) in [("model.", false), ("model.", true), ("model.language_model.", true)]
+        .into_iter()
+        .enumerate()
     {
-        let (src, dst) = (
-            tmp.path().join(format!("src{i}")),
-            tmp.path().join(format!("dst{i}")),
-        );
+        let (src, dst) = (tmp.path().join(format!("src{i}")), tmp.path().join(format!("dst{i}")));
         let mut ts = qwen3_moe_tensors(11, prefix, stacked);
         if i == 2 {
-            ts.push(bf16_t(
-                "model.visual.blocks.0.attn.qkv.weight",
-                &[4, 4],
-                &[0.5; 16],
-            ));
+            ts.push(bf16_t("model.visual.blocks.0.attn.qkv.weight", &[4, 4], &[0.5; 16]));
             ts.push(bf16_t("mtp.fc.weight", &[4, 4], &[0.5; 16]));
         }
         write_model(&src, &qwen3_moe_config(), &ts, 2);
         let r = convert(&src, &dst, &bits(8)).unwrap();
         if i == 2 {
-            assert!(
-                r.notes.iter().any(|n| n.contains("vision tower")),
-                "{:?}",
-                r.notes
-            );
+            assert!(r.notes.iter().any(|n| n.contains("vision tower")), "{:?}", r.notes);
             assert!(
                 r.notes.iter().any(|n| n.contains("multi-token prediction")),
                 "{:?}",
@@ -391,10 +345,7 @@ fn expert_layouts_and_prefixes_give_the_same_model() {
         f.remove("model_weights.json"); // holds the source directory's name
         outputs.push(f);
     }
-    assert_eq!(
-        outputs[0], outputs[1],
-        "stacked experts differ from per-expert tensors"
-    );
+    assert_eq!(outputs[0], outputs[1], "stacked experts differ from per-expert tensors");
     assert_eq!(
         outputs[0], outputs[2],
         "model.language_model. prefix changes the output"
@@ -439,10 +390,7 @@ fn fused_qwen3_next_projections_are_split_by_the_spec() {
         assert_eq!(w.vector(name, want.len()).unwrap(), want, "{name}");
     }
     let gated = "model.layers.0.linear_attn.norm.weight";
-    assert_eq!(
-        w.vector(gated, builders::DV).unwrap(),
-        values(find(&ts, gated))
-    );
+    assert_eq!(w.vector(gated, builders::DV).unwrap(), values(find(&ts, gated)));
     let conv = w.entry("model.layers.0.linear_attn.conv1d.weight").unwrap();
     assert_eq!(
         (conv.shape.clone(), conv.dtype.as_str()),
@@ -463,11 +411,7 @@ fn mlx_source_with_f16_scales_and_overrides_is_repacked() {
     let (cfg, ts) = builders::mlx_qwen3_moe(5);
     write_model(&src, &cfg, &ts, 1);
     let r = convert(&src, &dst, &bits(8)).unwrap();
-    assert!(
-        r.notes.iter().any(|n| n.contains("MLX-quantized")),
-        "{:?}",
-        r.notes
-    );
+    assert!(r.notes.iter().any(|n| n.contains("MLX-quantized")), "{:?}", r.notes);
     let w = WeightsFile::open(&dst).unwrap();
     for t in ts
         .iter()
@@ -475,20 +419,9 @@ fn mlx_source_with_f16_scales_and_overrides_is_repacked() {
     {
         assert_eq!(tensor(&w, &t.name), t.data, "{}", t.name);
     }
-    assert_eq!(
-        w.entry("model.layers.0.mlp.gate.weight").unwrap().bits,
-        Some(8)
-    );
-    assert_eq!(
-        w.entry("model.layers.0.mlp.gate.scales").unwrap().dtype,
-        "F16"
-    );
-    assert_eq!(
-        w.entry("model.layers.0.self_attn.o_proj.weight")
-            .unwrap()
-            .dtype,
-        "BF16"
-    );
+    assert_eq!(w.entry("model.layers.0.mlp.gate.weight").unwrap().bits, Some(8));
+    assert_eq!(w.entry("model.layers.0.mlp.gate.scales").unwrap().dtype, "F16");
+    assert_eq!(w.entry("model.layers.0.self_attn.o_proj.weight").unwrap().dtype, "BF16");
     let layout = Layout::read(&dst).unwrap();
     assert_eq!(layout.layer(0).unwrap().components[1].dtype, "F16");
     for e in 0..EXPERTS {
@@ -522,10 +455,7 @@ fn bits_16_keeps_bf16_and_bits_experts_overrides_experts_only() {
         (ll.components[0].dtype.as_str(), &ll.components[0].shape),
         ("BF16", &vec![MOE_INTER, HIDDEN])
     );
-    assert_eq!(
-        (ll.components[1].size, ll.components[1].shape.len()),
-        (0, 0)
-    );
+    assert_eq!((ll.components[1].size, ll.components[1].shape.len()), (0, 0));
     let gu = find(&ts, "model.layers.0.mlp.experts.gate_up_proj");
     let dn = find(&ts, "model.layers.0.mlp.experts.down_proj");
     let (g, d) = (gu.data.len() / EXPERTS, dn.data.len() / EXPERTS);
@@ -541,12 +471,7 @@ fn bits_16_keeps_bf16_and_bits_experts_overrides_experts_only() {
     };
     convert(&src, &mixed, &opts).unwrap();
     let w = WeightsFile::open(&mixed).unwrap();
-    assert_eq!(
-        w.entry("model.layers.0.self_attn.q_proj.weight")
-            .unwrap()
-            .bits,
-        Some(8)
-    );
+    assert_eq!(w.entry("model.layers.0.self_attn.q_proj.weight").unwrap().bits, Some(8));
     assert_eq!(Layout::read(&mixed).unwrap().layer(0).unwrap().bits, 2);
 }
 
@@ -554,12 +479,7 @@ fn bits_16_keeps_bf16_and_bits_experts_overrides_experts_only() {
 fn inspect_describes_source_and_packed_dirs() {
     let tmp = tempfile::tempdir().unwrap();
     let (src, dst) = (tmp.path().join("src"), tmp.path().join("dst"));
-    write_model(
-        &src,
-        &qwen3_moe_config(),
-        &qwen3_moe_tensors(1, "model.", false),
-        1,
-    );
+    write_model(&src, &qwen3_moe_config(), &qwen3_moe_tensors(1, "model.", false), 1);
     convert(&src, &dst, &ConvertOptions::default()).unwrap();
     for (dir, kind) in [(&src, "source checkpoint"), (&dst, "packed moeflux model")] {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_moeflux"))
@@ -568,11 +488,7 @@ fn inspect_describes_source_and_packed_dirs() {
             .output()
             .unwrap();
         let text = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         for want in [
             kind,
             "qwen3_moe",

@@ -29,17 +29,27 @@ fn check(name: &str, flags: &[&str]) {
     // The whole sequence as one chunk.
     let mut s = model.session().unwrap();
     let all = s.eval_all(&r.tokens, 0).unwrap();
-    assert_eq!(all.len(), r.logits.len() * vocab, "{name}: one row of logits per position");
+    assert_eq!(
+        all.len(),
+        r.logits.len() * vocab,
+        "{name}: one row of logits per position"
+    );
     let mut worst = 0.0f64;
     for (pos, want) in r.logits.iter().enumerate() {
         let got = &all[pos * vocab..(pos + 1) * vocab];
         let e = rel_l2(got, want);
         worst = worst.max(e);
-        assert!(e <= CPU_TOL, "{name}: position {pos}: relative L2 {e:.3e} > {CPU_TOL:e}");
+        assert!(
+            e <= CPU_TOL,
+            "{name}: position {pos}: relative L2 {e:.3e} > {CPU_TOL:e}"
+        );
         assert_eq!(argmax(got), argmax(want), "{name}: argmax differs at position {pos}");
     }
 
-    eprintln!("{name}: worst relative L2 over {} positions: {worst:.2e}", r.logits.len());
+    eprintln!(
+        "{name}: worst relative L2 over {} positions: {worst:.2e}",
+        r.logits.len()
+    );
 
     // Token by token gives the same logits as the chunk.
     let mut s = model.session().unwrap();

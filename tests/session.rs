@@ -43,9 +43,15 @@ fn snapshot(s: &moeflux::Session) -> Vec<u8> {
 fn positions_must_be_contiguous_and_tokens_in_vocab() {
     let m = open("qwen3_moe");
     let mut s = m.session().unwrap();
-    assert!(matches!(s.eval_token(5, 1), Err(Error::Position { expected: 0, got: 1 })));
+    assert!(matches!(
+        s.eval_token(5, 1),
+        Err(Error::Position { expected: 0, got: 1 })
+    ));
     s.eval_prompt(&TOKENS[..3], 0).unwrap();
-    assert!(matches!(s.eval_token(5, 2), Err(Error::Position { expected: 3, got: 2 })));
+    assert!(matches!(
+        s.eval_token(5, 2),
+        Err(Error::Position { expected: 3, got: 2 })
+    ));
     let e = s.eval_token(512, 3).unwrap_err();
     assert!(matches!(e, Error::TokenOutOfRange { token: 512, vocab: 512 }), "{e}");
     assert_eq!(s.pos(), 3);
@@ -108,7 +114,11 @@ fn corrupt_or_truncated_snapshot_leaves_the_session_unchanged() {
         ("length past the end", &bad_len[..]),
     ] {
         let e = s.load_state(buf).unwrap_err();
-        assert_eq!(snapshot(&s), before, "{what}: the session changed after a failed load ({e})");
+        assert_eq!(
+            snapshot(&s),
+            before,
+            "{what}: the session changed after a failed load ({e})"
+        );
         assert_eq!(s.pos(), 3);
     }
     let e = s.load_state(&bad_field).unwrap_err().to_string();
@@ -248,7 +258,11 @@ fn sessions_share_a_model() {
     let mut a = m.session().unwrap();
     let mut b = m.session().unwrap();
     let mut solo = m.session().unwrap();
-    let want: Vec<Vec<f32>> = TOKENS.iter().enumerate().map(|(p, &t)| solo.eval_token(t, p).unwrap()).collect();
+    let want: Vec<Vec<f32>> = TOKENS
+        .iter()
+        .enumerate()
+        .map(|(p, &t)| solo.eval_token(t, p).unwrap())
+        .collect();
     for (p, &t) in TOKENS.iter().enumerate() {
         let la = a.eval_token(t, p).unwrap();
         // b runs a different sequence in between.
@@ -270,7 +284,11 @@ fn chunked_prefill_matches_token_by_token() {
             let mut s = m.session().unwrap();
             s.set_chunk_size(chunk);
             let got = s.eval_prompt(&TOKENS, 0).unwrap();
-            assert!(rel_l2(&got, &last) <= 1e-5, "{name} chunk {chunk}: {}", rel_l2(&got, &last));
+            assert!(
+                rel_l2(&got, &last) <= 1e-5,
+                "{name} chunk {chunk}: {}",
+                rel_l2(&got, &last)
+            );
         }
     }
 }

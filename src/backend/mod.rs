@@ -159,7 +159,15 @@ pub trait Backend: Send + Sync + Sized + 'static {
     fn embed(&self, table: &Self::Matrix, tokens: &[u32], y: &mut Self::Buf) -> Result<()>;
 
     /// `y[r] = x[r] / sqrt(mean(x[r]²) + eps) · w` for `rows` rows of `dim`.
-    fn rms_norm(&self, x: &Self::Buf, w: &Self::Buf, rows: usize, dim: usize, eps: f32, y: &mut Self::Buf) -> Result<()>;
+    fn rms_norm(
+        &self,
+        x: &Self::Buf,
+        w: &Self::Buf,
+        rows: usize,
+        dim: usize,
+        eps: f32,
+        y: &mut Self::Buf,
+    ) -> Result<()>;
     /// Gated norm: `y[r] = rms_norm(x[r])·w · silu(z[r])`.
     fn gated_rms_norm(
         &self,
@@ -175,7 +183,15 @@ pub trait Backend: Send + Sync + Sized + 'static {
     fn add(&self, y: &mut Self::Buf, x: &Self::Buf, len: usize) -> Result<()>;
     /// `y[..len] += scale[r] · x` row-wise: rows of `dim`, `scale` on the host
     /// side already applied as sigmoid when `sigmoid` is set.
-    fn add_scaled_rows(&self, y: &mut Self::Buf, x: &Self::Buf, scale: &Self::Buf, rows: usize, dim: usize, sigmoid: bool) -> Result<()>;
+    fn add_scaled_rows(
+        &self,
+        y: &mut Self::Buf,
+        x: &Self::Buf,
+        scale: &Self::Buf,
+        rows: usize,
+        dim: usize,
+        sigmoid: bool,
+    ) -> Result<()>;
     /// `y[..len] = silu(gate) ⊙ up`.
     fn swiglu(&self, gate: &Self::Buf, up: &Self::Buf, len: usize, y: &mut Self::Buf) -> Result<()>;
     /// `x[..len] ⊙= sigmoid(gate)`.

@@ -61,8 +61,7 @@ fn describe_config(c: &ModelConfig) {
             }
         ),
     );
-    let count =
-        |f: &dyn Fn(&moeflux::config::LayerSpec) -> bool| c.layers.iter().filter(|l| f(l)).count();
+    let count = |f: &dyn Fn(&moeflux::config::LayerSpec) -> bool| c.layers.iter().filter(|l| f(l)).count();
     let mut kinds = Vec::new();
     for (kind, name) in [
         (AttnKind::Linear, "linear attention"),
@@ -76,19 +75,13 @@ fn describe_config(c: &ModelConfig) {
     }
     let moe = count(&|l| l.ffn == FfnKind::Moe);
     let dense = count(&|l| l.ffn == FfnKind::Dense);
-    row(
-        "layers",
-        format!("{}; {moe} MoE, {dense} dense FFN", kinds.join(", ")),
-    );
+    row("layers", format!("{}; {moe} MoE, {dense} dense FFN", kinds.join(", ")));
     let mut experts = format!(
         "{} per MoE layer, K = {} active, width {}",
         c.num_experts, c.num_experts_per_tok, c.moe_intermediate_size
     );
     if c.shared_expert_intermediate_size > 0 {
-        experts += &format!(
-            ", shared expert width {}",
-            c.shared_expert_intermediate_size
-        );
+        experts += &format!(", shared expert width {}", c.shared_expert_intermediate_size);
     }
     row("experts", experts);
 }
@@ -97,11 +90,7 @@ fn packed(dir: &Path) -> anyhow::Result<()> {
     let manifest: Manifest = moeflux::error::read_json(&dir.join(MANIFEST_FILE))?;
     let cfg = ModelConfig::from_json(&manifest.config)?;
     let layout = Layout::read(dir)?;
-    println!(
-        "{}: packed moeflux model `{}`",
-        dir.display(),
-        manifest.model
-    );
+    println!("{}: packed moeflux model `{}`", dir.display(), manifest.model);
     describe_config(&cfg);
     let mut dense: BTreeMap<String, usize> = BTreeMap::new();
     for (name, t) in &manifest.tensors {
@@ -139,9 +128,7 @@ fn packed(dir: &Path) -> anyhow::Result<()> {
             list(&dense)
         ),
     );
-    let dense_size = std::fs::metadata(dir.join(WEIGHTS_FILE))
-        .map(|m| m.len())
-        .unwrap_or(0);
+    let dense_size = std::fs::metadata(dir.join(WEIGHTS_FILE)).map(|m| m.len()).unwrap_or(0);
     row(
         "dense part",
         format!(
@@ -208,9 +195,7 @@ fn source(dir: &Path) -> anyhow::Result<()> {
         Some(q) => {
             let mut o: BTreeMap<String, usize> = BTreeMap::new();
             for v in q.overrides.values() {
-                let k = v.map_or("unquantized".to_string(), |(b, g)| {
-                    format!("{b}-bit group {g}")
-                });
+                let k = v.map_or("unquantized".to_string(), |(b, g)| format!("{b}-bit group {g}"));
                 *o.entry(k).or_default() += 1;
             }
             let o: Vec<String> = o.iter().map(|(k, n)| format!("{k} ×{n}")).collect();
@@ -225,10 +210,9 @@ fn source(dir: &Path) -> anyhow::Result<()> {
                 }
             )
         }
-        None if dtypes.contains_key("F8_E4M3") => format!(
-            "fp8 e4m3 with {}×{} block scales",
-            src.fp8_block[0], src.fp8_block[1]
-        ),
+        None if dtypes.contains_key("F8_E4M3") => {
+            format!("fp8 e4m3 with {}×{} block scales", src.fp8_block[0], src.fp8_block[1])
+        }
         None => "unquantized".to_string(),
     };
     row("bits", format!("{weights}; tensors {}", dt.join(", ")));

@@ -52,9 +52,18 @@ impl Dtype {
     /// Decode little-endian float bytes of this dtype.
     pub fn to_f32(self, b: &[u8]) -> Vec<f32> {
         match self {
-            Dtype::Bf16 => b.chunks_exact(2).map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
-            Dtype::F16 => b.chunks_exact(2).map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
-            Dtype::F32 | Dtype::U32 => b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
+            Dtype::Bf16 => b
+                .chunks_exact(2)
+                .map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32())
+                .collect(),
+            Dtype::F16 => b
+                .chunks_exact(2)
+                .map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32())
+                .collect(),
+            Dtype::F32 | Dtype::U32 => b
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect(),
         }
     }
 }
@@ -125,7 +134,11 @@ impl Region {
         let b = self.bytes();
         match bytemuck::try_cast_slice(b) {
             Ok(w) => std::borrow::Cow::Borrowed(w),
-            Err(_) => std::borrow::Cow::Owned(b.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()),
+            Err(_) => std::borrow::Cow::Owned(
+                b.chunks_exact(4)
+                    .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                    .collect(),
+            ),
         }
     }
 }
@@ -166,7 +179,9 @@ impl MatrixView {
     /// Bytes of weight data (weights + scales + biases).
     pub fn nbytes(&self) -> usize {
         match &self.data {
-            MatrixData::Quant { weight, scales, biases, .. } => weight.len() + scales.len() + biases.len(),
+            MatrixData::Quant {
+                weight, scales, biases, ..
+            } => weight.len() + scales.len() + biases.len(),
             MatrixData::Float { data, .. } => data.len(),
         }
     }

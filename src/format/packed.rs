@@ -102,12 +102,22 @@ impl LayerLayout {
 
     /// Like [`LayerLayout::quantized`], with scales and biases of
     /// `scale_dtype` (BF16 or F16, as an MLX source has them).
-    pub fn quantized_scales(hidden: usize, inter: usize, bits: u32, group_size: usize, scale_dtype: Dtype) -> LayerLayout {
+    pub fn quantized_scales(
+        hidden: usize,
+        inter: usize,
+        bits: u32,
+        group_size: usize,
+        scale_dtype: Dtype,
+    ) -> LayerLayout {
         let es = scale_dtype.size();
         LayerLayout::build(hidden, inter, bits, |rows, cols| {
             let groups = vec![rows, cols / group_size];
             [
-                (rows * cols * bits as usize / 8, Dtype::U32, vec![rows, cols * bits as usize / 32]),
+                (
+                    rows * cols * bits as usize / 8,
+                    Dtype::U32,
+                    vec![rows, cols * bits as usize / 32],
+                ),
                 (rows * (cols / group_size) * es, scale_dtype, groups.clone()),
                 (rows * (cols / group_size) * es, scale_dtype, groups),
             ]
@@ -137,7 +147,11 @@ impl LayerLayout {
     ) -> LayerLayout {
         let mut components = Vec::with_capacity(9);
         let mut offset = 0usize;
-        for (proj, rows, cols) in [("gate_proj", inter, hidden), ("up_proj", inter, hidden), ("down_proj", hidden, inter)] {
+        for (proj, rows, cols) in [
+            ("gate_proj", inter, hidden),
+            ("up_proj", inter, hidden),
+            ("down_proj", hidden, inter),
+        ] {
             for (suffix, (size, dtype, shape)) in ["weight", "scales", "biases"].into_iter().zip(parts(rows, cols)) {
                 components.push(Component {
                     name: format!("{proj}.{suffix}"),
@@ -170,7 +184,10 @@ impl LayerLayout {
             end = end.max(c.offset + c.size);
         }
         if end > self.expert_size {
-            return Err(bad(format!("components end at {end}, past expert_size {}", self.expert_size)));
+            return Err(bad(format!(
+                "components end at {end}, past expert_size {}",
+                self.expert_size
+            )));
         }
         let (gw, dw) = (&self.components[0], &self.components[6]);
         let logical = |c: &Component| -> usize {
@@ -182,10 +199,16 @@ impl LayerLayout {
             }
         };
         if gw.shape.first() != Some(&inter) || logical(gw) != hidden {
-            return Err(bad(format!("gate_proj shape {:?} does not match [{inter}, {hidden}]", gw.shape)));
+            return Err(bad(format!(
+                "gate_proj shape {:?} does not match [{inter}, {hidden}]",
+                gw.shape
+            )));
         }
         if dw.shape.first() != Some(&hidden) || logical(dw) != inter {
-            return Err(bad(format!("down_proj shape {:?} does not match [{hidden}, {inter}]", dw.shape)));
+            return Err(bad(format!(
+                "down_proj shape {:?} does not match [{hidden}, {inter}]",
+                dw.shape
+            )));
         }
         let _ = group_size;
         Ok(())
@@ -266,7 +289,10 @@ impl WeightsFile {
             if want != t.size {
                 return Err(Error::format(
                     &mpath,
-                    format!("tensor `{name}`: shape {:?} of {} needs {want} bytes, entry says {}", t.shape, t.dtype, t.size),
+                    format!(
+                        "tensor `{name}`: shape {:?} of {} needs {want} bytes, entry says {}",
+                        t.shape, t.dtype, t.size
+                    ),
                 ));
             }
         }
@@ -318,15 +344,23 @@ impl WeightsFile {
             found: found.to_vec(),
         };
         if w.dtype == "U32" {
-            let bits = w.bits.ok_or_else(|| Error::format(MANIFEST_FILE, format!("`{wname}` is U32 without `bits`")))?;
+            let bits = w
+                .bits
+                .ok_or_else(|| Error::format(MANIFEST_FILE, format!("`{wname}` is U32 without `bits`")))?;
             let gs = w
                 .group_size
                 .ok_or_else(|| Error::format(MANIFEST_FILE, format!("`{wname}` is U32 without `group_size`")))?;
             if !crate::format::quant::check_bits(bits) || gs == 0 || cols % gs != 0 {
-                return Err(Error::format(MANIFEST_FILE, format!("`{wname}`: bits {bits} / group_size {gs} not usable")));
+                return Err(Error::format(
+                    MANIFEST_FILE,
+                    format!("`{wname}`: bits {bits} / group_size {gs} not usable"),
+                ));
             }
             if w.shape != [rows, cols * bits as usize / 32] {
-                return Err(shape_err(&[w.shape[0], w.shape.get(1).copied().unwrap_or(0) * 32 / bits as usize]));
+                return Err(shape_err(&[
+                    w.shape[0],
+                    w.shape.get(1).copied().unwrap_or(0) * 32 / bits as usize,
+                ]));
             }
             let sname = format!("{base}.scales");
             let s = self.entry(&sname)?;

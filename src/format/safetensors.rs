@@ -97,9 +97,7 @@ impl SafetensorsFile {
         let file_len = file.metadata().map_err(|e| Error::io(path, e))?.len();
         let bad = |msg: String| Error::format(path, msg);
         if file_len < 8 {
-            return Err(bad(format!(
-                "{file_len} bytes: too short to be a safetensors file"
-            )));
+            return Err(bad(format!("{file_len} bytes: too short to be a safetensors file")));
         }
         // SAFETY: the checkpoint is opened read-only and only read; a file
         // changed by another process while we convert is outside what we
@@ -122,8 +120,7 @@ impl SafetensorsFile {
             if name == "__metadata__" {
                 continue;
             }
-            let info =
-                parse_entry(v, data_len).map_err(|msg| bad(format!("tensor `{name}`: {msg}")))?;
+            let info = parse_entry(v, data_len).map_err(|msg| bad(format!("tensor `{name}`: {msg}")))?;
             tensors.insert(
                 name.clone(),
                 TensorInfo {
@@ -187,11 +184,7 @@ fn parse_entry(v: &Value, data_len: usize) -> std::result::Result<TensorInfo, St
         .and_then(|s| s.as_array())
         .ok_or("missing `shape`")?
         .iter()
-        .map(|d| {
-            d.as_u64()
-                .map(|x| x as usize)
-                .ok_or("`shape` holds a non-integer")
-        })
+        .map(|d| d.as_u64().map(|x| x as usize).ok_or("`shape` holds a non-integer"))
         .collect::<std::result::Result<Vec<usize>, _>>()?;
     let offs = obj
         .get("data_offsets")
@@ -216,8 +209,7 @@ fn parse_entry(v: &Value, data_len: usize) -> std::result::Result<TensorInfo, St
             return Err(format!(
                 "shape {shape:?} of {} needs {} bytes, data_offsets give {}",
                 dtype.name(),
-                want.map(|w| w.to_string())
-                    .unwrap_or_else(|| "too many".into()),
+                want.map(|w| w.to_string()).unwrap_or_else(|| "too many".into()),
                 end - start
             ));
         }

@@ -20,7 +20,12 @@ pub struct GqaWeights<B: Backend> {
 
 impl<B: Backend> GqaWeights<B> {
     pub fn load(b: &B, wf: &WeightsFile, p: &str, cfg: &ModelConfig) -> Result<Self> {
-        let (h, kv, hd, hid) = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.hidden_size);
+        let (h, kv, hd, hid) = (
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            cfg.head_dim,
+            cfg.hidden_size,
+        );
         let gated = cfg.arch.is_hybrid();
         let qrows = h * hd * if gated { 2 } else { 1 };
         Ok(GqaWeights {
@@ -35,7 +40,14 @@ impl<B: Backend> GqaWeights<B> {
     }
 
     /// x `[n, hidden]` (normed) → out `[n, hidden]`; appends K/V at `pos0`.
-    pub fn forward(&self, c: &Ctx<B>, x: &B::Buf, k_cache: &mut B::Buf, v_cache: &mut B::Buf, out: &mut B::Buf) -> Result<()> {
+    pub fn forward(
+        &self,
+        c: &Ctx<B>,
+        x: &B::Buf,
+        k_cache: &mut B::Buf,
+        v_cache: &mut B::Buf,
+        out: &mut B::Buf,
+    ) -> Result<()> {
         let (b, cfg, n, pos0) = (c.b, c.cfg, c.n, c.pos0);
         let (h, kv, hd) = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim);
         let mut q = b.alloc(n * h * hd)?;

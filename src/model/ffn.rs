@@ -55,7 +55,11 @@ impl<B: Backend> MoeBlock<B> {
             None
         };
         let si = cfg.shared_expert_intermediate_size;
-        let shared_name = if cfg.arch == Arch::DeepseekV3 { "shared_experts" } else { "shared_expert" };
+        let shared_name = if cfg.arch == Arch::DeepseekV3 {
+            "shared_experts"
+        } else {
+            "shared_expert"
+        };
         let shared = if si > 0 {
             Some(Mlp::load(b, wf, &format!("{p}.mlp.{shared_name}"), hid, si)?)
         } else {

@@ -12,9 +12,9 @@ const LORA_NORM_EPS: f32 = 1e-6;
 
 enum QProj<B: Backend> {
     Lora {
-        q_a: B::Matrix,  // [q_lora, hidden]
-        norm: B::Buf,    // [q_lora]
-        q_b: B::Matrix,  // [H·(dn+dr), q_lora]
+        q_a: B::Matrix, // [q_lora, hidden]
+        norm: B::Buf,   // [q_lora]
+        q_b: B::Matrix, // [H·(dn+dr), q_lora]
         rank: usize,
     },
     Direct(B::Matrix), // [H·(dn+dr), hidden]
@@ -53,7 +53,13 @@ impl<B: Backend> MlaWeights<B> {
         let kv_b = wf.matrix(&a("kv_b_proj"), h * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank)?;
         Ok(MlaWeights {
             q,
-            kv_a: load_mat(b, wf, &a("kv_a_proj_with_mqa"), m.kv_lora_rank + m.qk_rope_head_dim, hid)?,
+            kv_a: load_mat(
+                b,
+                wf,
+                &a("kv_a_proj_with_mqa"),
+                m.kv_lora_rank + m.qk_rope_head_dim,
+                hid,
+            )?,
             kv_norm: load_vec(b, wf, &a("kv_a_layernorm.weight"), m.kv_lora_rank)?,
             kv_b: b.upload(&kv_b.to_f32())?,
             o_proj: load_mat(b, wf, &a("o_proj"), hid, h * m.v_head_dim)?,
@@ -62,7 +68,14 @@ impl<B: Backend> MlaWeights<B> {
 
     /// x `[n, hidden]` (normed) → out `[n, hidden]`; appends the latent and
     /// rope key at `pos0`.
-    pub fn forward(&self, c: &Ctx<B>, x: &B::Buf, latent: &mut B::Buf, kpe: &mut B::Buf, out: &mut B::Buf) -> Result<()> {
+    pub fn forward(
+        &self,
+        c: &Ctx<B>,
+        x: &B::Buf,
+        latent: &mut B::Buf,
+        kpe: &mut B::Buf,
+        out: &mut B::Buf,
+    ) -> Result<()> {
         let (b, cfg, n, pos0) = (c.b, c.cfg, c.n, c.pos0);
         let m = mla_cfg(cfg)?;
         let h = cfg.num_attention_heads;

@@ -84,9 +84,9 @@ pub struct State<B: Backend> {
 pub struct Net<B: Backend> {
     pub b: B,
     pub cfg: ModelConfig,
-    embed: B::Matrix,          // [vocab, hidden]
+    embed: B::Matrix,           // [vocab, hidden]
     lm_head: Option<B::Matrix>, // [vocab, hidden]; None when tied
-    final_norm: B::Buf,        // [hidden]
+    final_norm: B::Buf,         // [hidden]
     layers: Vec<Layer<B>>,
     inv_freq: B::Buf,
     rope_mscale: f32,
@@ -124,14 +124,22 @@ impl<B: Backend> Net<B> {
                         rope::yarn_attention_factor(y) as f32,
                         (qd.powf(-0.5) * rope::yarn_softmax_factor(y)) as f32,
                     ),
-                    None => (rope::inv_freq(cfg.rope_theta, m.qk_rope_head_dim), 1.0, qd.powf(-0.5) as f32),
+                    None => (
+                        rope::inv_freq(cfg.rope_theta, m.qk_rope_head_dim),
+                        1.0,
+                        qd.powf(-0.5) as f32,
+                    ),
                 }
             }
             None => {
                 if cfg.yarn.is_some() {
                     return Err(Error::config("rope_scaling", "yarn is only supported for deepseek_v3"));
                 }
-                (rope::inv_freq(cfg.rope_theta, cfg.rotary_dim()), 1.0, (cfg.head_dim as f64).powf(-0.5) as f32)
+                (
+                    rope::inv_freq(cfg.rope_theta, cfg.rotary_dim()),
+                    1.0,
+                    (cfg.head_dim as f64).powf(-0.5) as f32,
+                )
             }
         };
         let embed = load_mat(&b, wf, "model.embed_tokens", cfg.vocab_size, hid)?;
@@ -229,7 +237,14 @@ impl<B: Backend> Net<B> {
 
     /// Evaluate `tokens` at positions `pos0..` and return the logits of the
     /// last token `[vocab]`, or of every token `[n, vocab]` when `all`.
-    pub fn forward(&self, st: &mut State<B>, store: &ExpertStore, tokens: &[u32], pos0: usize, all: bool) -> Result<Vec<f32>> {
+    pub fn forward(
+        &self,
+        st: &mut State<B>,
+        store: &ExpertStore,
+        tokens: &[u32],
+        pos0: usize,
+        all: bool,
+    ) -> Result<Vec<f32>> {
         let (b, cfg) = (&self.b, &self.cfg);
         let n = tokens.len();
         if n == 0 {

@@ -22,7 +22,8 @@ pub fn yarn_mscale(scale: f64, a: f64) -> f64 {
 /// YaRN frequencies for `dim` rotated channels.
 pub fn yarn_inv_freq(theta: f64, dim: usize, y: &Yarn) -> Vec<f32> {
     let d = dim as f64;
-    let corr_dim = |n: f64| d * (y.original_max_position_embeddings / (n * 2.0 * std::f64::consts::PI)).ln() / (2.0 * theta.ln());
+    let corr_dim =
+        |n: f64| d * (y.original_max_position_embeddings / (n * 2.0 * std::f64::consts::PI)).ln() / (2.0 * theta.ln());
     let low = corr_dim(y.beta_fast).floor().max(0.0);
     let mut high = corr_dim(y.beta_slow).ceil().min(d - 1.0);
     if low == high {

@@ -7,7 +7,11 @@ use crate::config::Routing;
 /// descending order of value.
 fn top_k(v: &[f32], k: usize) -> Vec<usize> {
     let mut idx: Vec<usize> = (0..v.len()).collect();
-    idx.sort_by(|&a, &b| v[b].partial_cmp(&v[a]).unwrap_or(std::cmp::Ordering::Equal).then(a.cmp(&b)));
+    idx.sort_by(|&a, &b| {
+        v[b].partial_cmp(&v[a])
+            .unwrap_or(std::cmp::Ordering::Equal)
+            .then(a.cmp(&b))
+    });
     idx.truncate(k);
     idx
 }
@@ -31,7 +35,15 @@ fn softmax_topk(logits: &[f32], k: usize, norm: bool) -> (Vec<u32>, Vec<f32>) {
 /// groups (group score = sum of its top 2), keep `topk_group` groups,
 /// top-k among their experts (others masked to 0, as transformers does);
 /// weights are the unbiased scores.
-fn noaux_tc(logits: &[f32], bias: &[f32], k: usize, n_group: usize, topk_group: usize, scale: f32, norm: bool) -> (Vec<u32>, Vec<f32>) {
+fn noaux_tc(
+    logits: &[f32],
+    bias: &[f32],
+    k: usize,
+    n_group: usize,
+    topk_group: usize,
+    scale: f32,
+    norm: bool,
+) -> (Vec<u32>, Vec<f32>) {
     let s: Vec<f32> = logits.iter().map(|x| 1.0 / (1.0 + (-x).exp())).collect();
     let choice: Vec<f32> = s.iter().zip(bias).map(|(a, b)| a + b).collect();
     let per = s.len() / n_group;
@@ -92,10 +104,22 @@ mod tests {
 
     #[test]
     fn softmax_topk_picks_largest_and_normalizes() {
-        let r = route(&Routing::Softmax { norm_topk_prob: true }, &[0.0, 3.0, 1.0, 2.0], 1, 2, None);
+        let r = route(
+            &Routing::Softmax { norm_topk_prob: true },
+            &[0.0, 3.0, 1.0, 2.0],
+            1,
+            2,
+            None,
+        );
         assert_eq!(r.ids, vec![1, 3]);
         assert!((r.weights.iter().sum::<f32>() - 1.0).abs() < 1e-6);
-        let r = route(&Routing::Softmax { norm_topk_prob: false }, &[0.0, 3.0, 1.0, 2.0], 1, 2, None);
+        let r = route(
+            &Routing::Softmax { norm_topk_prob: false },
+            &[0.0, 3.0, 1.0, 2.0],
+            1,
+            2,
+            None,
+        );
         assert!(r.weights.iter().sum::<f32>() < 0.95);
     }
 

@@ -72,7 +72,9 @@ impl Reader<'_> {
         Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
     }
     fn f32s(&mut self, n: usize, what: &str) -> Result<Vec<f32>> {
-        let bytes = n.checked_mul(4).ok_or_else(|| snap_err(format!("{what}: length overflows")))?;
+        let bytes = n
+            .checked_mul(4)
+            .ok_or_else(|| snap_err(format!("{what}: length overflows")))?;
         Ok(self
             .take(bytes, what)?
             .chunks_exact(4)
@@ -101,7 +103,12 @@ impl<B: Backend> Net<B> {
             // The period of the full-attention layers where they are regular;
             // 0 for an irregular mix (`layer_types`).
             (2..=kinds.len())
-                .find(|&k| kinds.iter().enumerate().all(|(i, a)| (*a == AttnKind::Full) == ((i + 1) % k == 0)))
+                .find(|&k| {
+                    kinds
+                        .iter()
+                        .enumerate()
+                        .all(|(i, a)| (*a == AttnKind::Full) == ((i + 1) % k == 0))
+                })
                 .unwrap_or(0) as u32
         };
         let (conv, ssm) = match &c.linear {
@@ -111,7 +118,10 @@ impl<B: Backend> Net<B> {
             ),
             None => (0, 0),
         };
-        let (kvr, dr) = c.mla.as_ref().map_or((0, 0), |m| (m.kv_lora_rank as u32, m.qk_rope_head_dim as u32));
+        let (kvr, dr) = c
+            .mla
+            .as_ref()
+            .map_or((0, 0), |m| (m.kv_lora_rank as u32, m.qk_rope_head_dim as u32));
         let mla = c.mla.is_some();
         Header {
             num_layers: c.num_hidden_layers as u32,
@@ -187,7 +197,9 @@ impl<B: Backend> Net<B> {
             2 => (0..8).map(|i| r.u32(FIELD_NAMES[i])).collect::<Result<_>>()?,
             1 => {
                 if self.cfg.mla.is_some() {
-                    return Err(snap_err("version 1 snapshots cannot hold MLA state; this model needs version 2".into()));
+                    return Err(snap_err(
+                        "version 1 snapshots cannot hold MLA state; this model needs version 2".into(),
+                    ));
                 }
                 let mut v: Vec<u32> = (0..6).map(|i| r.u32(FIELD_NAMES[i])).collect::<Result<_>>()?;
                 v.extend([0, 0]);
@@ -211,7 +223,10 @@ impl<B: Backend> Net<B> {
                 AttnKind::Mla => (want.kv_lora_rank as usize, want.qk_rope_head_dim as usize),
                 AttnKind::Linear => {
                     let conv = r.f32s(want.linear_conv_bytes as usize / 4, &format!("layer {i} conv state"))?;
-                    let ssm = r.f32s(want.linear_ssm_bytes as usize / 4, &format!("layer {i} recurrent state"))?;
+                    let ssm = r.f32s(
+                        want.linear_ssm_bytes as usize / 4,
+                        &format!("layer {i} recurrent state"),
+                    )?;
                     records.push(Record::Delta { conv, ssm });
                     continue;
                 }
@@ -222,23 +237,33 @@ impl<B: Backend> Net<B> {
             }
             let len = len as usize;
             if *seq_len.get_or_insert(len) != len {
-                return Err(snap_err(format!("layer {i}: length {len} differs from earlier layers ({seq_len:?})")));
+                return Err(snap_err(format!(
+                    "layer {i}: length {len} differs from earlier layers ({seq_len:?})"
+                )));
             }
             let a = r.f32s(len * ra, &format!("layer {i} cache"))?;
             let b = r.f32s(len * rb, &format!("layer {i} cache"))?;
             records.push(Record::Cache { a, b });
         }
         if r.at != buf.len() {
-            return Err(snap_err(format!("{} trailing bytes after the last layer", buf.len() - r.at)));
+            return Err(snap_err(format!(
+                "{} trailing bytes after the last layer",
+                buf.len() - r.at
+            )));
         }
         let len = seq_len.unwrap_or(0);
         let mut st = self.new_state(len.max(1).next_power_of_two().max(64))?;
         for (ls, rec) in st.layers.iter_mut().zip(records) {
             match (ls, rec) {
-                (LayerState::Kv { k: a, v: b } | LayerState::Mla { latent: a, kpe: b }, Record::Cache { a: da, b: db }) => {
+                (
+                    LayerState::Kv { k: a, v: b } | LayerState::Mla { latent: a, kpe: b },
+                    Record::Cache { a: da, b: db },
+                ) => {
                     if !da.is_empty() {
-                        self.b.copy(&self.b.upload(&da)?, a, Strided::contiguous(da.len(), 0, 0))?;
-                        self.b.copy(&self.b.upload(&db)?, b, Strided::contiguous(db.len(), 0, 0))?;
+                        self.b
+                            .copy(&self.b.upload(&da)?, a, Strided::contiguous(da.len(), 0, 0))?;
+                        self.b
+                            .copy(&self.b.upload(&db)?, b, Strided::contiguous(db.len(), 0, 0))?;
                     }
                 }
                 (LayerState::Delta { conv, ssm }, Record::Delta { conv: dc, ssm: ds }) => {

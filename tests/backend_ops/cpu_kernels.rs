@@ -25,11 +25,7 @@ fn cases(rng: &mut Rng) -> Vec<(String, MatrixView, Vec<f64>)> {
         let (v, d) = quant_matrix(rng, rows, cols, bits, gs, false);
         out.push((format!("q{bits} gs{gs} [{rows}, {cols}]"), v, d));
     }
-    for (dtype, rows, cols) in [
-        (Dtype::Bf16, 40, 333),
-        (Dtype::F16, 9, 64),
-        (Dtype::F32, 23, 41),
-    ] {
+    for (dtype, rows, cols) in [(Dtype::Bf16, 40, 333), (Dtype::F16, 9, 64), (Dtype::F32, 23, 41)] {
         let (v, d) = float_matrix(rng, rows, cols, dtype);
         out.push((format!("{dtype:?} [{rows}, {cols}]"), v, d));
     }
@@ -89,14 +85,8 @@ fn linear_refuses_wrong_sizes_instead_of_reading_past_them() {
     let mut y = vec![0.0f32; 2 * 8];
     for k in kernels() {
         assert!(linear_with(k, &view, &x, 2, &mut y).is_ok());
-        assert!(
-            linear_with(k, &view, &x[..200], 2, &mut y).is_err(),
-            "short x accepted"
-        );
-        assert!(
-            linear_with(k, &view, &x, 2, &mut y[..15]).is_err(),
-            "short y accepted"
-        );
+        assert!(linear_with(k, &view, &x[..200], 2, &mut y).is_err(), "short x accepted");
+        assert!(linear_with(k, &view, &x, 2, &mut y[..15]).is_err(), "short y accepted");
         // A weight region one row short, as a corrupt layout could make it.
         let short = with(weight.sub(0, weight.len() - 64), group_size);
         assert!(

@@ -51,9 +51,7 @@ pub fn linear(w: &[f64], rows: usize, cols: usize, x: &[f32], n: usize) -> Vec<f
     let mut y = vec![0.0f64; n * rows];
     for t in 0..n {
         for r in 0..rows {
-            y[t * rows + r] = (0..cols)
-                .map(|c| w[r * cols + c] * x[t * cols + c] as f64)
-                .sum();
+            y[t * rows + r] = (0..cols).map(|c| w[r * cols + c] * x[t * cols + c] as f64).sum();
         }
     }
     y
@@ -72,14 +70,7 @@ pub fn rms_norm(x: &[f32], w: &[f32], rows: usize, dim: usize, eps: f32) -> Vec<
     y
 }
 
-pub fn gated_rms_norm(
-    x: &[f32],
-    z: &[f32],
-    w: &[f32],
-    rows: usize,
-    dim: usize,
-    eps: f32,
-) -> Vec<f64> {
+pub fn gated_rms_norm(x: &[f32], z: &[f32], w: &[f32], rows: usize, dim: usize, eps: f32) -> Vec<f64> {
     let mut y = rms_norm(x, w, rows, dim, eps);
     for (v, &g) in y.iter_mut().zip(z) {
         *v *= silu(g as f64);
@@ -88,10 +79,7 @@ pub fn gated_rms_norm(
 }
 
 pub fn swiglu(gate: &[f32], up: &[f32]) -> Vec<f64> {
-    gate.iter()
-        .zip(up)
-        .map(|(&g, &u)| silu(g as f64) * u as f64)
-        .collect()
+    gate.iter().zip(up).map(|(&g, &u)| silu(g as f64) * u as f64).collect()
 }
 
 pub fn sigmoid_mul(x: &[f32], gate: &[f32]) -> Vec<f64> {
@@ -175,10 +163,7 @@ pub fn attention(q: &[f32], k: &[f32], v: &[f32], a: AttnArgs) -> Vec<f64> {
         for h in 0..a.n_heads {
             let kvh = h / group;
             let len = a.pos0 + t + 1;
-            let qv: Vec<f64> = q[(t * a.n_heads + h) * hd..][..hd]
-                .iter()
-                .map(|&x| x as f64)
-                .collect();
+            let qv: Vec<f64> = q[(t * a.n_heads + h) * hd..][..hd].iter().map(|&x| x as f64).collect();
             let keys: Vec<Vec<f64>> = (0..len)
                 .map(|j| {
                     k[(j * a.n_kv_heads + kvh) * hd..][..hd]
@@ -203,13 +188,7 @@ pub fn attention(q: &[f32], k: &[f32], v: &[f32], a: AttnArgs) -> Vec<f64> {
 
 /// MLA the naive way: expand `kv_b` into per-head keys `[W_kb·latent | k_pe]`
 /// and values `W_vb·latent`, then plain attention.
-pub fn mla_attention(
-    q: &[f32],
-    latent: &[f32],
-    k_pe: &[f32],
-    kv_b: &[f32],
-    a: MlaArgs,
-) -> Vec<f64> {
+pub fn mla_attention(q: &[f32], latent: &[f32], k_pe: &[f32], kv_b: &[f32], a: MlaArgs) -> Vec<f64> {
     let (dn, dr, dv, r) = (a.nope, a.rope, a.v_dim, a.kv_lora_rank);
     let mut out = Vec::with_capacity(a.n * a.n_heads * dv);
     let proj = |row0: usize, rows: usize, j: usize| -> Vec<f64> {
@@ -259,20 +238,11 @@ pub struct DeltaIn<'a> {
 /// (oldest first) and `ssm` `[v_heads, v_dim, k_dim]` are updated in
 /// place; returns out `[n, v_heads·v_dim]`.
 pub fn gated_delta(d: &DeltaIn, conv: &mut [f64], ssm: &mut [f64], args: DeltaArgs) -> Vec<f64> {
-    let (hk, hv, dk, dv, kern) = (
-        args.k_heads,
-        args.v_heads,
-        args.k_dim,
-        args.v_dim,
-        args.kernel,
-    );
+    let (hk, hv, dk, dv, kern) = (args.k_heads, args.v_heads, args.k_dim, args.v_dim, args.kernel);
     let cd = 2 * hk * dk + hv * dv;
     let mut out = Vec::with_capacity(args.n * hv * dv);
     for t in 0..args.n {
-        let cur: Vec<f64> = d.qkv[t * cd..(t + 1) * cd]
-            .iter()
-            .map(|&v| v as f64)
-            .collect();
+        let cur: Vec<f64> = d.qkv[t * cd..(t + 1) * cd].iter().map(|&v| v as f64).collect();
         // x[t−K+1+j] for j < K: the state rows, then the current token.
         let x: Vec<f64> = (0..cd)
             .map(|c| {
@@ -299,9 +269,7 @@ pub fn gated_delta(d: &DeltaIn, conv: &mut [f64], ssm: &mut [f64], args: DeltaAr
                 .collect();
             let k = l2(&x[hk * dk + kh * dk..hk * dk + (kh + 1) * dk]);
             let v = &x[2 * hk * dk + h * dv..2 * hk * dk + (h + 1) * dv];
-            let g = (-(d.a_log[h] as f64).exp()
-                * softplus(d.a[t * hv + h] as f64 + d.dt_bias[h] as f64))
-            .exp();
+            let g = (-(d.a_log[h] as f64).exp() * softplus(d.a[t * hv + h] as f64 + d.dt_bias[h] as f64)).exp();
             let beta = sigmoid(d.b[t * hv + h] as f64);
             let s = &mut ssm[h * dv * dk..(h + 1) * dv * dk]; // [dv, dk]
             s.iter_mut().for_each(|e| *e *= g);

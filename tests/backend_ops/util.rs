@@ -66,17 +66,8 @@ pub struct QuantParts {
 
 /// Random words (every bit pattern), scales of both signs, biases around
 /// the middle of the range, rounded to bf16 (or f16).
-pub fn quant_parts(
-    rng: &mut Rng,
-    rows: usize,
-    cols: usize,
-    bits: usize,
-    gs: usize,
-    f16_scales: bool,
-) -> QuantParts {
-    let words: Vec<u32> = (0..rows * cols * bits / 32)
-        .map(|_| rng.u64() as u32)
-        .collect();
+pub fn quant_parts(rng: &mut Rng, rows: usize, cols: usize, bits: usize, gs: usize, f16_scales: bool) -> QuantParts {
+    let words: Vec<u32> = (0..rows * cols * bits / 32).map(|_| rng.u64() as u32).collect();
     let groups = rows * cols / gs;
     let half_range = ((1u32 << bits) - 1) as f32 / 2.0;
     let round = |v: f32| -> (f32, [u8; 2]) {
@@ -135,12 +126,7 @@ pub fn quant_matrix(
     (view, p.dense)
 }
 
-pub fn float_matrix(
-    rng: &mut Rng,
-    rows: usize,
-    cols: usize,
-    dtype: Dtype,
-) -> (MatrixView, Vec<f64>) {
+pub fn float_matrix(rng: &mut Rng, rows: usize, cols: usize, dtype: Dtype) -> (MatrixView, Vec<f64>) {
     let mut bytes = Vec::with_capacity(rows * cols * dtype.size());
     let mut dense = Vec::with_capacity(rows * cols);
     for _ in 0..rows * cols {
@@ -214,11 +200,7 @@ pub fn write_experts(
         group_size: gs,
         layers: BTreeMap::from([("1".to_string(), ll)]),
     };
-    std::fs::write(
-        edir.join(LAYOUT_FILE),
-        serde_json::to_vec(&layout).expect("json"),
-    )
-    .expect("write layout");
+    std::fs::write(edir.join(LAYOUT_FILE), serde_json::to_vec(&layout).expect("json")).expect("write layout");
     let store = ExpertStore::open(dir, 2, IoMode::default(), 2).expect("open expert store");
     (store, experts)
 }

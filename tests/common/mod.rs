@@ -41,15 +41,28 @@ pub struct Reference {
 
 pub fn reference(name: &str) -> Reference {
     let p = fixture(name).join("reference.json");
-    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&p).expect("read reference.json")).expect("parse reference.json");
-    let ids = |v: &serde_json::Value| -> Vec<u32> { v.as_array().expect("ids").iter().map(|x| x.as_u64().expect("id") as u32).collect() };
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&p).expect("read reference.json")).expect("parse reference.json");
+    let ids = |v: &serde_json::Value| -> Vec<u32> {
+        v.as_array()
+            .expect("ids")
+            .iter()
+            .map(|x| x.as_u64().expect("id") as u32)
+            .collect()
+    };
     Reference {
         tokens: ids(&v["tokens"]),
         logits: v["logits"]
             .as_array()
             .expect("logits")
             .iter()
-            .map(|row| row.as_array().expect("row").iter().map(|x| x.as_f64().expect("f") as f32).collect())
+            .map(|row| {
+                row.as_array()
+                    .expect("row")
+                    .iter()
+                    .map(|x| x.as_f64().expect("f") as f32)
+                    .collect()
+            })
             .collect(),
         greedy_prompt: ids(&v["greedy"]["prompt"]),
         greedy_tokens: ids(&v["greedy"]["tokens"]),

@@ -53,12 +53,7 @@ fn unknown_model_type_is_named_with_the_supported_ones() {
 fn missing_shard_is_named() {
     let tmp = tempfile::tempdir().unwrap();
     let (src, dst) = (tmp.path().join("src"), tmp.path().join("dst"));
-    write_model(
-        &src,
-        &qwen3_moe_config(),
-        &qwen3_moe_tensors(1, "model.", false),
-        2,
-    );
+    write_model(&src, &qwen3_moe_config(), &qwen3_moe_tensors(1, "model.", false), 2);
     std::fs::remove_file(src.join("model-00002-of-00002.safetensors")).unwrap();
     let msg = convert_err(&src, &dst, &ConvertOptions::default());
     assert!(
@@ -72,12 +67,7 @@ fn missing_shard_is_named() {
 fn truncated_shard_is_named() {
     let tmp = tempfile::tempdir().unwrap();
     let (src, dst) = (tmp.path().join("src"), tmp.path().join("dst"));
-    write_model(
-        &src,
-        &qwen3_moe_config(),
-        &qwen3_moe_tensors(1, "model.", false),
-        1,
-    );
+    write_model(&src, &qwen3_moe_config(), &qwen3_moe_tensors(1, "model.", false), 1);
     let f = src.join("model.safetensors");
     let len = std::fs::metadata(&f).unwrap().len();
     std::fs::OpenOptions::new()
@@ -87,10 +77,7 @@ fn truncated_shard_is_named() {
         .set_len(len - 100)
         .unwrap();
     let msg = convert_err(&src, &dst, &ConvertOptions::default());
-    assert!(
-        msg.contains("model.safetensors") && msg.contains("truncated"),
-        "{msg}"
-    );
+    assert!(msg.contains("model.safetensors") && msg.contains("truncated"), "{msg}");
     assert_nothing_written(&dst);
 }
 
@@ -129,10 +116,7 @@ fn mlx_width_that_contradicts_the_config_is_named() {
     cfg["quantization"]["bits"] = 3.into();
     write_model(&src, &cfg, &ts, 1);
     let msg = convert_err(&src, &dst, &ConvertOptions::default());
-    assert!(
-        msg.contains("quantization.bits") && msg.contains("3-bit"),
-        "{msg}"
-    );
+    assert!(msg.contains("quantization.bits") && msg.contains("3-bit"), "{msg}");
     assert_nothing_written(&dst);
 }
 
@@ -156,28 +140,13 @@ fn mlx_absorbed_mla_is_refused_by_name() {
 #[test]
 fn existing_destination_needs_force_and_survives_a_failed_run() {
     let tmp = tempfile::tempdir().unwrap();
-    let (src, bad, dst) = (
-        tmp.path().join("src"),
-        tmp.path().join("bad"),
-        tmp.path().join("dst"),
-    );
-    write_model(
-        &src,
-        &qwen3_moe_config(),
-        &qwen3_moe_tensors(1, "model.", false),
-        1,
-    );
+    let (src, bad, dst) = (tmp.path().join("src"), tmp.path().join("bad"), tmp.path().join("dst"));
+    write_model(&src, &qwen3_moe_config(), &qwen3_moe_tensors(1, "model.", false), 1);
     std::fs::create_dir(&dst).unwrap();
     std::fs::write(dst.join("keep.txt"), "mine").unwrap();
     let msg = convert_err(&src, &dst, &ConvertOptions::default());
-    assert!(
-        msg.contains("already exists") && msg.contains("--force"),
-        "{msg}"
-    );
-    assert_eq!(
-        std::fs::read_to_string(dst.join("keep.txt")).unwrap(),
-        "mine"
-    );
+    assert!(msg.contains("already exists") && msg.contains("--force"), "{msg}");
+    assert_eq!(std::fs::read_to_string(dst.join("keep.txt")).unwrap(), "mine");
     // A failing forced run leaves the old destination as it was.
     let mut ts = qwen3_moe_tensors(1, "model.", false);
     ts.retain(|t| t.name != "model.norm.weight");
@@ -188,10 +157,7 @@ fn existing_destination_needs_force_and_survives_a_failed_run() {
     };
     let msg = convert_err(&bad, &dst, &force);
     assert!(msg.contains("`model.norm.weight` not found"), "{msg}");
-    assert_eq!(
-        std::fs::read_to_string(dst.join("keep.txt")).unwrap(),
-        "mine"
-    );
+    assert_eq!(std::fs::read_to_string(dst.join("keep.txt")).unwrap(), "mine");
     convert(&src, &dst, &force).unwrap();
     assert!(!dst.join("keep.txt").exists() && dst.join("model_weights.bin").is_file());
     let names: Vec<String> = std::fs::read_dir(tmp.path())
@@ -199,9 +165,7 @@ fn existing_destination_needs_force_and_survives_a_failed_run() {
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
     assert!(
-        names
-            .iter()
-            .all(|n| !n.contains(".tmp-") && !n.contains(".old-")),
+        names.iter().all(|n| !n.contains(".tmp-") && !n.contains(".old-")),
         "{names:?}"
     );
 }

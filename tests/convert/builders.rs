@@ -34,18 +34,10 @@ fn rows(m: &[f32], cols: usize, start: usize, n: usize) -> &[f32] {
 pub fn qwen3_next_tensors(seed: u64, fused: bool) -> Vec<T> {
     let mut r = Rng::new(seed);
     let (h, v, s) = (HIDDEN, VOCAB, 64);
-    let mut t = vec![bf16_t(
-        "model.embed_tokens.weight",
-        &[v, h],
-        &r.bf16s(v * h, 1.0),
-    )];
+    let mut t = vec![bf16_t("model.embed_tokens.weight", &[v, h], &r.bf16s(v * h, 1.0))];
     for l in 0..2 {
         let p = format!("model.layers.{l}");
-        t.push(bf16_t(
-            &format!("{p}.input_layernorm.weight"),
-            &[h],
-            &r.bf16s(h, 0.5),
-        ));
+        t.push(bf16_t(&format!("{p}.input_layernorm.weight"), &[h], &r.bf16s(h, 0.5)));
         t.push(bf16_t(
             &format!("{p}.post_attention_layernorm.weight"),
             &[h],
@@ -70,16 +62,8 @@ pub fn qwen3_next_tensors(seed: u64, fused: bool) -> Vec<T> {
                     ba.extend_from_slice(rows(&b, h, grp * g, g));
                     ba.extend_from_slice(rows(&al, h, grp * g, g));
                 }
-                t.push(bf16_t(
-                    &format!("{a}.in_proj_qkvz.weight"),
-                    &[qkvz.len() / h, h],
-                    &qkvz,
-                ));
-                t.push(bf16_t(
-                    &format!("{a}.in_proj_ba.weight"),
-                    &[ba.len() / h, h],
-                    &ba,
-                ));
+                t.push(bf16_t(&format!("{a}.in_proj_qkvz.weight"), &[qkvz.len() / h, h], &qkvz));
+                t.push(bf16_t(&format!("{a}.in_proj_ba.weight"), &[ba.len() / h, h], &ba));
             } else {
                 let qkv: Vec<f32> = q.iter().chain(&k).chain(&vv).copied().collect();
                 t.push(bf16_t(&format!("{a}.in_proj_qkv.weight"), &[CONV, h], &qkv));
@@ -99,11 +83,7 @@ pub fn qwen3_next_tensors(seed: u64, fused: bool) -> Vec<T> {
                 data: f32_bytes(&[0.1, -0.2, 0.3, 0.7]),
             });
             t.push(bf16_t(&format!("{a}.dt_bias"), &[HV], &r.bf16s(HV, 1.0)));
-            t.push(bf16_t(
-                &format!("{a}.norm.weight"),
-                &[DV],
-                &r.bf16s(DV, 1.0),
-            ));
+            t.push(bf16_t(&format!("{a}.norm.weight"), &[DV], &r.bf16s(DV, 1.0)));
             t.push(bf16_t(
                 &format!("{a}.out_proj.weight"),
                 &[h, HV * DV],
@@ -117,22 +97,10 @@ pub fn qwen3_next_tensors(seed: u64, fused: bool) -> Vec<T> {
                 ("v_proj", 32, h),
                 ("o_proj", h, 64),
             ] {
-                t.push(bf16_t(
-                    &format!("{sa}.{n}.weight"),
-                    &[rr, cc],
-                    &r.bf16s(rr * cc, 0.1),
-                ));
+                t.push(bf16_t(&format!("{sa}.{n}.weight"), &[rr, cc], &r.bf16s(rr * cc, 0.1)));
             }
-            t.push(bf16_t(
-                &format!("{sa}.q_norm.weight"),
-                &[32],
-                &r.bf16s(32, 0.5),
-            ));
-            t.push(bf16_t(
-                &format!("{sa}.k_norm.weight"),
-                &[32],
-                &r.bf16s(32, 0.5),
-            ));
+            t.push(bf16_t(&format!("{sa}.q_norm.weight"), &[32], &r.bf16s(32, 0.5)));
+            t.push(bf16_t(&format!("{sa}.k_norm.weight"), &[32], &r.bf16s(32, 0.5)));
         }
         let m = format!("{p}.mlp");
         t.push(bf16_t(
@@ -181,22 +149,10 @@ pub fn mlx_qwen3_moe(seed: u64) -> (Value, Vec<T>) {
             t.push(bf16_t(&format!("{p}.{n}.weight"), &[h], &vals));
         }
         for (n, rows) in [("q_proj", 64), ("k_proj", 32), ("v_proj", 32)] {
-            quant(
-                &mut r,
-                &mut t,
-                &format!("{p}.self_attn.{n}"),
-                &[],
-                rows,
-                h,
-                4,
-            );
+            quant(&mut r, &mut t, &format!("{p}.self_attn.{n}"), &[], rows, h, 4);
         }
         let o = r.bf16s(h * 64, 0.1);
-        t.push(bf16_t(
-            &format!("{p}.self_attn.o_proj.weight"),
-            &[h, 64],
-            &o,
-        ));
+        t.push(bf16_t(&format!("{p}.self_attn.o_proj.weight"), &[h, 64], &o));
         for n in ["q_norm", "k_norm"] {
             let vals = r.bf16s(32, 1.0);
             t.push(bf16_t(&format!("{p}.self_attn.{n}.weight"), &[32], &vals));
@@ -208,25 +164,9 @@ pub fn mlx_qwen3_moe(seed: u64) -> (Value, Vec<T>) {
             quant(&mut r, &mut t, &format!("{sw}.up_proj"), &[e], i, h, 4);
             quant(&mut r, &mut t, &format!("{sw}.down_proj"), &[e], h, i, 4);
         } else {
-            quant(
-                &mut r,
-                &mut t,
-                &format!("{p}.mlp.gate_proj"),
-                &[],
-                128,
-                h,
-                4,
-            );
+            quant(&mut r, &mut t, &format!("{p}.mlp.gate_proj"), &[], 128, h, 4);
             quant(&mut r, &mut t, &format!("{p}.mlp.up_proj"), &[], 128, h, 4);
-            quant(
-                &mut r,
-                &mut t,
-                &format!("{p}.mlp.down_proj"),
-                &[],
-                h,
-                128,
-                4,
-            );
+            quant(&mut r, &mut t, &format!("{p}.mlp.down_proj"), &[], h, 128, 4);
         }
     }
     let vals = r.bf16s(h, 1.0);
@@ -236,19 +176,9 @@ pub fn mlx_qwen3_moe(seed: u64) -> (Value, Vec<T>) {
 }
 
 /// Append a random MLX-quantized matrix `base` (`[lead.., rows, cols]`).
-fn quant(
-    r: &mut Rng,
-    t: &mut Vec<T>,
-    base: &str,
-    lead: &[usize],
-    rows: usize,
-    cols: usize,
-    bits: usize,
-) {
+fn quant(r: &mut Rng, t: &mut Vec<T>, base: &str, lead: &[usize], rows: usize, cols: usize, bits: usize) {
     let n: usize = lead.iter().product::<usize>() * rows;
-    let words: Vec<u8> = (0..n * cols * bits / 32)
-        .flat_map(|_| r.u32().to_le_bytes())
-        .collect();
+    let words: Vec<u8> = (0..n * cols * bits / 32).flat_map(|_| r.u32().to_le_bytes()).collect();
     let shape = |last: usize| lead.iter().copied().chain([rows, last]).collect::<Vec<_>>();
     t.push(T {
         name: format!("{base}.weight"),

@@ -20,9 +20,7 @@ pub struct Rng(u64);
 
 impl Rng {
     pub fn new(seed: u64) -> Rng {
-        Rng(seed
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407))
+        Rng(seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407))
     }
     pub fn u32(&mut self) -> u32 {
         self.0 = self
@@ -37,22 +35,16 @@ impl Rng {
     }
     /// `n` values, already representable in bf16.
     pub fn bf16s(&mut self, n: usize, scale: f32) -> Vec<f32> {
-        (0..n)
-            .map(|_| bf16::from_f32(self.f32() * scale).to_f32())
-            .collect()
+        (0..n).map(|_| bf16::from_f32(self.f32() * scale).to_f32()).collect()
     }
 }
 
 pub fn bf16_bytes(v: &[f32]) -> Vec<u8> {
-    v.iter()
-        .flat_map(|x| bf16::from_f32(*x).to_le_bytes())
-        .collect()
+    v.iter().flat_map(|x| bf16::from_f32(*x).to_le_bytes()).collect()
 }
 
 pub fn f16_bytes(v: &[f32]) -> Vec<u8> {
-    v.iter()
-        .flat_map(|x| f16::from_f32(*x).to_le_bytes())
-        .collect()
+    v.iter().flat_map(|x| f16::from_f32(*x).to_le_bytes()).collect()
 }
 
 pub fn f32_bytes(v: &[f32]) -> Vec<u8> {
@@ -98,11 +90,7 @@ pub fn write_safetensors(path: &Path, tensors: &[T]) {
 /// or in `shards` files with an index.
 pub fn write_model(dir: &Path, config: &Value, tensors: &[T], shards: usize) {
     std::fs::create_dir_all(dir).unwrap();
-    std::fs::write(
-        dir.join("config.json"),
-        serde_json::to_string_pretty(config).unwrap(),
-    )
-    .unwrap();
+    std::fs::write(dir.join("config.json"), serde_json::to_string_pretty(config).unwrap()).unwrap();
     std::fs::write(dir.join("tokenizer.json"), "{\"model\": {}}").unwrap();
     if shards <= 1 {
         write_safetensors(&dir.join("model.safetensors"), tensors);
@@ -164,11 +152,7 @@ pub fn expert_tensors(prefix: &str, ex: &[Expert], stacked: bool) -> Vec<T> {
                 &[i, h],
                 &x.gate,
             ));
-            out.push(bf16_t(
-                &format!("{prefix}.experts.{e}.up_proj.weight"),
-                &[i, h],
-                &x.up,
-            ));
+            out.push(bf16_t(&format!("{prefix}.experts.{e}.up_proj.weight"), &[i, h], &x.up));
             out.push(bf16_t(
                 &format!("{prefix}.experts.{e}.down_proj.weight"),
                 &[h, i],
@@ -177,22 +161,11 @@ pub fn expert_tensors(prefix: &str, ex: &[Expert], stacked: bool) -> Vec<T> {
         }
         return out;
     }
-    let gu: Vec<f32> = ex
-        .iter()
-        .flat_map(|x| x.gate.iter().chain(&x.up).copied())
-        .collect();
+    let gu: Vec<f32> = ex.iter().flat_map(|x| x.gate.iter().chain(&x.up).copied()).collect();
     let dn: Vec<f32> = ex.iter().flat_map(|x| x.down.iter().copied()).collect();
     vec![
-        bf16_t(
-            &format!("{prefix}.experts.gate_up_proj"),
-            &[ex.len(), 2 * i, h],
-            &gu,
-        ),
-        bf16_t(
-            &format!("{prefix}.experts.down_proj"),
-            &[ex.len(), h, i],
-            &dn,
-        ),
+        bf16_t(&format!("{prefix}.experts.gate_up_proj"), &[ex.len(), 2 * i, h], &gu),
+        bf16_t(&format!("{prefix}.experts.down_proj"), &[ex.len(), h, i], &dn),
     ]
 }
 
@@ -208,11 +181,7 @@ pub fn qwen3_moe_tensors(seed: u64, prefix: &str, stacked: bool) -> Vec<T> {
     )];
     for l in 0..2 {
         let p = format!("{prefix}layers.{l}");
-        t.push(bf16_t(
-            &format!("{p}.input_layernorm.weight"),
-            &[h],
-            &r.bf16s(h, 1.0),
-        ));
+        t.push(bf16_t(&format!("{p}.input_layernorm.weight"), &[h], &r.bf16s(h, 1.0)));
         t.push(bf16_t(
             &format!("{p}.post_attention_layernorm.weight"),
             &[h],
@@ -249,11 +218,7 @@ pub fn qwen3_moe_tensors(seed: u64, prefix: &str, stacked: bool) -> Vec<T> {
             let ex = experts(&mut r, EXPERTS);
             t.extend(expert_tensors(&format!("{p}.mlp"), &ex, stacked));
         } else {
-            for (n, rows, cols) in [
-                ("gate_proj", 128, h),
-                ("up_proj", 128, h),
-                ("down_proj", h, 128),
-            ] {
+            for (n, rows, cols) in [("gate_proj", 128, h), ("up_proj", 128, h), ("down_proj", h, 128)] {
                 t.push(bf16_t(
                     &format!("{p}.mlp.{n}.weight"),
                     &[rows, cols],
@@ -262,11 +227,7 @@ pub fn qwen3_moe_tensors(seed: u64, prefix: &str, stacked: bool) -> Vec<T> {
             }
         }
     }
-    t.push(bf16_t(
-        &format!("{prefix}norm.weight"),
-        &[h],
-        &r.bf16s(h, 1.0),
-    ));
+    t.push(bf16_t(&format!("{prefix}norm.weight"), &[h], &r.bf16s(h, 1.0)));
     t.push(bf16_t("lm_head.weight", &[v, h], &r.bf16s(v * h, 0.1)));
     t
 }

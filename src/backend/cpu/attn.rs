@@ -14,7 +14,11 @@ pub fn rope(x: &mut [f32], inv_freq: &[f32], a: RopeArgs) {
                 let ang = pos * f;
                 let (s, c) = ang.sin_cos();
                 let (c, s) = (c * a.mscale, s * a.mscale);
-                let (i0, i1) = if a.interleaved { (2 * j, 2 * j + 1) } else { (j, j + half) };
+                let (i0, i1) = if a.interleaved {
+                    (2 * j, 2 * j + 1)
+                } else {
+                    (j, j + half)
+                };
                 let x0 = x[base + i0];
                 let x1 = x[base + i1];
                 x[base + i0] = x0 * c - x1 * s;
@@ -74,7 +78,7 @@ pub fn mla_attention(q: &[f32], latent: &[f32], k_pe: &[f32], kv_b: &[f32], a: M
             let qh = &q[(t * a.n_heads + h) * qd..][..qd];
             let wk = &kv_b[h * (dn + dv) * r..][..dn * r]; // [dn, r]
             let wv = &kv_b[(h * (dn + dv) + dn) * r..][..dv * r]; // [dv, r]
-            // q absorbed into the latent space: q_lat[c] = Σ_i q_nope[i]·Wk[i, c]
+                                                                  // q absorbed into the latent space: q_lat[c] = Σ_i q_nope[i]·Wk[i, c]
             let mut q_lat = vec![0.0f32; r];
             for (qi, row) in qh[..dn].iter().zip(wk.chunks_exact(r)) {
                 for (l, w) in q_lat.iter_mut().zip(row) {

@@ -1,8 +1,8 @@
 //! The GatedDeltaNet conv + recurrence on the CPU (SPEC.md §5).
 
+use super::CpuBackend;
 use super::{sigmoid, silu};
 use crate::backend::{DeltaArgs, DeltaState, DeltaWeights};
-use super::CpuBackend;
 use rayon::prelude::*;
 
 fn softplus(x: f32) -> f32 {

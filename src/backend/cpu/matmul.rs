@@ -64,13 +64,7 @@ const TASK_BYTES: usize = 32 << 10;
 
 /// `y[n, rows] = x[n, cols] · Wᵀ` with the given kernel (tests and
 /// benchmarks compare kernels with this).
-pub fn linear_with(
-    kernel: Kernel,
-    w: &MatrixView,
-    x: &[f32],
-    n: usize,
-    y: &mut [f32],
-) -> Result<()> {
+pub fn linear_with(kernel: Kernel, w: &MatrixView, x: &[f32], n: usize, y: &mut [f32]) -> Result<()> {
     let (rows, cols) = (w.rows, w.cols);
     if x.len() < n * cols || y.len() < n * rows {
         return Err(Error::Invalid(format!(

@@ -109,7 +109,15 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn add_scaled_rows(&self, y: &mut Vec<f32>, x: &Vec<f32>, scale: &Vec<f32>, rows: usize, dim: usize, sigmoid_gate: bool) -> Result<()> {
+    fn add_scaled_rows(
+        &self,
+        y: &mut Vec<f32>,
+        x: &Vec<f32>,
+        scale: &Vec<f32>,
+        rows: usize,
+        dim: usize,
+        sigmoid_gate: bool,
+    ) -> Result<()> {
         for r in 0..rows {
             let s = if sigmoid_gate { sigmoid(scale[r]) } else { scale[r] };
             for (a, b) in y[r * dim..(r + 1) * dim].iter_mut().zip(&x[r * dim..(r + 1) * dim]) {

@@ -27,7 +27,10 @@ pub fn moe(x: &[f32], routes: &Routes, store: &ExpertStore, a: MoeArgs, out: &mu
             }
         }
         let m = toks.len();
-        let xs: Vec<f32> = toks.iter().flat_map(|&t| x[t * h..(t + 1) * h].iter().copied()).collect();
+        let xs: Vec<f32> = toks
+            .iter()
+            .flat_map(|&t| x[t * h..(t + 1) * h].iter().copied())
+            .collect();
         let [gate, up, down] = layout.matrices(blob, store.group_size())?;
         let mut g = vec![0.0f32; m * inter];
         let mut u = vec![0.0f32; m * inter];

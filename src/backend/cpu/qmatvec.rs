@@ -130,9 +130,7 @@ impl<'a> Mat<'a> {
             } => {
                 let (bits, gs) = (*bits as usize, *group_size);
                 if !matches!(bits, 2 | 4 | 8) {
-                    return Err(bad(format!(
-                        "{bits}-bit weights are not supported (2, 4 or 8)"
-                    )));
+                    return Err(bad(format!("{bits}-bit weights are not supported (2, 4 or 8)")));
                 }
                 if gs == 0 || cols % gs != 0 || (gs * bits) % 32 != 0 {
                     return Err(bad(format!(
@@ -153,9 +151,7 @@ impl<'a> Mat<'a> {
                     ("biases", biases.len(), sbytes),
                 ] {
                     if len != want {
-                        return Err(bad(format!(
-                            "{name} has {len} bytes, the shape needs {want}"
-                        )));
+                        return Err(bad(format!("{name} has {len} bytes, the shape needs {want}")));
                     }
                 }
                 Ok(Mat::Quant(QuantMat {
@@ -174,10 +170,7 @@ impl<'a> Mat<'a> {
                 }
                 let want = rows * cols * dtype.size();
                 if data.len() != want {
-                    return Err(bad(format!(
-                        "data has {} bytes, the shape needs {want}",
-                        data.len()
-                    )));
+                    return Err(bad(format!("data has {} bytes, the shape needs {want}", data.len())));
                 }
                 Ok(Mat::Float(FloatMat {
                     dtype: *dtype,

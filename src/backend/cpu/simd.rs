@@ -20,9 +20,7 @@ use std::arch::x86_64::*;
 
 /// Whether this CPU runs these kernels.
 pub(crate) fn available() -> bool {
-    is_x86_feature_detected!("avx2")
-        && is_x86_feature_detected!("fma")
-        && is_x86_feature_detected!("f16c")
+    is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")
 }
 
 /// Whether the quantized kernels take this layout: groups of whole
@@ -229,11 +227,7 @@ unsafe fn float_kernel<const D: u8>(m: &FloatMat, a: &Acts, r0: usize, out: &mut
             let mut c = 0;
             while c + 32 <= cols {
                 for (vi, av) in acc.iter_mut().enumerate() {
-                    *av = _mm256_fmadd_ps(
-                        load8::<D>(w, c + 8 * vi),
-                        _mm256_loadu_ps(x.add(c + 8 * vi)),
-                        *av,
-                    );
+                    *av = _mm256_fmadd_ps(load8::<D>(w, c + 8 * vi), _mm256_loadu_ps(x.add(c + 8 * vi)), *av);
                 }
                 c += 32;
             }
@@ -300,14 +294,7 @@ unsafe fn gemm_block(w: &[f32], x: &[f32], n: usize, k: usize, out: &mut [f32]) 
 /// An `R`-row × `T`-token tile over the whole length `k`.
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-unsafe fn tile<const R: usize, const T: usize>(
-    w: &[f32],
-    x: &[f32],
-    k: usize,
-    t0: usize,
-    n: usize,
-    out: &mut [f32],
-) {
+unsafe fn tile<const R: usize, const T: usize>(w: &[f32], x: &[f32], k: usize, t0: usize, n: usize, out: &mut [f32]) {
     let (wp, xp) = (w.as_ptr(), x.as_ptr().add(t0 * k));
     let mut acc = [[_mm256_setzero_ps(); T]; R];
     let mut c = 0;

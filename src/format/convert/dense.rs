@@ -38,13 +38,7 @@ impl DenseWriter {
     }
 
     /// Reserve an aligned range for a tensor and record its entry.
-    fn alloc(
-        &mut self,
-        name: String,
-        shape: Vec<usize>,
-        dtype: Dtype,
-        quant: Option<(u32, usize)>,
-    ) -> Result<u64> {
+    fn alloc(&mut self, name: String, shape: Vec<usize>, dtype: Dtype, quant: Option<(u32, usize)>) -> Result<u64> {
         let offset = self.end.next_multiple_of(ALIGN);
         let size = (shape.iter().product::<usize>() * dtype.size()) as u64;
         self.end = offset + size;
@@ -111,9 +105,7 @@ impl DenseWriter {
                 self.write_at(&b, boff + (r0 * form.scale_row) as u64)?;
             }
             progress.inc((n * src.src_row_bytes()) as u64);
-            src.source_rows(r0..r0 + n)
-                .into_iter()
-                .for_each(|d| source.release(d));
+            src.source_rows(r0..r0 + n).into_iter().for_each(|d| source.release(d));
             Ok(())
         })
     }
@@ -137,9 +129,7 @@ impl DenseWriter {
     /// Size the file to its last tensor and flush it to disk; returns
     /// the bytes written.
     pub fn finish(&self) -> Result<u64> {
-        self.file
-            .set_len(self.end)
-            .map_err(|e| Error::io(&self.path, e))?;
+        self.file.set_len(self.end).map_err(|e| Error::io(&self.path, e))?;
         self.file.sync_all().map_err(|e| Error::io(&self.path, e))?;
         Ok(self.end)
     }

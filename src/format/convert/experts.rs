@@ -15,12 +15,7 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 
 /// Write one layer file under `dir`; returns its size in bytes.
-pub fn write_layer(
-    dir: &Path,
-    l: &ExpertLayer,
-    source: &Source,
-    progress: &Progress,
-) -> Result<u64> {
+pub fn write_layer(dir: &Path, l: &ExpertLayer, source: &Source, progress: &Progress) -> Result<u64> {
     let path = dir.join(EXPERTS_DIR).join(expert_file_name(l.layer));
     let size = l.layout.expert_size;
     let total = (l.experts.len() * size) as u64;
@@ -33,8 +28,7 @@ pub fn write_layer(
     for (k, form) in forms.iter().enumerate() {
         let c = &l.layout.components[3 * k..3 * k + 3];
         let rows = l.experts[0][k].rows;
-        let contiguous =
-            c[1].offset == c[0].offset + c[0].size && c[2].offset == c[1].offset + c[1].size;
+        let contiguous = c[1].offset == c[0].offset + c[0].size && c[2].offset == c[1].offset + c[1].size;
         if !contiguous
             || c[0].size != rows * form.weight_row
             || c[1].size != rows * form.scale_row
@@ -55,9 +49,7 @@ pub fn write_layer(
             let b = &mut rest[..c[2].size];
             m.encode_rows(l.target, &forms[k], 0..m.rows, head, s, b);
             progress.inc((m.rows * m.src_row_bytes()) as u64);
-            m.source_rows(0..m.rows)
-                .into_iter()
-                .for_each(|d| source.release(d));
+            m.source_rows(0..m.rows).into_iter().for_each(|d| source.release(d));
         }
         file.write_all_at(&buf, (e * size) as u64)
             .map_err(|err| Error::io(&path, err))

@@ -24,21 +24,10 @@ pub fn e4m3_to_f32(b: u8) -> f32 {
 
 /// Dequantize row `r` of an fp8 matrix `[rows, cols]` whose block
 /// multipliers are `scale_inv` `[ceil(rows/B0), ceil(cols/B1)]`.
-pub fn dequantize_row(
-    data: &[u8],
-    scale_inv: &[f32],
-    block: [usize; 2],
-    cols: usize,
-    r: usize,
-    out: &mut [f32],
-) {
+pub fn dequantize_row(data: &[u8], scale_inv: &[f32], block: [usize; 2], cols: usize, r: usize, out: &mut [f32]) {
     let scale_cols = cols.div_ceil(block[1]);
     let srow = &scale_inv[(r / block[0]) * scale_cols..(r / block[0] + 1) * scale_cols];
-    for (c, (o, &q)) in out
-        .iter_mut()
-        .zip(&data[r * cols..(r + 1) * cols])
-        .enumerate()
-    {
+    for (c, (o, &q)) in out.iter_mut().zip(&data[r * cols..(r + 1) * cols]).enumerate() {
         *o = bf16::from_f32(e4m3_to_f32(q) * srow[c / block[1]]).to_f32();
     }
 }

@@ -61,12 +61,7 @@ impl<'a> Planner<'a> {
             ));
         };
         let h = self.cfg.hidden_size;
-        let (hk, dk, hv, dv) = (
-            l.num_key_heads,
-            l.key_head_dim,
-            l.num_value_heads,
-            l.value_head_dim,
-        );
+        let (hk, dk, hv, dv) = (l.num_key_heads, l.key_head_dim, l.num_value_heads, l.value_head_dim);
         let a = format!("{p}.linear_attn");
         if self.src.has(&format!("{a}.in_proj_qkvz.weight")) {
             let r = hv / hk;
@@ -81,11 +76,7 @@ impl<'a> Planner<'a> {
             (0..hk).for_each(|g| z.extend(group(g, 2 * dk + r * dv, r * dv)));
             (0..hk).for_each(|g| b.extend(g * 2 * r..g * 2 * r + r));
             (0..hk).for_each(|g| av.extend(g * 2 * r + r..(g + 1) * 2 * r));
-            self.push_matrix(
-                &format!("{a}.in_proj_qkv"),
-                qkvz.select(&qkv),
-                Rule::Default,
-            );
+            self.push_matrix(&format!("{a}.in_proj_qkv"), qkvz.select(&qkv), Rule::Default);
             self.push_matrix(&format!("{a}.in_proj_z"), qkvz.select(&z), Rule::Default);
             self.push_matrix(&format!("{a}.in_proj_b"), ba.select(&b), Rule::Default);
             self.push_matrix(&format!("{a}.in_proj_a"), ba.select(&av), Rule::Default);
@@ -140,12 +131,7 @@ impl<'a> Planner<'a> {
         self.matrix(&format!("{s}.kv_a_proj_with_mqa"), kv_a, h, Rule::Default)?;
         self.norm(&format!("{s}.kv_a_layernorm.weight"), m.kv_lora_rank, false)?;
         let kv_b = nh * (m.qk_nope_head_dim + m.v_head_dim);
-        self.matrix(
-            &format!("{s}.kv_b_proj"),
-            kv_b,
-            m.kv_lora_rank,
-            Rule::Default,
-        )?;
+        self.matrix(&format!("{s}.kv_b_proj"), kv_b, m.kv_lora_rank, Rule::Default)?;
         self.matrix(&format!("{s}.o_proj"), h, nh * m.v_head_dim, Rule::Default)
     }
 
@@ -160,11 +146,7 @@ impl<'a> Planner<'a> {
     /// Router, shared experts and routed experts of MoE layer `i`.
     fn moe(&mut self, i: usize) -> Result<()> {
         let c = self.cfg;
-        let (h, e, s) = (
-            c.hidden_size,
-            c.num_experts,
-            c.shared_expert_intermediate_size,
-        );
+        let (h, e, s) = (c.hidden_size, c.num_experts, c.shared_expert_intermediate_size);
         let p = format!("model.layers.{i}.mlp");
         if c.arch == Arch::DeepseekV3 {
             self.matrix(&format!("{p}.gate"), e, h, Rule::Float)?;
@@ -205,11 +187,7 @@ impl<'a> Planner<'a> {
             let dn = self.load(&format!("{p}.experts.down_proj"), n, h, inter)?;
             for e in 0..n {
                 let at = e * 2 * inter;
-                experts.push([
-                    gu.slice(at, inter),
-                    gu.slice(at + inter, inter),
-                    dn.slice(e * h, h),
-                ]);
+                experts.push([gu.slice(at, inter), gu.slice(at + inter, inter), dn.slice(e * h, h)]);
             }
         } else if self.src.has(&format!("{p}.switch_mlp.gate_proj.weight")) {
             let x = format!("{p}.switch_mlp");
@@ -217,11 +195,7 @@ impl<'a> Planner<'a> {
             let u = self.load(&format!("{x}.up_proj.weight"), n, inter, h)?;
             let d = self.load(&format!("{x}.down_proj.weight"), n, h, inter)?;
             for e in 0..n {
-                experts.push([
-                    g.slice(e * inter, inter),
-                    u.slice(e * inter, inter),
-                    d.slice(e * h, h),
-                ]);
+                experts.push([g.slice(e * inter, inter), u.slice(e * inter, inter), d.slice(e * h, h)]);
             }
         } else {
             return Err(Error::MissingTensor {
@@ -244,11 +218,7 @@ impl<'a> Planner<'a> {
     /// How layer `i`'s experts are stored: repacked when the source is
     /// quantized (one width per layer), else quantized at the expert bits
     /// or kept as floats.
-    fn expert_form(
-        &mut self,
-        i: usize,
-        experts: &[[SrcMatrix<'a>; 3]],
-    ) -> Result<(Target, LayerLayout)> {
+    fn expert_form(&mut self, i: usize, experts: &[[SrcMatrix<'a>; 3]]) -> Result<(Target, LayerLayout)> {
         let (h, inter) = (self.cfg.hidden_size, self.cfg.moe_intermediate_size);
         let first = &experts[0][0];
         let q = first.quant_params();
@@ -263,10 +233,7 @@ impl<'a> Planner<'a> {
         }
         if let Some((bits, gs, sd)) = q {
             self.expert_group(i, gs)?;
-            return Ok((
-                Target::Repack,
-                LayerLayout::quantized_scales(h, inter, bits, gs, sd),
-            ));
+            return Ok((Target::Repack, LayerLayout::quantized_scales(h, inter, bits, gs, sd)));
         }
         let float = Target::Float(first.float_dtype());
         let gs = self.set.group_size;
@@ -281,16 +248,11 @@ impl<'a> Planner<'a> {
             }
             Some(bits) => {
                 self.expert_group(i, gs)?;
-                Target::Quantize {
-                    bits,
-                    group_size: gs,
-                }
+                Target::Quantize { bits, group_size: gs }
             }
         };
         let layout = match target {
-            Target::Quantize { bits, group_size } => {
-                LayerLayout::quantized(h, inter, bits, group_size)
-            }
+            Target::Quantize { bits, group_size } => LayerLayout::quantized(h, inter, bits, group_size),
             _ => LayerLayout::float(h, inter, first.float_dtype()),
         };
         Ok((target, layout))

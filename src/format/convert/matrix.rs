@@ -136,10 +136,7 @@ impl<'a> SrcMatrix<'a> {
         match &self.storage {
             Storage::Float { data, .. } | Storage::Fp8 { data, .. } => vec![data],
             Storage::Quant {
-                weight,
-                scales,
-                biases,
-                ..
+                weight, scales, biases, ..
             } => vec![weight, scales, biases],
         }
     }
@@ -218,11 +215,7 @@ impl<'a> SrcMatrix<'a> {
                 let es = dtype.size();
                 decode_into(*dtype, &data[p * c * es..(p + 1) * c * es], out);
             }
-            Storage::Fp8 {
-                data,
-                scale_inv,
-                block,
-            } => fp8::dequantize_row(data, scale_inv, *block, c, p, out),
+            Storage::Fp8 { data, scale_inv, block } => fp8::dequantize_row(data, scale_inv, *block, c, p, out),
             Storage::Quant {
                 bits,
                 group_size,
@@ -279,12 +272,9 @@ impl<'a> SrcMatrix<'a> {
                 })
             }
             Target::Quantize { bits, group_size } => (bits, group_size, Dtype::Bf16),
-            Target::Repack => self.quant_params().ok_or_else(|| {
-                Error::Convert(format!(
-                    "`{}` is not quantized and cannot be repacked",
-                    self.name
-                ))
-            })?,
+            Target::Repack => self
+                .quant_params()
+                .ok_or_else(|| Error::Convert(format!("`{}` is not quantized and cannot be repacked", self.name)))?,
         };
         Ok(OutForm {
             weight_dtype: Dtype::U32,

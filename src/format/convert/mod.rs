@@ -24,9 +24,7 @@ mod verify;
 pub use source::Source;
 
 use crate::error::{Error, Result};
-use crate::format::packed::{
-    Layout, Manifest, EXPERTS_DIR, LAYOUT_FILE, MANIFEST_FILE, WEIGHTS_FILE,
-};
+use crate::format::packed::{Layout, Manifest, EXPERTS_DIR, LAYOUT_FILE, MANIFEST_FILE, WEIGHTS_FILE};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use plan::{Item, Settings};
 use std::collections::BTreeMap;
@@ -113,9 +111,7 @@ fn check_bits_arg(bits: u32, flag: &str) -> Result<()> {
     if matches!(bits, 2 | 4 | 8 | 16) {
         Ok(())
     } else {
-        Err(Error::Invalid(format!(
-            "{flag} {bits}: use 2, 4, 8, or 16 (keep bf16)"
-        )))
+        Err(Error::Invalid(format!("{flag} {bits}: use 2, 4, 8, or 16 (keep bf16)")))
     }
 }
 
@@ -256,12 +252,7 @@ fn release(source: &Source, item: &Item) {
     let mut slices: Vec<&[u8]> = match item {
         Item::Matrix(m) => m.src.source_slices(),
         Item::Vector(v) => vec![v.src.data],
-        Item::Experts(l) => l
-            .experts
-            .iter()
-            .flatten()
-            .flat_map(|m| m.source_slices())
-            .collect(),
+        Item::Experts(l) => l.experts.iter().flatten().flat_map(|m| m.source_slices()).collect(),
     };
     slices.sort_by_key(|s| (s.as_ptr() as usize, s.len()));
     slices.dedup_by_key(|s| (s.as_ptr() as usize, s.len()));
@@ -280,12 +271,9 @@ fn write_json<T: serde::Serialize>(path: &Path, v: &T) -> Result<()> {
 
 /// `DST.tmp-<pid>`, beside `DST`.
 fn temp_path(dst: &Path) -> Result<PathBuf> {
-    let name = dst.file_name().ok_or_else(|| {
-        Error::Invalid(format!(
-            "destination {} has no directory name",
-            dst.display()
-        ))
-    })?;
+    let name = dst
+        .file_name()
+        .ok_or_else(|| Error::Invalid(format!("destination {} has no directory name", dst.display())))?;
     let mut tmp = name.to_os_string();
     tmp.push(format!(".tmp-{}", std::process::id()));
     Ok(dst.with_file_name(tmp))

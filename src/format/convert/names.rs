@@ -105,10 +105,7 @@ mod tests {
             normalize("language_model.model.norm.weight", &c),
             keep("model.norm.weight")
         );
-        assert_eq!(
-            normalize("language_model.lm_head.weight", &c),
-            keep("lm_head.weight")
-        );
+        assert_eq!(normalize("language_model.lm_head.weight", &c), keep("lm_head.weight"));
         assert_eq!(normalize("lm_head.weight", &c), keep("lm_head.weight"));
     }
 
@@ -125,18 +122,9 @@ mod tests {
             assert!(matches!(normalize(n, &c), Name::Skip(_)), "{n}");
         }
         // Layers past num_hidden_layers are MTP only for DeepSeek.
-        assert!(matches!(
-            normalize("model.layers.2.mlp.gate.weight", &c),
-            Name::Keep(_)
-        ));
+        assert!(matches!(normalize("model.layers.2.mlp.gate.weight", &c), Name::Keep(_)));
         let d = cfg("deepseek_v3");
-        assert!(matches!(
-            normalize("model.layers.2.mlp.gate.weight", &d),
-            Name::Skip(_)
-        ));
-        assert!(matches!(
-            normalize("model.layers.1.mlp.gate.weight", &d),
-            Name::Keep(_)
-        ));
+        assert!(matches!(normalize("model.layers.2.mlp.gate.weight", &d), Name::Skip(_)));
+        assert!(matches!(normalize("model.layers.1.mlp.gate.weight", &d), Name::Keep(_)));
     }
 }

@@ -110,13 +110,10 @@ pub fn build<'a>(src: &'a Source, set: Settings) -> Result<Plan<'a>> {
     }
     p.norm("model.norm.weight", h, true)?;
     if cfg.tie_word_embeddings {
-        let extra: Vec<String> = src
-            .names()
-            .filter(|n| n.starts_with("lm_head."))
-            .cloned()
-            .collect();
+        let extra: Vec<String> = src.names().filter(|n| n.starts_with("lm_head.")).cloned().collect();
         if !extra.is_empty() {
-            p.notes.push("lm_head is in the checkpoint, but tie_word_embeddings is true: embed_tokens is used".into());
+            p.notes
+                .push("lm_head is in the checkpoint, but tie_word_embeddings is true: embed_tokens is used".into());
             p.used.extend(extra);
         }
     } else {
@@ -200,10 +197,7 @@ impl<'a> Planner<'a> {
             .iter()
             .position(|l| l.attn == crate::config::AttnKind::Linear);
         let shape = first_linear
-            .and_then(|i| {
-                self.src
-                    .get(&format!("model.layers.{i}.linear_attn.conv1d.weight"))
-            })
+            .and_then(|i| self.src.get(&format!("model.layers.{i}.linear_attn.conv1d.weight")))
             .map(|t| t.shape.to_vec());
         match shape.as_deref() {
             Some([_, 1, k]) if *k > 1 => true,
@@ -226,20 +220,13 @@ impl<'a> Planner<'a> {
     /// The matrix whose weight tensor is `weight_name`, logical
     /// `[rows, cols]` per slice; `lead > 0` for stacked `[lead, rows, …]`
     /// tensors, which come back as `[lead·rows, cols]`.
-    pub fn load(
-        &mut self,
-        weight_name: &str,
-        lead: usize,
-        rows: usize,
-        cols: usize,
-    ) -> Result<SrcMatrix<'a>> {
+    pub fn load(&mut self, weight_name: &str, lead: usize, rows: usize, cols: usize) -> Result<SrcMatrix<'a>> {
         let t = self.require(weight_name)?;
         let base = weight_name.strip_suffix(".weight").unwrap_or(weight_name);
         let mut lead_dims = if lead > 0 { vec![lead] } else { vec![] };
         lead_dims.push(rows);
         let n = rows * lead.max(1);
-        let with_last =
-            |last: usize| -> Vec<usize> { lead_dims.iter().copied().chain([last]).collect() };
+        let with_last = |last: usize| -> Vec<usize> { lead_dims.iter().copied().chain([last]).collect() };
         if let Some(sc) = self.take(&format!("{base}.scales")) {
             let bi = self.require(&format!("{base}.biases"))?;
             let (bits, gs) = self.quant_shape(&t, &sc, &bi, &lead_dims, cols)?;
@@ -265,10 +252,7 @@ impl<'a> Planner<'a> {
             t.name.to_string(),
             n,
             cols,
-            Storage::Float {
-                dtype,
-                data: t.data,
-            },
+            Storage::Float { dtype, data: t.data },
         ))
     }
 
@@ -283,8 +267,7 @@ impl<'a> Planner<'a> {
         if lead > 0 {
             return Err(Error::Dtype {
                 name: t.name.to_string(),
-                dtype: "F8_E4M3 in a stacked expert tensor (only 2-D fp8 weights are supported)"
-                    .into(),
+                dtype: "F8_E4M3 in a stacked expert tensor (only 2-D fp8 weights are supported)".into(),
             });
         }
         if t.shape != [rows, cols] {
@@ -317,21 +300,11 @@ impl<'a> Planner<'a> {
 
     /// Bits and group size of an MLX-quantized tensor, from its shapes,
     /// checked against the config's `quantization` block.
-    fn quant_shape(
-        &self,
-        w: &Tensor,
-        s: &Tensor,
-        b: &Tensor,
-        lead: &[usize],
-        cols: usize,
-    ) -> Result<(u32, usize)> {
+    fn quant_shape(&self, w: &Tensor, s: &Tensor, b: &Tensor, lead: &[usize], cols: usize) -> Result<(u32, usize)> {
         if *w.dtype != StDtype::U32 {
             return Err(Error::Dtype {
                 name: w.name.to_string(),
-                dtype: format!(
-                    "{} (quantized weights with scales must be U32)",
-                    w.dtype.name()
-                ),
+                dtype: format!("{} (quantized weights with scales must be U32)", w.dtype.name()),
             });
         }
         if b.shape != s.shape || b.dtype != s.dtype {
@@ -460,11 +433,7 @@ impl<'a> Planner<'a> {
             self.src.dir.display(),
             self.cfg.model_type,
             shown.join(", "),
-            if left.len() > shown.len() {
-                ", …"
-            } else {
-                ""
-            }
+            if left.len() > shown.len() { ", …" } else { "" }
         )))
     }
 }

@@ -67,10 +67,7 @@ pub struct Source {
 impl Source {
     pub fn open(dir: &Path) -> Result<Source> {
         if !dir.is_dir() {
-            return Err(Error::Invalid(format!(
-                "{} is not a directory",
-                dir.display()
-            )));
+            return Err(Error::Invalid(format!("{} is not a directory", dir.display())));
         }
         let cpath = dir.join("config.json");
         let config_json: Value = read_json(&cpath)?;
@@ -108,10 +105,7 @@ impl Source {
                         if let Some(prev) = tensors.get(&n) {
                             return Err(Error::format(
                                 dir,
-                                format!(
-                                    "tensors `{}` and `{raw}` are the same tensor `{n}`",
-                                    prev.name
-                                ),
+                                format!("tensors `{}` and `{raw}` are the same tensor `{n}`", prev.name),
                             ));
                         }
                         tensors.insert(
@@ -199,9 +193,9 @@ fn shard_files(dir: &Path) -> Result<(Vec<PathBuf>, Option<BTreeMap<String, Stri
             .ok_or_else(|| Error::format(&ipath, "no `weight_map` object"))?;
         let mut map = BTreeMap::new();
         for (k, v) in wm {
-            let f = v.as_str().ok_or_else(|| {
-                Error::format(&ipath, format!("`weight_map.{k}` is not a file name"))
-            })?;
+            let f = v
+                .as_str()
+                .ok_or_else(|| Error::format(&ipath, format!("`weight_map.{k}` is not a file name")))?;
             if f.contains('/') || f.contains('\\') || f == ".." {
                 return Err(Error::format(
                     &ipath,
@@ -217,7 +211,9 @@ fn shard_files(dir: &Path) -> Result<(Vec<PathBuf>, Option<BTreeMap<String, Stri
             if !p.is_file() {
                 return Err(Error::format(
                     &p,
-                    format!("shard missing: {INDEX_FILE} lists `{f}`, but there is no such file (incomplete download?)"),
+                    format!(
+                        "shard missing: {INDEX_FILE} lists `{f}`, but there is no such file (incomplete download?)"
+                    ),
                 ));
             }
             out.push(p);
@@ -295,10 +291,7 @@ fn mlx_quant(root: &Value) -> Result<Option<MlxQuant>> {
         quant_field(q.get("bits").unwrap_or(&Value::Null), "quantization.bits")?,
         "quantization.bits",
     )?;
-    let group_size = quant_field(
-        q.get("group_size").unwrap_or(&Value::Null),
-        "quantization.group_size",
-    )?;
+    let group_size = quant_field(q.get("group_size").unwrap_or(&Value::Null), "quantization.group_size")?;
     let mut overrides = BTreeMap::new();
     for (k, v) in q {
         match v {

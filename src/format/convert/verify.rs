@@ -41,11 +41,7 @@ pub fn verify(dir: &Path, plan: &Plan) -> Result<usize> {
                 if let Some(i) = (0..n).find(|&i| !same(got[i], want[i] + one)) {
                     return Err(mismatch(
                         &v.name,
-                        format!(
-                            "element {i}: wrote {}, source gives {}",
-                            got[i],
-                            want[i] + one
-                        ),
+                        format!("element {i}: wrote {}, source gives {}", got[i], want[i] + one),
                     ));
                 }
             }
@@ -54,19 +50,11 @@ pub fn verify(dir: &Path, plan: &Plan) -> Result<usize> {
                     layout = Some(Layout::read(dir)?);
                 }
                 let Some(layout) = &layout else { continue };
-                let ll = layout.layer(l.layer).ok_or_else(|| {
-                    mismatch(
-                        &format!("layer {}", l.layer),
-                        "missing from layout.json".into(),
-                    )
-                })?;
+                let ll = layout
+                    .layer(l.layer)
+                    .ok_or_else(|| mismatch(&format!("layer {}", l.layer), "missing from layout.json".into()))?;
                 let n = l.experts.len();
-                ll.validate(
-                    l.layer,
-                    l.experts[0][2].rows,
-                    l.experts[0][0].rows,
-                    layout.group_size,
-                )?;
+                ll.validate(l.layer, l.experts[0][2].rows, l.experts[0][0].rows, layout.group_size)?;
                 let path = dir.join(EXPERTS_DIR).join(expert_file_name(l.layer));
                 let file = File::open(&path).map_err(|e| Error::io(&path, e))?;
                 let mut ids = vec![0, n / 2, n - 1];
@@ -109,38 +97,22 @@ fn same(a: f32, b: f32) -> bool {
 }
 
 /// Compare row `r` of the written matrix with the source.
-fn compare_row(
-    src: &SrcMatrix,
-    target: Target,
-    view: &MatrixView,
-    r: usize,
-    what: &str,
-) -> Result<()> {
+fn compare_row(src: &SrcMatrix, target: Target, view: &MatrixView, r: usize, what: &str) -> Result<()> {
     let cols = src.cols;
     let (mut got, mut want) = (vec![0f32; cols], vec![0f32; cols]);
     match (target, &view.data) {
         (
             Target::Repack,
             MatrixData::Quant {
-                weight,
-                scales,
-                biases,
-                ..
+                weight, scales, biases, ..
             },
         ) => {
             let (w, s, b) = src.quant_row(r);
-            let parts = [
-                (weight, w, "weight"),
-                (scales, s, "scales"),
-                (biases, b, "biases"),
-            ];
+            let parts = [(weight, w, "weight"), (scales, s, "scales"), (biases, b, "biases")];
             for (region, want, part) in parts {
                 let got = &region.bytes()[r * want.len()..(r + 1) * want.len()];
                 if got != want {
-                    return Err(mismatch(
-                        what,
-                        format!("row {r}: {part} bytes differ from the source"),
-                    ));
+                    return Err(mismatch(what, format!("row {r}: {part} bytes differ from the source")));
                 }
             }
             Ok(())
@@ -160,16 +132,8 @@ fn compare_row(
             let es = scale_dtype.size();
             let mut s = vec![0f32; gpr];
             let mut b = vec![0f32; gpr];
-            decode_into(
-                *scale_dtype,
-                &scales.bytes()[r * gpr * es..(r + 1) * gpr * es],
-                &mut s,
-            );
-            decode_into(
-                *scale_dtype,
-                &biases.bytes()[r * gpr * es..(r + 1) * gpr * es],
-                &mut b,
-            );
+            decode_into(*scale_dtype, &scales.bytes()[r * gpr * es..(r + 1) * gpr * es], &mut s);
+            decode_into(*scale_dtype, &biases.bytes()[r * gpr * es..(r + 1) * gpr * es], &mut b);
             // One step (rounding, plus clamping at the far edge of the
             // range) and the bf16 rounding of scale and bias.
             let levels = ((1u32 << bits) - 1) as f32;
@@ -179,10 +143,7 @@ fn compare_row(
                 if (got[c] - want[c]).abs() > bound || got[c].is_nan() != want[c].is_nan() {
                     return Err(mismatch(
                         what,
-                        format!(
-                            "row {r} col {c}: wrote {}, source {} (bound {bound})",
-                            got[c], want[c]
-                        ),
+                        format!("row {r} col {c}: wrote {}, source {} (bound {bound})", got[c], want[c]),
                     ));
                 }
             }
