@@ -436,7 +436,7 @@ impl ModelConfig {
                 "missing, but the model has dense MLP layers",
             ));
         }
-        if !(self.rope_theta > 0.0) {
+        if self.rope_theta.is_nan() || self.rope_theta <= 0.0 {
             return Err(Error::config("rope_theta", "must be positive"));
         }
         if self.arch != Arch::DeepseekV3 {

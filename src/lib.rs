@@ -10,10 +10,11 @@ pub mod format;
 pub use config::{Arch, ModelConfig};
 pub use error::{Error, Result};
 pub mod backend;
+pub mod engine;
 pub mod experts;
 pub mod model;
-pub mod engine;
 pub mod session;
+pub mod text;
 
 pub use engine::{Device, Model, Options};
 pub use session::Session;

@@ -160,8 +160,8 @@ fn checkpoints_follow_the_lru_rules() {
     let mut s = m.session().unwrap();
     s.set_max_checkpoints(3);
     s.checkpoint(0).unwrap();
-    for p in 0..5 {
-        s.eval_token(TOKENS[p], p).unwrap();
+    for (p, &t) in TOKENS[..5].iter().enumerate() {
+        s.eval_token(t, p).unwrap();
         s.checkpoint(p + 1).unwrap();
     }
     // Stored 0,1,2,3,4,5 with cap 3: 0 is never evicted; the oldest others go.

@@ -169,6 +169,7 @@ pub trait Backend: Send + Sync + Sized + 'static {
         y: &mut Self::Buf,
     ) -> Result<()>;
     /// Gated norm: `y[r] = rms_norm(x[r])·w · silu(z[r])`.
+    #[allow(clippy::too_many_arguments)]
     fn gated_rms_norm(
         &self,
         x: &Self::Buf,
@@ -209,6 +210,7 @@ pub trait Backend: Send + Sync + Sized + 'static {
         a: MlaArgs,
         out: &mut Self::Buf,
     ) -> Result<()>;
+    #[allow(clippy::too_many_arguments)]
     fn gated_delta(
         &self,
         qkv: &Self::Buf,

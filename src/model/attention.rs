@@ -89,8 +89,8 @@ impl<B: Backend> GqaWeights<B> {
             interleaved: false,
             mscale: 1.0,
         };
-        b.rope(&mut qn, &c.inv_freq, rope(h))?;
-        b.rope(&mut kn, &c.inv_freq, rope(kv))?;
+        b.rope(&mut qn, c.inv_freq, rope(h))?;
+        b.rope(&mut kn, c.inv_freq, rope(kv))?;
         let row = kv * hd;
         b.copy(&kn, k_cache, Strided::contiguous(n * row, 0, pos0 * row))?;
         b.copy(&v, v_cache, Strided::contiguous(n * row, 0, pos0 * row))?;

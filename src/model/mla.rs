@@ -103,7 +103,7 @@ impl<B: Backend> MlaWeights<B> {
             interleaved: m.rope_interleave,
             mscale: c.rope_mscale,
         };
-        b.rope(&mut q, &c.inv_freq, rope(h, qd))?;
+        b.rope(&mut q, c.inv_freq, rope(h, qd))?;
 
         let mut ckv = b.alloc(n * (r + dr))?; // [n, kvr | dr]
         b.linear(&self.kv_a, x, n, &mut ckv)?;
@@ -136,7 +136,7 @@ impl<B: Backend> MlaWeights<B> {
                 dst_stride: dr,
             },
         )?;
-        b.rope(&mut k_rot, &c.inv_freq, rope(1, dr))?;
+        b.rope(&mut k_rot, c.inv_freq, rope(1, dr))?;
         b.copy(&k_rot, kpe, Strided::contiguous(n * dr, 0, pos0 * dr))?;
 
         let mut o = b.alloc(n * h * dv)?;

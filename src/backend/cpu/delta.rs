@@ -33,8 +33,8 @@ pub fn gated_delta(
         for c in 0..conv_dim {
             let wc = &w.conv_w[c * kern..(c + 1) * kern];
             let mut acc = wc[kern - 1] * cur[c];
-            for j in 0..kern - 1 {
-                acc += wc[j] * st.conv[j * conv_dim + c];
+            for (j, w) in wc[..kern - 1].iter().enumerate() {
+                acc += w * st.conv[j * conv_dim + c];
             }
             x[c] = silu(acc);
         }

@@ -1,0 +1,131 @@
+// Types and helpers shared by every kernel. The kernels are compiled by
+// NVRTC at run time without any system header, so everything they use
+// beyond the CUDA built-ins is defined here.
+
+typedef unsigned int u32;
+typedef unsigned short u16;
+typedef unsigned long long u64;
+typedef long long i64;
+
+#define FULL_MASK 0xffffffffu
+#define NEG_INF (-__int_as_float(0x7f800000))
+
+__device__ __forceinline__ float bf16f(u16 h) { return __uint_as_float(((u32)h) << 16); }
+
+__device__ __forceinline__ float f16f(u16 h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(FULL_MASK, v, o));
+    return v;
+}
+
+__device__ __forceinline__ float silu_f(float x) { return x / (1.0f + expf(-x)); }
+__device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+// The sum of `v` over the block (blockDim.x a multiple of 32, at most
+// 1024); `sh` holds 32 floats. Every thread gets the total.
+__device__ float block_sum(float v, float* sh) {
+    const int w = threadIdx.x >> 5, l = threadIdx.x & 31, nw = blockDim.x >> 5;
+    v = warp_sum(v);
+    __syncthreads();
+    if (l == 0) sh[w] = v;
+    __syncthreads();
+    return warp_sum(l < nw ? sh[l] : 0.0f);
+}
+
+__device__ float block_max(float v, float* sh) {
+    const int w = threadIdx.x >> 5, l = threadIdx.x & 31, nw = blockDim.x >> 5;
+    v = warp_max(v);
+    __syncthreads();
+    if (l == 0) sh[w] = v;
+    __syncthreads();
+    return warp_max(l < nw ? sh[l] : NEG_INF);
+}
+
+// Weight formats; kept in step with `Format` in cuda/matrix.rs.
+#define FMT_F32 0
+#define FMT_BF16 1
+#define FMT_F16 2
+#define FMT_Q2 3
+#define FMT_Q4 4
+#define FMT_Q8 5
+// Added to a quantized format whose scales and biases are f16 (else bf16).
+#define FMT_F16_SCALES 8
+
+// A weight matrix `[rows, cols]` (one row per output). Quantized (MLX
+// affine): `w` holds packed u32 words `[rows, cols·bits/32]`, lowest bits
+// first, `s` and `b` the scales and biases `[rows, cols/group]`. Float:
+// `w` holds `[rows, cols]` of the format's type. `vec`: every row starts
+// 16-byte aligned and is a multiple of 16 bytes long.
+struct Mat {
+    u64 w, s, b;
+    int rows, cols, fmt, gs_shift, vec, pad;
+};
+
+// One weight row, as the dot-product loops see it.
+struct Row {
+    const char* w;   // the row's weights
+    const u16* s;    // its scales (quantized)
+    const u16* b;    // its biases (quantized)
+};
+
+__device__ __forceinline__ int row_bytes(int fmt, int cols) {
+    switch (fmt & 7) {
+        case FMT_F32: return cols * 4;
+        case FMT_BF16:
+        case FMT_F16: return cols * 2;
+        case FMT_Q2: return cols / 4;
+        case FMT_Q4: return cols / 2;
+        default: return cols;
+    }
+}
+
+__device__ __forceinline__ Row mat_row(const Mat& m, int r) {
+    Row row;
+    const int groups = m.cols >> m.gs_shift;
+    row.w = (const char*)m.w + (i64)r * row_bytes(m.fmt, m.cols);
+    row.s = (const u16*)m.s + (i64)r * groups;
+    row.b = (const u16*)m.b + (i64)r * groups;
+    return row;
+}
+
+template <int FMT>
+struct Fmt {
+    // Bits of a quantized element (0: float).
+    static const int BITS = FMT == FMT_Q2 ? 2 : FMT == FMT_Q4 ? 4 : FMT == FMT_Q8 ? 8 : 0;
+};
+
+__device__ __forceinline__ float scale_of(const u16* p, int g, bool f16s) {
+    return f16s ? f16f(p[g]) : bf16f(p[g]);
+}
+
+// Quantized level `k` of a word as an exact float (0 ≤ q < 2^BITS).
+template <int BITS>
+__device__ __forceinline__ float level(u32 word, int k) {
+    return __uint_as_float(0x4B000000u | ((word >> (BITS * k)) & ((1u << BITS) - 1))) - 8388608.0f;
+}
+
+// Element `c` of a row (any format, any alignment).
+template <int FMT, bool F16S>
+__device__ __forceinline__ float row_get(const Row& row, int c, int gs_shift) {
+    if (FMT == FMT_F32) return ((const float*)row.w)[c];
+    if (FMT == FMT_BF16) return bf16f(((const u16*)row.w)[c]);
+    if (FMT == FMT_F16) return f16f(((const u16*)row.w)[c]);
+    const int BITS = Fmt<FMT>::BITS;
+    const int epw = 32 / BITS;
+    const u32 word = ((const u32*)row.w)[c / epw];
+    const u32 q = (word >> (BITS * (c % epw))) & ((1u << BITS) - 1);
+    const int g = c >> gs_shift;
+    return fmaf((float)q, scale_of(row.s, g, F16S), scale_of(row.b, g, F16S));
+}

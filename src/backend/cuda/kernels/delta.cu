@@ -1,0 +1,122 @@
+// The GatedDeltaNet step (SPEC.md §5): a causal depthwise conv + SiLU over
+// the qkv channels, then the gated delta-rule recurrence per value head.
+
+#define DELTA_MAXK 8  // conv kernel length ≤ 8
+
+// One thread per channel, tokens in order. qkv [n, C] in; x [n, C] out
+// (after SiLU); conv_w [C, K]; state [K−1, C] (oldest first), updated.
+extern "C" __global__ void delta_conv(const float* qkv, const float* conv_w, float* state, float* x, int n, int C,
+                                      int K) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    float hist[DELTA_MAXK];
+#pragma unroll
+    for (int j = 0; j < DELTA_MAXK; j++) hist[j] = j < K - 1 ? state[(i64)j * C + c] : 0.0f;
+    float w[DELTA_MAXK];
+#pragma unroll
+    for (int j = 0; j < DELTA_MAXK; j++) w[j] = j < K - 1 ? conv_w[(i64)c * K + j] : 0.0f;
+    const float w_cur = conv_w[(i64)c * K + K - 1];
+    for (int t = 0; t < n; t++) {
+        const float cur = qkv[(i64)t * C + c];
+        float acc = w_cur * cur;
+#pragma unroll
+        for (int j = 0; j < DELTA_MAXK - 1; j++)
+            if (j < K - 1) acc += w[j] * hist[j];
+        x[(i64)t * C + c] = silu_f(acc);
+#pragma unroll
+        for (int j = 0; j < DELTA_MAXK - 1; j++)
+            if (j < K - 2) hist[j] = hist[j + 1];
+        if (K > 1) {
+#pragma unroll
+            for (int j = 0; j < DELTA_MAXK - 1; j++)
+                if (j == K - 2) hist[j] = cur;
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < DELTA_MAXK - 1; j++)
+        if (j < K - 1) state[(i64)j * C + c] = hist[j];
+}
+
+#define DELTA_RPW 4   // state rows per warp
+#define DELTA_MAXE 8  // key dims per lane: k_dim ≤ 256
+
+__device__ __forceinline__ float softplus_f(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+
+// The recurrence. x [n, C] (after the conv): q (Hk·Dk) | k (Hk·Dk) | v
+// (Hv·Dv) per token; a, b [n, Hv]; a_log, dt_bias [Hv]; ssm [Hv, Dv, Dk]
+// (row = value channel), updated; out [n, Hv·Dv]. Grid (Hv, Dv/16),
+// 128 threads: each warp keeps DELTA_RPW rows of the state in registers.
+extern "C" __global__ void __launch_bounds__(128)
+    delta_step(const float* x, const float* a_in, const float* b_in, const float* a_log, const float* dt_bias,
+               float* ssm, float* out, int n, int Hk, int Hv, int Dk, int Dv) {
+    const int h = blockIdx.x;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int row0 = (blockIdx.y * 4 + warp) * DELTA_RPW;
+    if (row0 >= Dv) return;
+    const int C = 2 * Hk * Dk + Hv * Dv;
+    const int kh = h / (Hv / Hk);
+    const float q_scale = 1.0f / sqrtf((float)Dk);
+    float S[DELTA_RPW][DELTA_MAXE];
+    float* sh = ssm + (i64)h * Dv * Dk;
+#pragma unroll
+    for (int r = 0; r < DELTA_RPW; r++)
+#pragma unroll
+        for (int i = 0; i < DELTA_MAXE; i++) {
+            const int c = lane + 32 * i;
+            S[r][i] = row0 + r < Dv && c < Dk ? sh[(i64)(row0 + r) * Dk + c] : 0.0f;
+        }
+    for (int t = 0; t < n; t++) {
+        const float* xt = x + (i64)t * C;
+        float q[DELTA_MAXE], k[DELTA_MAXE];
+        float qq = 0.0f, kk = 0.0f;
+#pragma unroll
+        for (int i = 0; i < DELTA_MAXE; i++) {
+            const int c = lane + 32 * i;
+            q[i] = c < Dk ? xt[kh * Dk + c] : 0.0f;
+            k[i] = c < Dk ? xt[Hk * Dk + kh * Dk + c] : 0.0f;
+            qq = fmaf(q[i], q[i], qq);
+            kk = fmaf(k[i], k[i], kk);
+        }
+        qq = warp_sum(qq);
+        kk = warp_sum(kk);
+        const float qf = 1.0f / sqrtf(qq + 1e-6f) * q_scale;
+        const float kf = 1.0f / sqrtf(kk + 1e-6f);
+#pragma unroll
+        for (int i = 0; i < DELTA_MAXE; i++) {
+            q[i] *= qf;
+            k[i] *= kf;
+        }
+        const float g = expf(-expf(a_log[h]) * softplus_f(a_in[(i64)t * Hv + h] + dt_bias[h]));
+        const float beta = sigmoid_f(b_in[(i64)t * Hv + h]);
+        const float* vt = xt + 2 * Hk * Dk + h * Dv;
+        float* ot = out + (i64)t * Hv * Dv + h * Dv;
+#pragma unroll
+        for (int r = 0; r < DELTA_RPW; r++) {
+            // S ← g·S; δ = β(v − S k); S ← S + δ kᵀ; o = S q
+            float sk = 0.0f;
+#pragma unroll
+            for (int i = 0; i < DELTA_MAXE; i++) {
+                S[r][i] *= g;
+                sk = fmaf(S[r][i], k[i], sk);
+            }
+            sk = warp_sum(sk);
+            const float vr = row0 + r < Dv ? vt[row0 + r] : 0.0f;
+            const float delta = beta * (vr - sk);
+            float o = 0.0f;
+#pragma unroll
+            for (int i = 0; i < DELTA_MAXE; i++) {
+                S[r][i] = fmaf(delta, k[i], S[r][i]);
+                o = fmaf(S[r][i], q[i], o);
+            }
+            o = warp_sum(o);
+            if (lane == 0 && row0 + r < Dv) ot[row0 + r] = o;
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < DELTA_RPW; r++)
+#pragma unroll
+        for (int i = 0; i < DELTA_MAXE; i++) {
+            const int c = lane + 32 * i;
+            if (row0 + r < Dv && c < Dk) sh[(i64)(row0 + r) * Dk + c] = S[r][i];
+        }
+}

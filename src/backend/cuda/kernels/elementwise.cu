@@ -1,0 +1,75 @@
+// Norms, element-wise ops, strided copies and RoPE.
+
+// y[r] = x[r] / sqrt(mean(x[r]²) + eps) · w, one block per row; with `z`
+// (not null) the gated form, times silu(z[r]).
+extern "C" __global__ void rms_norm(const float* x, const float* w, const float* z, float* y, int dim, float eps) {
+    __shared__ float sh[32];
+    const i64 base = (i64)blockIdx.x * dim;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+        const float v = x[base + i];
+        ss = fmaf(v, v, ss);
+    }
+    ss = block_sum(ss, sh);
+    const float inv = 1.0f / sqrtf(ss / (float)dim + eps);
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+        float v = x[base + i] * inv * w[i];
+        if (z) v *= silu_f(z[base + i]);
+        y[base + i] = v;
+    }
+}
+
+#define GRID_LOOP(i, len) \
+    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < (len); i += (i64)gridDim.x * blockDim.x)
+
+extern "C" __global__ void add(float* y, const float* x, i64 len) {
+    GRID_LOOP(i, len) y[i] += x[i];
+}
+
+// y[r·dim + i] += s_r · x[r·dim + i], s_r = scale[r] or sigmoid(scale[r]).
+extern "C" __global__ void add_scaled_rows(float* y, const float* x, const float* scale, i64 len, int dim, int sig) {
+    GRID_LOOP(i, len) {
+        const float s = scale[i / dim];
+        y[i] = fmaf(sig ? sigmoid_f(s) : s, x[i], y[i]);
+    }
+}
+
+extern "C" __global__ void swiglu(const float* g, const float* u, float* y, i64 len) {
+    GRID_LOOP(i, len) y[i] = silu_f(g[i]) * u[i];
+}
+
+extern "C" __global__ void sigmoid_mul(float* x, const float* g, i64 len) {
+    GRID_LOOP(i, len) x[i] *= sigmoid_f(g[i]);
+}
+
+// dst[dst_off + r·dst_stride + i] = src[src_off + r·src_stride + i].
+extern "C" __global__ void copy_strided(const float* src, float* dst, int rows, int width, i64 src_off,
+                                        i64 src_stride, i64 dst_off, i64 dst_stride) {
+    GRID_LOOP(i, (i64)rows * width) {
+        const i64 r = i / width, c = i % width;
+        dst[dst_off + r * dst_stride + c] = src[src_off + r * src_stride + c];
+    }
+}
+
+// Rotary embedding in place over x viewed as [n_tokens, token_stride] with
+// heads at h·head_stride; channels rot_off..rot_off+rot_dim rotate.
+extern "C" __global__ void rope(float* x, const float* inv_freq, int n_tokens, int n_heads, int head_stride,
+                                int token_stride, int rot_off, int rot_dim, int pos0, int interleaved,
+                                float mscale) {
+    const int half = rot_dim / 2;
+    GRID_LOOP(i, (i64)n_tokens * n_heads * half) {
+        const int j = (int)(i % half);
+        const i64 th = i / half;
+        const int h = (int)(th % n_heads), t = (int)(th / n_heads);
+        const float ang = (float)(pos0 + t) * inv_freq[j];
+        float s, c;
+        sincosf(ang, &s, &c);
+        c *= mscale;
+        s *= mscale;
+        const i64 base = (i64)t * token_stride + (i64)h * head_stride + rot_off;
+        const int i0 = interleaved ? 2 * j : j, i1 = interleaved ? 2 * j + 1 : j + half;
+        const float x0 = x[base + i0], x1 = x[base + i1];
+        x[base + i0] = x0 * c - x1 * s;
+        x[base + i1] = x1 * c + x0 * s;
+    }
+}

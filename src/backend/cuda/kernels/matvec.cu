@@ -1,0 +1,262 @@
+// Matrix products `y[n, rows] = x[n, cols] · Wᵀ` for every weight format,
+// and the embedding lookup. One token (decode, routed experts): one warp
+// per MV_R rows, 16-byte loads of the packed weights, dequantized in
+// registers, a warp-shuffle sum at the end; x is read once per MV_R rows.
+// Several tokens: 64×64 output tiles through shared memory.
+
+#define MV_R 4  // rows per warp
+
+// Calls CALL with the compile-time format F and scale flag S of `fmt`.
+#define FOR_FMT(fmt, CALL)                                                          \
+    switch (fmt) {                                                                  \
+        case FMT_F32: { const int F = FMT_F32; const bool S = false; CALL; } break; \
+        case FMT_BF16: { const int F = FMT_BF16; const bool S = false; CALL; } break; \
+        case FMT_F16: { const int F = FMT_F16; const bool S = false; CALL; } break; \
+        case FMT_Q2: { const int F = FMT_Q2; const bool S = false; CALL; } break;   \
+        case FMT_Q4: { const int F = FMT_Q4; const bool S = false; CALL; } break;   \
+        case FMT_Q8: { const int F = FMT_Q8; const bool S = false; CALL; } break;   \
+        case FMT_Q2 + FMT_F16_SCALES: { const int F = FMT_Q2; const bool S = true; CALL; } break; \
+        case FMT_Q4 + FMT_F16_SCALES: { const int F = FMT_Q4; const bool S = true; CALL; } break; \
+        case FMT_Q8 + FMT_F16_SCALES: { const int F = FMT_Q8; const bool S = true; CALL; } break; \
+        default: break;                                                             \
+    }
+
+__device__ __forceinline__ float4 ldx4(const float* p) { return __ldg((const float4*)p); }
+
+// acc[r] += this lane's share of Σ_c W_r[c]·x[c] for MV_R rows; rows with
+// `live[r]` false contribute nothing. Every caller (one token at a time)
+// runs this same code, so a token's result never depends on how it was
+// batched.
+template <int FMT, bool F16S>
+__device__ __forceinline__ void rows_dot(const Row (&rows)[MV_R], const bool (&live)[MV_R], int cols,
+                                         int gs_shift, int vec, const float* x, float (&acc)[MV_R]) {
+    const int lane = threadIdx.x & 31;
+    if (!vec) {
+        for (int c = lane; c < cols; c += 32) {
+            const float xv = x[c];
+#pragma unroll
+            for (int r = 0; r < MV_R; r++)
+                if (live[r]) acc[r] = fmaf(row_get<FMT, F16S>(rows[r], c, gs_shift), xv, acc[r]);
+        }
+        return;
+    }
+    const int BITS = Fmt<FMT>::BITS;
+    // Elements per 16-byte chunk.
+    const int EPC = BITS ? 128 / BITS : (FMT == FMT_F32 ? 4 : 8);
+    const int chunks = cols / EPC;
+    for (int i = lane; i < chunks; i += 32) {
+        uint4 wv[MV_R];
+#pragma unroll
+        for (int r = 0; r < MV_R; r++) {
+            if (live[r]) {
+                wv[r] = __ldg((const uint4*)rows[r].w + i);
+            } else {
+                wv[r].x = wv[r].y = wv[r].z = wv[r].w = 0u;
+            }
+        }
+        if (BITS) {
+            const int EPW = BITS ? 32 / BITS : 1;  // elements per word
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const int c0 = (i * 4 + j) * EPW;
+                const int g = c0 >> gs_shift;
+                float sc[MV_R], bi[MV_R];
+                u32 wd[MV_R];
+#pragma unroll
+                for (int r = 0; r < MV_R; r++) {
+                    sc[r] = live[r] ? scale_of(rows[r].s, g, F16S) : 0.0f;
+                    bi[r] = live[r] ? scale_of(rows[r].b, g, F16S) : 0.0f;
+                    wd[r] = j == 0 ? wv[r].x : j == 1 ? wv[r].y : j == 2 ? wv[r].z : wv[r].w;
+                }
+#pragma unroll
+                for (int s4 = 0; s4 < EPW / 4; s4++) {
+                    const float4 xv = ldx4(x + c0 + 4 * s4);
+#pragma unroll
+                    for (int r = 0; r < MV_R; r++) {
+                        float a = acc[r];
+                        a = fmaf(fmaf(level<BITS ? BITS : 4>(wd[r], 4 * s4 + 0), sc[r], bi[r]), xv.x, a);
+                        a = fmaf(fmaf(level<BITS ? BITS : 4>(wd[r], 4 * s4 + 1), sc[r], bi[r]), xv.y, a);
+                        a = fmaf(fmaf(level<BITS ? BITS : 4>(wd[r], 4 * s4 + 2), sc[r], bi[r]), xv.z, a);
+                        a = fmaf(fmaf(level<BITS ? BITS : 4>(wd[r], 4 * s4 + 3), sc[r], bi[r]), xv.w, a);
+                        acc[r] = a;
+                    }
+                }
+            }
+        } else {
+            const int c0 = i * EPC;
+#pragma unroll
+            for (int s4 = 0; s4 < EPC / 4; s4++) {
+                const float4 xv = ldx4(x + c0 + 4 * s4);
+#pragma unroll
+                for (int r = 0; r < MV_R; r++) {
+                    float w0, w1, w2, w3;
+                    if (FMT == FMT_F32) {
+                        w0 = __uint_as_float(wv[r].x);
+                        w1 = __uint_as_float(wv[r].y);
+                        w2 = __uint_as_float(wv[r].z);
+                        w3 = __uint_as_float(wv[r].w);
+                    } else {
+                        const u32 lo = s4 == 0 ? wv[r].x : wv[r].z;
+                        const u32 hi = s4 == 0 ? wv[r].y : wv[r].w;
+                        if (FMT == FMT_BF16) {
+                            w0 = __uint_as_float(lo << 16);
+                            w1 = __uint_as_float(lo & 0xffff0000u);
+                            w2 = __uint_as_float(hi << 16);
+                            w3 = __uint_as_float(hi & 0xffff0000u);
+                        } else {
+                            w0 = f16f((u16)(lo & 0xffffu));
+                            w1 = f16f((u16)(lo >> 16));
+                            w2 = f16f((u16)(hi & 0xffffu));
+                            w3 = f16f((u16)(hi >> 16));
+                        }
+                    }
+                    float a = acc[r];
+                    a = fmaf(w0, xv.x, a);
+                    a = fmaf(w1, xv.y, a);
+                    a = fmaf(w2, xv.z, a);
+                    a = fmaf(w3, xv.w, a);
+                    acc[r] = a;
+                }
+            }
+        }
+    }
+}
+
+// y[rows] = W·x for one token: one warp per MV_R rows, 256 threads a block.
+template <int FMT, bool F16S>
+__device__ __forceinline__ void matvec_t(const Mat& m, const float* x, float* y) {
+    const int lane = threadIdx.x & 31;
+    const int r0 = ((blockIdx.x * blockDim.x + threadIdx.x) >> 5) * MV_R;
+    if (r0 >= m.rows) return;
+    Row rows[MV_R];
+    bool live[MV_R];
+    float acc[MV_R];
+#pragma unroll
+    for (int r = 0; r < MV_R; r++) {
+        live[r] = r0 + r < m.rows;
+        rows[r] = mat_row(m, live[r] ? r0 + r : r0);
+        acc[r] = 0.0f;
+    }
+    rows_dot<FMT, F16S>(rows, live, m.cols, m.gs_shift, m.vec, x, acc);
+#pragma unroll
+    for (int r = 0; r < MV_R; r++) {
+        const float v = warp_sum(acc[r]);
+        if (lane == 0 && live[r]) y[r0 + r] = v;
+    }
+}
+
+// y[rows] = W·x (one token); grid rows/(8·MV_R), 256 threads.
+extern "C" __global__ void __launch_bounds__(256) matvec(Mat m, const float* x, float* y) {
+    FOR_FMT(m.fmt, (matvec_t<F, S>(m, x, y)));
+}
+
+#define GM_BM 64
+#define GM_BN 64
+#define GM_BK 32
+
+// Eight consecutive weights of a row from column c (c a multiple of 8;
+// zeros past the end or for a dead row).
+template <int FMT, bool F16S>
+__device__ __forceinline__ void load8(const Row& row, bool live, int c, int cols, int gs_shift, float (&w)[8]) {
+    const int BITS = Fmt<FMT>::BITS;
+    if (live && BITS && c + 8 <= cols) {
+        const int g = c >> gs_shift;
+        const float sc = scale_of(row.s, g, F16S), bi = scale_of(row.b, g, F16S);
+        const u32* words = (const u32*)row.w;
+        if (BITS == 4) {
+            const u32 word = words[c >> 3];
+#pragma unroll
+            for (int e = 0; e < 8; e++) w[e] = fmaf(level<4>(word, e), sc, bi);
+        } else if (BITS == 8) {
+            const u32 a = words[c >> 2], b = words[(c >> 2) + 1];
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                w[e] = fmaf(level<8>(a, e), sc, bi);
+                w[4 + e] = fmaf(level<8>(b, e), sc, bi);
+            }
+        } else {
+            const u32 word = words[c >> 4];
+            const int k0 = c & 15;
+#pragma unroll
+            for (int e = 0; e < 8; e++) w[e] = fmaf(level<2>(word, k0 + e), sc, bi);
+        }
+        return;
+    }
+#pragma unroll
+    for (int e = 0; e < 8; e++) w[e] = live && c + e < cols ? row_get<FMT, F16S>(row, c + e, gs_shift) : 0.0f;
+}
+
+template <int FMT, bool F16S>
+__device__ __forceinline__ void gemm_t(const Mat& m, const float* x, float* y, int n) {
+    __shared__ __align__(16) float ws[GM_BK][GM_BM + 4];
+    __shared__ __align__(16) float xs[GM_BK][GM_BN + 4];
+    const int tid = threadIdx.x;
+    const int row0 = blockIdx.x * GM_BM, tok0 = blockIdx.y * GM_BN;
+    const int tr = tid >> 4, tc = tid & 15;
+    // Loader: row (and token) `lr` of the tile, columns lc..lc+8.
+    const int lr = tid >> 2, lc = (tid & 3) * 8;
+    const bool rlive = row0 + lr < m.rows;
+    const Row row = mat_row(m, rlive ? row0 + lr : 0);
+    const bool tlive = tok0 + lr < n;
+    const float* xrow = x + (i64)(tlive ? tok0 + lr : 0) * m.cols;
+    float acc[4][4];
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) acc[i][j] = 0.0f;
+    for (int k0 = 0; k0 < m.cols; k0 += GM_BK) {
+        float w8[8];
+        load8<FMT, F16S>(row, rlive, k0 + lc, m.cols, m.gs_shift, w8);
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+            ws[lc + e][lr] = w8[e];
+            const int c = k0 + lc + e;
+            xs[lc + e][lr] = tlive && c < m.cols ? xrow[c] : 0.0f;
+        }
+        __syncthreads();
+        float part[4][4];
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int j = 0; j < 4; j++) part[i][j] = 0.0f;
+#pragma unroll 8
+        for (int k = 0; k < GM_BK; k++) {
+            const float4 a = *(const float4*)&ws[k][tr * 4];
+            const float4 b = *(const float4*)&xs[k][tc * 4];
+            const float av[4] = {a.x, a.y, a.z, a.w};
+            const float bv[4] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+#pragma unroll
+                for (int j = 0; j < 4; j++) part[i][j] = fmaf(av[i], bv[j], part[i][j]);
+        }
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int j = 0; j < 4; j++) acc[i][j] += part[i][j];
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const int r = row0 + tr * 4 + i, t = tok0 + tc * 4 + j;
+            if (r < m.rows && t < n) y[(i64)t * m.rows + r] = acc[i][j];
+        }
+}
+
+// y[n, rows] = x[n, cols] · Wᵀ for any n: grid (rows/64, n/64), 256 threads.
+extern "C" __global__ void __launch_bounds__(256) gemm(Mat m, const float* x, float* y, int n) {
+    FOR_FMT(m.fmt, (gemm_t<F, S>(m, x, y, n)));
+}
+
+// y[t] = row tokens[t] of the table, dequantized: grid (cols/256, n).
+extern "C" __global__ void embed(Mat m, const u32* tokens, float* y) {
+    const int t = blockIdx.y;
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= m.cols) return;
+    const Row row = mat_row(m, (int)tokens[t]);
+    float v = 0.0f;
+    FOR_FMT(m.fmt, (v = row_get<F, S>(row, c, m.gs_shift)));
+    y[(i64)t * m.cols + c] = v;
+}

@@ -1,0 +1,117 @@
+//! `Tokenizer`: Hugging Face `tokenizers` reading the model's
+//! `tokenizer.json`, plus the special tokens and EOS ids from the files
+//! beside it.
+
+use super::files::{model_config_eos_ids, GenerationDefaults, TokenizerConfig};
+use crate::error::{Error, Result};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// A loaded tokenizer. Cheap to clone (the vocabulary is shared).
+#[derive(Clone)]
+pub struct Tokenizer {
+    inner: Arc<tokenizers::Tokenizer>,
+    /// The `tokenizer.json` it was read from (named in errors).
+    path: PathBuf,
+    bos_token: Option<String>,
+    eos_token: Option<String>,
+    eos_ids: Vec<u32>,
+    /// Ids `[0, vocab_size)` are valid, added tokens included.
+    vocab_size: usize,
+}
+
+impl std::fmt::Debug for Tokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tokenizer")
+            .field("path", &self.path)
+            .field("vocab_size", &self.vocab_size)
+            .field("eos_ids", &self.eos_ids)
+            .finish()
+    }
+}
+
+impl Tokenizer {
+    /// Read `dir/tokenizer.json` (required) and, where present,
+    /// `tokenizer_config.json`, `generation_config.json` and `config.json`.
+    ///
+    /// EOS ids come from `generation_config.json` `eos_token_id` (an int or a
+    /// list), else `config.json`'s, else the `eos_token` of
+    /// `tokenizer_config.json`.
+    pub fn from_dir(dir: impl AsRef<Path>) -> Result<Tokenizer> {
+        let dir = dir.as_ref();
+        let path = dir.join("tokenizer.json");
+        let bytes = std::fs::read(&path).map_err(|e| Error::io(&path, e))?;
+        let inner = tokenizers::Tokenizer::from_bytes(&bytes)
+            .map_err(|e| Error::format(&path, format!("not a usable tokenizer.json: {e}")))?;
+        let config = TokenizerConfig::from_dir(dir)?;
+        let generation = GenerationDefaults::from_dir(dir)?;
+        let mut tok = Tokenizer {
+            vocab_size: inner.get_vocab_size(true),
+            inner: Arc::new(inner),
+            path,
+            bos_token: config.bos_token,
+            eos_token: config.eos_token,
+            eos_ids: Vec::new(),
+        };
+        tok.eos_ids = match (generation.eos_token_id, model_config_eos_ids(dir)?) {
+            (Some(ids), _) | (None, Some(ids)) => ids,
+            (None, None) => tok.eos_token.iter().filter_map(|t| tok.token_to_id(t)).collect(),
+        };
+        Ok(tok)
+    }
+
+    /// Token ids of `text`. `add_special_tokens` applies the tokenizer's
+    /// post-processor (e.g. a BOS); a rendered chat prompt already holds its
+    /// special tokens and is encoded with `false`, as transformers does.
+    pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {
+        let enc = self
+            .inner
+            .encode(text, add_special_tokens)
+            .map_err(|e| Error::format(&self.path, format!("encode failed: {e}")))?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    /// Text of `ids`; `skip_special` leaves out special tokens.
+    pub fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String> {
+        if let Some(&bad) = ids.iter().find(|&&id| id as usize >= self.vocab_size) {
+            return Err(Error::TokenOutOfRange {
+                token: bad,
+                vocab: self.vocab_size,
+            });
+        }
+        self.inner
+            .decode(ids, skip_special)
+            .map_err(|e| Error::format(&self.path, format!("decode failed: {e}")))
+    }
+
+    pub fn token_to_id(&self, token: &str) -> Option<u32> {
+        self.inner.token_to_id(token)
+    }
+
+    pub fn id_to_token(&self, id: u32) -> Option<String> {
+        self.inner.id_to_token(id)
+    }
+
+    /// Number of ids, added tokens included.
+    pub fn vocab_size(&self) -> usize {
+        self.vocab_size
+    }
+
+    /// Ids that end generation.
+    pub fn eos_ids(&self) -> &[u32] {
+        &self.eos_ids
+    }
+
+    pub fn bos_token(&self) -> Option<&str> {
+        self.bos_token.as_deref()
+    }
+
+    pub fn eos_token(&self) -> Option<&str> {
+        self.eos_token.as_deref()
+    }
+
+    /// The `tokenizer.json` this was read from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
