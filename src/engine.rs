@@ -121,6 +121,27 @@ impl Model {
         })
     }
 
+    fn timer(&self) -> &crate::model::timing::PhaseTimer {
+        match &self.engine {
+            Engine::Cpu(n) => &n.timer,
+        }
+    }
+
+    /// Turn the per-phase timing of `--timing` on or off (it synchronizes
+    /// the device at phase boundaries, so it costs a little when on).
+    pub fn set_timing(&self, on: bool) {
+        self.timer().set_enabled(on);
+    }
+
+    /// Seconds spent per phase since the model was opened (or `reset_timing`).
+    pub fn phase_times(&self) -> crate::model::timing::PhaseTimes {
+        self.timer().snapshot()
+    }
+
+    pub fn reset_timing(&self) {
+        self.timer().reset();
+    }
+
     pub(crate) fn has_recurrent_layers(&self) -> bool {
         match &self.engine {
             Engine::Cpu(n) => n.has_recurrent_layers(),

@@ -145,6 +145,11 @@ pub trait Backend: Send + Sync + Sized + 'static {
 
     fn name(&self) -> &'static str;
 
+    /// Wait until all queued work is done (a no-op on synchronous backends).
+    fn synchronize(&self) -> Result<()> {
+        Ok(())
+    }
+
     /// A zeroed buffer of `len` f32.
     fn alloc(&self, len: usize) -> Result<Self::Buf>;
     fn upload(&self, data: &[f32]) -> Result<Self::Buf>;

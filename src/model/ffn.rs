@@ -1,6 +1,7 @@
 //! Feed-forward parts: the dense SwiGLU MLP, and the MoE block (router on
 //! the host, routed experts streamed by the backend, shared experts).
 
+use super::timing::Phase;
 use super::{load_mat, router, Ctx};
 use crate::backend::{Backend, MoeArgs};
 use crate::config::{Arch, ModelConfig};
@@ -83,28 +84,40 @@ impl<B: Backend> MoeBlock<B> {
     pub fn forward(&self, c: &Ctx<B>, x: &B::Buf, out: &mut B::Buf) -> Result<()> {
         let (b, cfg, n) = (c.b, c.cfg, c.n);
         let (hid, e) = (cfg.hidden_size, cfg.num_experts);
-        let mut logits = b.alloc(n * e)?;
-        b.linear(&self.router, x, n, &mut logits)?;
-        let mut host = vec![0.0f32; n * e];
-        b.download(&logits, 0, &mut host)?;
-        let routes = router::route(&cfg.routing, &host, n, cfg.num_experts_per_tok, self.bias.as_deref());
-        match &self.shared {
-            Some(mlp) => mlp.forward(b, x, n, out)?,
-            None => *out = b.alloc(n * hid)?,
-        }
-        if let Some(g) = &self.shared_gate {
-            // out = sigmoid(g·x) ⊙ shared(x), then the routed experts are added.
-            let mut gl = b.alloc(n)?;
-            b.linear(g, x, n, &mut gl)?;
-            let shared = std::mem::replace(out, b.alloc(n * hid)?);
-            b.add_scaled_rows(out, &shared, &gl, n, hid, true)?;
-        }
+        let routes = c.timer.measure(b, Phase::Routing, || {
+            let mut logits = b.alloc(n * e)?;
+            b.linear(&self.router, x, n, &mut logits)?;
+            let mut host = vec![0.0f32; n * e];
+            b.download(&logits, 0, &mut host)?;
+            Ok(router::route(
+                &cfg.routing,
+                &host,
+                n,
+                cfg.num_experts_per_tok,
+                self.bias.as_deref(),
+            ))
+        })?;
+        c.timer.measure(b, Phase::DenseFfn, || {
+            match &self.shared {
+                Some(mlp) => mlp.forward(b, x, n, out)?,
+                None => *out = b.alloc(n * hid)?,
+            }
+            if let Some(g) = &self.shared_gate {
+                // out = sigmoid(g·x) ⊙ shared(x), then the routed experts are added.
+                let mut gl = b.alloc(n)?;
+                b.linear(g, x, n, &mut gl)?;
+                let shared = std::mem::replace(out, b.alloc(n * hid)?);
+                b.add_scaled_rows(out, &shared, &gl, n, hid, true)?;
+            }
+            Ok(())
+        })?;
         let args = MoeArgs {
             layer: self.layer,
             n,
             hidden: hid,
             inter: cfg.moe_intermediate_size,
         };
-        b.moe(x, &routes, c.store, args, out)
+        c.timer
+            .measure(b, Phase::Experts, || b.moe(x, &routes, c.store, args, out))
     }
 }

@@ -11,6 +11,7 @@ mod mla;
 pub mod rope;
 pub mod router;
 mod state;
+pub mod timing;
 
 use crate::backend::{Backend, Strided};
 use crate::config::{Arch, AttnKind, FfnKind, ModelConfig};
@@ -21,6 +22,7 @@ use attention::GqaWeights;
 use ffn::{Mlp, MoeBlock};
 use linear_attn::{linear_cfg, DeltaNetWeights};
 use mla::{mla_cfg, MlaWeights};
+use timing::{Phase, PhaseTimer};
 
 pub(crate) fn load_mat<B: Backend>(b: &B, wf: &WeightsFile, base: &str, rows: usize, cols: usize) -> Result<B::Matrix> {
     b.matrix(&wf.matrix(base, rows, cols)?)
@@ -43,6 +45,7 @@ pub struct Ctx<'a, B: Backend> {
     /// Tokens in this chunk, and the position of the first.
     pub n: usize,
     pub pos0: usize,
+    pub timer: &'a PhaseTimer,
 }
 
 enum Mixer<B: Backend> {
@@ -91,6 +94,7 @@ pub struct Net<B: Backend> {
     inv_freq: B::Buf,
     rope_mscale: f32,
     attn_scale: f32,
+    pub timer: PhaseTimer,
 }
 
 impl<B: Backend> Net<B> {
@@ -156,6 +160,7 @@ impl<B: Backend> Net<B> {
             layers,
             rope_mscale,
             attn_scale,
+            timer: PhaseTimer::default(),
             cfg: cfg.clone(),
             b,
         })
@@ -267,37 +272,44 @@ impl<B: Backend> Net<B> {
             attn_scale: self.attn_scale,
             n,
             pos0,
+            timer: &self.timer,
         };
         let mut x = b.alloc(n * hid)?; // [n, hidden], the residual stream
         b.embed(&self.embed, tokens, &mut x)?;
         let mut xn = b.alloc(n * hid)?;
         let mut y = b.alloc(n * hid)?;
         for (layer, ls) in self.layers.iter().zip(st.layers.iter_mut()) {
-            b.rms_norm(&x, &layer.input_norm, n, hid, cfg.rms_norm_eps, &mut xn)?;
-            match (&layer.mixer, ls) {
-                (Mixer::Gqa(w), LayerState::Kv { k, v }) => w.forward(&ctx, &xn, k, v, &mut y)?,
-                (Mixer::Delta(w), LayerState::Delta { conv, ssm }) => w.forward(&ctx, &xn, conv, ssm, &mut y)?,
-                (Mixer::Mla(w), LayerState::Mla { latent, kpe }) => w.forward(&ctx, &xn, latent, kpe, &mut y)?,
-                _ => return Err(Error::Invalid("layer state does not match the layer kind".into())),
-            }
+            self.timer.measure(b, Phase::Attention, || {
+                b.rms_norm(&x, &layer.input_norm, n, hid, cfg.rms_norm_eps, &mut xn)?;
+                match (&layer.mixer, ls) {
+                    (Mixer::Gqa(w), LayerState::Kv { k, v }) => w.forward(&ctx, &xn, k, v, &mut y),
+                    (Mixer::Delta(w), LayerState::Delta { conv, ssm }) => w.forward(&ctx, &xn, conv, ssm, &mut y),
+                    (Mixer::Mla(w), LayerState::Mla { latent, kpe }) => w.forward(&ctx, &xn, latent, kpe, &mut y),
+                    _ => Err(Error::Invalid("layer state does not match the layer kind".into())),
+                }
+            })?;
             b.add(&mut x, &y, n * hid)?;
             b.rms_norm(&x, &layer.post_norm, n, hid, cfg.rms_norm_eps, &mut xn)?;
             match &layer.ffn {
-                Ffn::Dense(m) => m.forward(b, &xn, n, &mut y)?,
+                Ffn::Dense(m) => self
+                    .timer
+                    .measure(b, Phase::DenseFfn, || m.forward(b, &xn, n, &mut y))?,
                 Ffn::Moe(m) => m.forward(&ctx, &xn, &mut y)?,
             }
             b.add(&mut x, &y, n * hid)?;
         }
         let (first, rows) = if all { (0, n) } else { (n - 1, 1) };
-        let mut last = b.alloc(rows * hid)?;
-        b.copy(&x, &mut last, Strided::contiguous(rows * hid, first * hid, 0))?;
-        let mut normed = b.alloc(rows * hid)?;
-        b.rms_norm(&last, &self.final_norm, rows, hid, cfg.rms_norm_eps, &mut normed)?;
-        let mut logits = b.alloc(rows * cfg.vocab_size)?;
-        b.linear(self.lm_head.as_ref().unwrap_or(&self.embed), &normed, rows, &mut logits)?;
-        let mut out = vec![0.0f32; rows * cfg.vocab_size];
-        b.download(&logits, 0, &mut out)?;
-        Ok(out)
+        self.timer.measure(b, Phase::LmHead, || {
+            let mut last = b.alloc(rows * hid)?;
+            b.copy(&x, &mut last, Strided::contiguous(rows * hid, first * hid, 0))?;
+            let mut normed = b.alloc(rows * hid)?;
+            b.rms_norm(&last, &self.final_norm, rows, hid, cfg.rms_norm_eps, &mut normed)?;
+            let mut logits = b.alloc(rows * cfg.vocab_size)?;
+            b.linear(self.lm_head.as_ref().unwrap_or(&self.embed), &normed, rows, &mut logits)?;
+            let mut out = vec![0.0f32; rows * cfg.vocab_size];
+            b.download(&logits, 0, &mut out)?;
+            Ok(out)
+        })
     }
 
     pub fn arch(&self) -> Arch {
