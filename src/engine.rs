@@ -2,6 +2,7 @@
 //! weights made resident, the expert files opened for streaming.
 
 use crate::backend::cpu::CpuBackend;
+use crate::backend::cuda::{self, CacheReport, CacheSize, CacheStats, CudaBackend};
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::experts::{ExpertStore, IoMode};
@@ -12,21 +13,37 @@ use std::path::Path;
 /// Which device computes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Device {
-    /// CUDA when a GPU is present, CPU otherwise.
+    /// CUDA (device 0) when a driver and a GPU are present, CPU otherwise.
     #[default]
     Auto,
     Cpu,
+    /// CUDA device N.
+    Cuda(usize),
 }
 
 impl std::str::FromStr for Device {
     type Err = Error;
+    /// `auto`, `cpu`, `cuda` (device 0) or `cuda:N`.
     fn from_str(s: &str) -> Result<Device> {
+        let bad = || Error::Invalid(format!("unknown device `{s}` (expected auto, cpu, cuda or cuda:N)"));
         match s {
             "auto" => Ok(Device::Auto),
             "cpu" => Ok(Device::Cpu),
-            other => Err(Error::Invalid(format!(
-                "unknown device `{other}` (expected auto or cpu)"
-            ))),
+            "cuda" => Ok(Device::Cuda(0)),
+            other => match other.strip_prefix("cuda:") {
+                Some(n) => n.parse().map(Device::Cuda).map_err(|_| bad()),
+                None => Err(bad()),
+            },
+        }
+    }
+}
+
+impl std::fmt::Display for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Device::Auto => f.write_str("auto"),
+            Device::Cpu => f.write_str("cpu"),
+            Device::Cuda(n) => write!(f, "cuda:{n}"),
         }
     }
 }
@@ -38,6 +55,12 @@ pub struct Options {
     pub io_mode: IoMode,
     /// Threads of the expert I/O pool.
     pub io_threads: usize,
+    /// CUDA: device memory for routed experts (`Auto`: what is free after
+    /// the dense weights, less a margin).
+    pub expert_cache: CacheSize,
+    /// CUDA: copy the experts the previous token used in the next layer
+    /// while the current layer computes.
+    pub prefetch: bool,
 }
 
 impl Default for Options {
@@ -46,23 +69,104 @@ impl Default for Options {
             device: Device::Auto,
             io_mode: IoMode::default(),
             io_threads: 8,
+            expert_cache: CacheSize::Auto,
+            prefetch: true,
         }
     }
 }
 
 /// The backend-specific network (a closed set of backends).
 pub(crate) enum Engine {
-    Cpu(Net<CpuBackend>),
+    Cpu(Box<Net<CpuBackend>>),
+    Cuda(Box<Net<CudaBackend>>),
 }
 
 /// The backend-specific per-sequence state.
 pub(crate) enum EngineState {
     Cpu(State<CpuBackend>),
+    Cuda(State<CudaBackend>),
+}
+
+/// `$body` with `$n` bound to the network, whichever the backend.
+macro_rules! with_net {
+    ($engine:expr, $n:ident => $body:expr) => {
+        match $engine {
+            Engine::Cpu($n) => $body,
+            Engine::Cuda($n) => $body,
+        }
+    };
+}
+
+/// `$body` with the network and a state of the same backend.
+macro_rules! with_net_state {
+    ($engine:expr, $st:expr, $n:ident, $s:ident => $body:expr) => {
+        match ($engine, $st) {
+            (Engine::Cpu($n), EngineState::Cpu($s)) => $body,
+            (Engine::Cuda($n), EngineState::Cuda($s)) => $body,
+            _ => Err(Error::Invalid("a session state of another device".into())),
+        }
+    };
+}
+
+/// The device `Auto` resolves to, said on stderr.
+fn choose(device: Device) -> Device {
+    match device {
+        Device::Auto => match cuda::probe() {
+            Ok(_) => Device::Cuda(0),
+            Err(why) => {
+                eprintln!("device: cpu ({why})");
+                Device::Cpu
+            }
+        },
+        d => d,
+    }
+}
+
+fn open_cuda(
+    ordinal: usize,
+    config: &ModelConfig,
+    wf: &WeightsFile,
+    store: &ExpertStore,
+    opts: &Options,
+) -> Result<(Net<CudaBackend>, CacheReport)> {
+    let b = CudaBackend::new(ordinal)?;
+    eprintln!("device: cuda:{ordinal} ({})", b.device_name());
+    let net = Net::load(b, config, wf)?;
+    let moe: Vec<usize> = (0..config.layers.len())
+        .filter(|&i| config.layers[i].ffn == crate::config::FfnKind::Moe)
+        .collect();
+    let r = net.b.attach_experts(store, &moe, opts.expert_cache, opts.prefetch)?;
+    let gb = |b: u64| b as f64 / 1e9;
+    if r.resident {
+        eprintln!(
+            "expert cache: all {} experts resident ({:.2} GB, loaded in {:.1} s)",
+            r.experts,
+            gb(r.expert_bytes),
+            r.load_s
+        );
+    } else {
+        eprintln!(
+            "expert cache: {:.2} GB, {} of {} experts ({:.0}% of {:.2} GB); the rest stream from the host{}",
+            gb(r.budget_bytes),
+            r.slots,
+            r.experts,
+            100.0 * r.slots as f64 / r.experts.max(1) as f64,
+            gb(r.expert_bytes),
+            if opts.prefetch {
+                ", previous-token prefetch on"
+            } else {
+                ""
+            }
+        );
+    }
+    Ok((net, r))
 }
 
 /// A loaded model. Sessions borrow it; several may share one.
 pub struct Model {
     pub(crate) engine: Engine,
+    /// CUDA: how the expert cache was set up.
+    cache: Option<CacheReport>,
     pub(crate) store: ExpertStore,
     config: ModelConfig,
     name: String,
@@ -83,11 +187,24 @@ impl Model {
                 )?;
             }
         }
-        let engine = match opts.device {
-            Device::Auto | Device::Cpu => Engine::Cpu(Net::load(CpuBackend::new(), &config, &wf)?),
+        let mut cache = None;
+        let engine = match choose(opts.device) {
+            Device::Cuda(i) => match open_cuda(i, &config, &wf, &store, opts) {
+                Ok((net, r)) => {
+                    cache = Some(r);
+                    Engine::Cuda(Box::new(net))
+                }
+                Err(e) if opts.device == Device::Auto => {
+                    eprintln!("device: cpu (CUDA device {i} failed: {e})");
+                    Engine::Cpu(Box::new(Net::load(CpuBackend::new(), &config, &wf)?))
+                }
+                Err(e) => return Err(e),
+            },
+            _ => Engine::Cpu(Box::new(Net::load(CpuBackend::new(), &config, &wf)?)),
         };
         Ok(Model {
             engine,
+            cache,
             store,
             name: wf.manifest.model.clone(),
             config,
@@ -109,6 +226,32 @@ impl Model {
     pub fn device_name(&self) -> &'static str {
         match &self.engine {
             Engine::Cpu(_) => "cpu",
+            Engine::Cuda(_) => "cuda",
+        }
+    }
+    /// The GPU's name on CUDA.
+    pub fn gpu_name(&self) -> Option<&str> {
+        match &self.engine {
+            Engine::Cuda(n) => Some(n.b.device_name()),
+            Engine::Cpu(_) => None,
+        }
+    }
+    /// CUDA: how the expert cache was set up.
+    pub fn expert_cache(&self) -> Option<CacheReport> {
+        self.cache
+    }
+    /// CUDA: the expert cache's counters so far.
+    pub fn expert_cache_stats(&self) -> Option<CacheStats> {
+        match &self.engine {
+            Engine::Cuda(n) => n.b.cache_stats(),
+            Engine::Cpu(_) => None,
+        }
+    }
+    /// CUDA: host→device bandwidth from pinned memory, GB/s.
+    pub fn pinned_copy_bandwidth(&self) -> Option<Result<f64>> {
+        match &self.engine {
+            Engine::Cuda(n) => Some(n.b.pinned_copy_bandwidth()),
+            Engine::Cpu(_) => None,
         }
     }
     pub fn expert_store(&self) -> &ExpertStore {
@@ -118,13 +261,12 @@ impl Model {
     pub(crate) fn new_state(&self, capacity: usize) -> Result<EngineState> {
         Ok(match &self.engine {
             Engine::Cpu(n) => EngineState::Cpu(n.new_state(capacity)?),
+            Engine::Cuda(n) => EngineState::Cuda(n.new_state(capacity)?),
         })
     }
 
     fn timer(&self) -> &crate::model::timing::PhaseTimer {
-        match &self.engine {
-            Engine::Cpu(n) => &n.timer,
-        }
+        with_net!(&self.engine, n => &n.timer)
     }
 
     /// Turn the per-phase timing of `--timing` on or off (it synchronizes
@@ -143,32 +285,25 @@ impl Model {
     }
 
     pub(crate) fn has_recurrent_layers(&self) -> bool {
-        match &self.engine {
-            Engine::Cpu(n) => n.has_recurrent_layers(),
-        }
+        with_net!(&self.engine, n => n.has_recurrent_layers())
     }
 
     pub(crate) fn state_size(&self, len: usize) -> usize {
-        match &self.engine {
-            Engine::Cpu(n) => n.state_size(len),
-        }
+        with_net!(&self.engine, n => n.state_size(len))
     }
 
     pub(crate) fn save_state(&self, st: &EngineState, len: usize, out: &mut Vec<u8>) -> Result<()> {
-        match (&self.engine, st) {
-            (Engine::Cpu(n), EngineState::Cpu(s)) => n.save_state(s, len, out),
-        }
+        with_net_state!(&self.engine, st, n, s => n.save_state(s, len, out))
     }
 
     pub(crate) fn load_state(&self, buf: &[u8], max_len: usize) -> Result<(EngineState, usize)> {
         match &self.engine {
             Engine::Cpu(n) => n.load_state(buf, max_len).map(|(s, l)| (EngineState::Cpu(s), l)),
+            Engine::Cuda(n) => n.load_state(buf, max_len).map(|(s, l)| (EngineState::Cuda(s), l)),
         }
     }
 
     pub(crate) fn forward(&self, st: &mut EngineState, tokens: &[u32], pos0: usize, all: bool) -> Result<Vec<f32>> {
-        match (&self.engine, st) {
-            (Engine::Cpu(n), EngineState::Cpu(s)) => n.forward(s, &self.store, tokens, pos0, all),
-        }
+        with_net_state!(&self.engine, st, n, s => n.forward(s, &self.store, tokens, pos0, all))
     }
 }

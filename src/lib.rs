@@ -6,6 +6,7 @@
 pub mod config;
 pub mod error;
 pub mod format;
+pub mod generate;
 
 pub use config::{Arch, ModelConfig};
 pub use error::{Error, Result};

@@ -14,6 +14,10 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Generate text from a prompt, streaming it to stdout, with a summary on stderr.
+    Run(cli::run::RunArgs),
+    /// Chat with a model in the terminal.
+    Chat(cli::chat::ChatArgs),
     /// Convert a Hugging Face or MLX checkpoint into the packed streaming layout.
     Convert(cli::convert::ConvertArgs),
     /// Describe a source checkpoint or a packed model directory.
@@ -29,6 +33,8 @@ enum Command {
 fn main() {
     let cli = Cli::parse();
     let r = match cli.command {
+        Command::Run(a) => cli::run::run(a),
+        Command::Chat(a) => cli::chat::run(a),
         Command::Convert(a) => cli::convert::run(a),
         Command::Inspect(a) => cli::inspect::run(a),
         Command::Logits(a) => cli::logits::run(a),

@@ -1,7 +1,9 @@
 //! Every op of the `Backend` trait, run on fresh random inputs and
 //! compared with a naive reference (`backend_ops/reference.rs`), in the
 //! manner of llama.cpp's test-backend-ops. A backend is put under test
-//! with one line: `backend_ops_tests!(name, constructor);` at the bottom.
+//! with one line at the bottom: `backend_ops_tests!(name, backend);` with
+//! an `Option<&Backend>` (None: the tests print that they skipped, e.g. on
+//! a machine without a GPU).
 
 #[path = "backend_ops/reference.rs"]
 mod reference;
@@ -9,10 +11,12 @@ mod reference;
 mod util;
 
 use moeflux::backend::cpu::CpuBackend;
-use moeflux::backend::{
-    AttnArgs, Backend, DeltaArgs, DeltaState, DeltaWeights, MlaArgs, MoeArgs, RopeArgs, Routes, Strided,
-};
+use moeflux::backend::cuda::CudaBackend;
+use moeflux::backend::{AttnArgs, Backend, DeltaArgs, DeltaState, DeltaWeights, MlaArgs, MoeArgs, RopeArgs, Strided};
+use moeflux::config::Routing;
 use moeflux::format::Dtype;
+use moeflux::model::router::route;
+use std::sync::OnceLock;
 use util::{close, float_matrix, quant_matrix, write_experts, Rng};
 
 fn run<B: Backend>(b: &B, buf: &B::Buf, len: usize) -> Vec<f32> {
@@ -44,7 +48,7 @@ pub fn check_linear<B: Backend>(b: &B) {
     for &(bits, gs, rows, cols, f16) in &quant {
         let (view, dense) = quant_matrix(&mut rng, rows, cols, bits, gs, f16);
         let m = b.matrix(&view).expect("matrix");
-        for n in [1, 2, 3, 5, 8] {
+        for n in [1, 2, 3, 5, 8, 70] {
             let x = rng.vec(n * cols, 1.0);
             let mut y = b.alloc(n * rows).expect("alloc");
             b.linear(&m, &up(b, &x), n, &mut y).expect("linear");
@@ -360,37 +364,62 @@ pub fn check_gated_delta<B: Backend>(b: &B) {
     }
 }
 
-/// A tiny expert file in a tempdir, read through `ExpertStore`; routes
-/// that share experts across tokens and repeat none within a token.
+/// A tiny expert file in a tempdir, read through `ExpertStore`; random
+/// router logits routed by each routing the models use (the host router
+/// is the reference for the choice of experts); tokens that share experts.
 pub fn check_moe<B: Backend>(b: &B) {
     let mut rng = Rng::new(9);
-    for (bits, n, k) in [(4, 1, 2), (2, 3, 3), (8, 5, 2)] {
+    let cases = [
+        (4, 1, 2, Routing::Softmax { norm_topk_prob: false }),
+        (2, 3, 3, Routing::Softmax { norm_topk_prob: true }),
+        (
+            8,
+            5,
+            2,
+            Routing::NoauxTc {
+                n_group: 3,
+                topk_group: 2,
+                routed_scaling_factor: 2.5,
+                norm_topk_prob: true,
+            },
+        ),
+        (
+            4,
+            7,
+            3,
+            Routing::NoauxTc {
+                n_group: 2,
+                topk_group: 1,
+                routed_scaling_factor: 1.0,
+                norm_topk_prob: false,
+            },
+        ),
+    ];
+    for (bits, n, k, routing) in &cases {
+        let (bits, n, k) = (*bits, *n, *k);
         let (hidden, inter, ne, gs) = (128, 64, 6, 32);
         let dir = tempfile::tempdir().expect("tempdir");
         let (store, experts) = write_experts(&mut rng, dir.path(), hidden, inter, ne, bits, gs);
         let x = rng.vec(n * hidden, 1.0);
         let out0 = rng.vec(n * hidden, 1.0);
-        let mut ids = Vec::new();
-        for t in 0..n {
-            let first = rng.below(ne);
-            ids.extend((0..k).map(|j| ((first + j * (t + 1)) % ne) as u32));
-        }
-        let weights = rng.vec(n * k, 1.0);
-        let routes = Routes {
-            k,
-            ids: ids.clone(),
-            weights: weights.clone(),
-        };
+        let logits = rng.vec(n * ne, 3.0);
+        let bias = matches!(routing, Routing::NoauxTc { .. }).then(|| rng.vec(ne, 0.5));
+        let routes = route(routing, &logits, n, k, bias.as_deref());
+        let bias_buf = bias.as_ref().map(|v| up(b, v));
         let mut out = up(b, &out0);
         b.moe(
             &up(b, &x),
-            &routes,
+            &up(b, &logits),
+            bias_buf.as_ref(),
             &store,
             MoeArgs {
                 layer: 1,
                 n,
                 hidden,
                 inter,
+                n_experts: ne,
+                k,
+                routing,
             },
             &mut out,
         )
@@ -399,7 +428,7 @@ pub fn check_moe<B: Backend>(b: &B) {
         for t in 0..n {
             let xt = &x[t * hidden..(t + 1) * hidden];
             for j in 0..k {
-                let [gate, upm, down] = &experts[ids[t * k + j] as usize];
+                let [gate, upm, down] = &experts[routes.ids[t * k + j] as usize];
                 let g = reference::linear(gate, inter, hidden, xt, 1);
                 let u = reference::linear(upm, inter, hidden, xt, 1);
                 let act: Vec<f32> = g
@@ -409,12 +438,12 @@ pub fn check_moe<B: Backend>(b: &B) {
                     .collect();
                 let d = reference::linear(down, hidden, inter, &act, 1);
                 for (o, dv) in want[t * hidden..(t + 1) * hidden].iter_mut().zip(&d) {
-                    *o += weights[t * k + j] as f64 * dv;
+                    *o += routes.weights[t * k + j] as f64 * dv;
                 }
             }
         }
         close(
-            &format!("moe q{bits} n={n} k={k}"),
+            &format!("moe q{bits} n={n} k={k} {routing:?}"),
             &run(b, &out, n * hidden),
             &want,
             5e-6,
@@ -429,45 +458,87 @@ macro_rules! backend_ops_tests {
             use super::*;
             #[test]
             fn linear() {
-                check_linear(&$make);
+                match $make {
+                    Some(b) => check_linear(b),
+                    None => eprintln!("skipped: no CUDA device"),
+                }
             }
             #[test]
             fn embed() {
-                check_embed(&$make);
+                match $make {
+                    Some(b) => check_embed(b),
+                    None => eprintln!("skipped: no CUDA device"),
+                }
             }
             #[test]
             fn norms() {
-                check_norms(&$make);
+                match $make {
+                    Some(b) => check_norms(b),
+                    None => eprintln!("skipped: no CUDA device"),
+                }
             }
             #[test]
             fn elementwise() {
-                check_elementwise(&$make);
+                match $make {
+                    Some(b) => check_elementwise(b),
+                    None => eprintln!("skipped: no CUDA device"),
+                }
             }
             #[test]
             fn rope() {
-                check_rope(&$make);
+                match $make {
+                    Some(b) => check_rope(b),
+                    None => eprintln!("skipped: no CUDA device"),
+                }
             }
             #[test]
             fn attention() {
-                check_attention(&$make);
+                match $make {
+                    Some(b) => check_attention(b),
+                    None => eprintln!("skipped: no CUDA device"),
+                }
             }
             #[test]
             fn mla_attention() {
-                check_mla(&$make);
+                match $make {
+                    Some(b) => check_mla(b),
+                    None => eprintln!("skipped: no CUDA device"),
+                }
             }
             #[test]
             fn gated_delta() {
-                check_gated_delta(&$make);
+                match $make {
+                    Some(b) => check_gated_delta(b),
+                    None => eprintln!("skipped: no CUDA device"),
+                }
             }
             #[test]
             fn moe() {
-                check_moe(&$make);
+                match $make {
+                    Some(b) => check_moe(b),
+                    None => eprintln!("skipped: no CUDA device"),
+                }
             }
         }
     };
 }
 
-backend_ops_tests!(cpu, CpuBackend::new());
+backend_ops_tests!(cpu, Some(&CpuBackend::new()));
+
+/// The CUDA backend, opened once per test binary; None without a GPU.
+fn cuda() -> Option<&'static CudaBackend> {
+    static B: OnceLock<Option<CudaBackend>> = OnceLock::new();
+    B.get_or_init(|| match moeflux::backend::cuda::probe() {
+        Ok(_) => Some(CudaBackend::new(0).expect("open CUDA device 0")),
+        Err(why) => {
+            eprintln!("no CUDA device: {why}");
+            None
+        }
+    })
+    .as_ref()
+}
+
+backend_ops_tests!(cuda, cuda());
 
 /// The CPU kernels one by one (the scalar one is the reference for the
 /// SIMD ones), and the checks `linear` makes before reading any bytes.

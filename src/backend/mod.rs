@@ -1,11 +1,14 @@
 //! The `Backend` trait: a small set of coarse ops on backend-owned buffers,
 //! against which each architecture is written once. `cpu` implements it
-//! with rayon + SIMD; a CUDA backend implements the same ops on device
-//! buffers (the model code never touches a buffer's contents directly,
-//! except router logits, which it downloads to decide what to stream).
+//! with rayon + SIMD; `cuda` implements the same ops on device buffers.
+//! The model code never touches a buffer's contents: even routing happens
+//! inside the backend's `moe`, so that a GPU with every expert resident
+//! never waits for the host.
 
 pub mod cpu;
+pub mod cuda;
 
+use crate::config::Routing;
 use crate::error::Result;
 use crate::experts::ExpertStore;
 use crate::format::MatrixView;
@@ -126,15 +129,20 @@ pub struct Routes {
     pub weights: Vec<f32>,
 }
 
-/// One MoE step: `out[t] += Σ_k w[t,k] · expert_k(x[t])` over `n` tokens
-/// with x `[n, hidden]`, experts of width `inter` read from `store` for
-/// `layer`.
+/// One MoE step over `n` tokens: route each token from its router logits
+/// `[n, n_experts]` (`routing`, `k` experts per token, plus DeepSeek's
+/// correction bias where given), then `out[t] += Σ_j w[t,j] ·
+/// expert_j(x[t])` with x `[n, hidden]` and experts of width `inter` read
+/// from the store for `layer`.
 #[derive(Debug, Clone, Copy)]
-pub struct MoeArgs {
+pub struct MoeArgs<'a> {
     pub layer: usize,
     pub n: usize,
     pub hidden: usize,
     pub inter: usize,
+    pub n_experts: usize,
+    pub k: usize,
+    pub routing: &'a Routing,
 }
 
 pub trait Backend: Send + Sync + Sized + 'static {
@@ -227,6 +235,15 @@ pub trait Backend: Send + Sync + Sized + 'static {
         out: &mut Self::Buf,
     ) -> Result<()>;
 
-    /// Run the routed experts of one layer and add their weighted sum into `out`.
-    fn moe(&self, x: &Self::Buf, routes: &Routes, store: &ExpertStore, a: MoeArgs, out: &mut Self::Buf) -> Result<()>;
+    /// Route the tokens of one layer (`logits` `[n, n_experts]`, `bias`
+    /// `[n_experts]`), run their experts and add the weighted sum into `out`.
+    fn moe(
+        &self,
+        x: &Self::Buf,
+        logits: &Self::Buf,
+        bias: Option<&Self::Buf>,
+        store: &ExpertStore,
+        a: MoeArgs<'_>,
+        out: &mut Self::Buf,
+    ) -> Result<()>;
 }

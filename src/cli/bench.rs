@@ -1,8 +1,12 @@
 //! `moeflux bench`: prefill (pp) and decode (tg) throughput, repeated,
-//! with the expert traffic and the floor it implies.
+//! with the expert traffic and the floor it implies: on the CPU, expert
+//! bytes read per token over the memcpy bandwidth; on CUDA, expert bytes
+//! copied to the device per token over the pinned host→device bandwidth
+//! measured in the same run, with the expert cache's hit rate.
 
 use anyhow::Context;
 use clap::Args;
+use moeflux::backend::cuda::{CacheSize, CacheStats};
 use moeflux::experts::{IoMode, StatsSnapshot};
 use moeflux::{Model, Options};
 use std::path::{Path, PathBuf};
@@ -22,9 +26,23 @@ pub struct BenchArgs {
     /// Repetitions of each row.
     #[arg(short = 'r', long, default_value_t = 5)]
     pub reps: usize,
-    /// Device: auto or cpu.
+    /// Device: auto, cpu, cuda or cuda:N.
     #[arg(long, default_value = "auto")]
     pub device: moeflux::Device,
+    /// CUDA: device memory for routed experts: auto (free memory less a
+    /// margin), a size (8G, 512M) or a share of the expert bytes (25%).
+    #[arg(long, default_value = "auto")]
+    pub expert_cache: CacheSize,
+    /// CUDA: do not prefetch the previous token's experts of the next layer.
+    #[arg(long)]
+    pub no_prefetch: bool,
+    /// Untimed runs before the timed ones.
+    #[arg(long, default_value_t = 1)]
+    pub warmup: usize,
+    /// After the timed runs of each row, one more with the device
+    /// synchronized at phase boundaries, and the time per phase printed.
+    #[arg(long)]
+    pub timing: bool,
     /// How experts are read: pread, mmap or direct.
     #[arg(long, default_value = "pread")]
     pub io: IoMode,
@@ -86,6 +104,97 @@ struct Row {
     tps: Vec<f64>,
     bytes_per_tok: f64,
     read_gbps: f64,
+    /// CUDA: the expert cache's counters over the timed runs.
+    cache: Option<CacheStats>,
+    tokens: usize,
+    /// Seconds of the timed runs.
+    secs: f64,
+    /// `--timing`: seconds per phase of one extra run, and its tokens.
+    phases: Option<(moeflux::model::timing::PhaseTimes, usize)>,
+}
+
+/// Run a prompt (pp) or a token-by-token decode (tg) from position 0.
+fn run_once(model: &Model, toks: &[u32], pp: bool) -> anyhow::Result<()> {
+    let mut s = model.session()?;
+    if pp {
+        s.eval_prompt(toks, 0)?;
+    } else {
+        for (pos, &tk) in toks.iter().enumerate() {
+            s.eval_token(tk, pos)?;
+        }
+    }
+    Ok(())
+}
+
+fn print_phases(rows: &[Row]) {
+    for r in rows {
+        if let Some((p, n)) = &r.phases {
+            let ms = |s: f64| 1e3 * s / (*n).max(1) as f64;
+            println!(
+                "{} phases, ms/token (one synchronized run): attention {:.3} | routing {:.3} | experts {:.3} | dense ffn {:.3} | lm head {:.3}",
+                r.name,
+                ms(p.attention),
+                ms(p.routing),
+                ms(p.experts),
+                ms(p.dense_ffn),
+                ms(p.lm_head)
+            );
+        }
+    }
+}
+
+fn cache_delta(a: CacheStats, b: CacheStats) -> CacheStats {
+    CacheStats {
+        hits: b.hits - a.hits,
+        misses: b.misses - a.misses,
+        prefetched: b.prefetched - a.prefetched,
+        prefetch_hits: b.prefetch_hits - a.prefetch_hits,
+        bytes_copied: b.bytes_copied - a.bytes_copied,
+        stall_ns: b.stall_ns - a.stall_ns,
+        ..b
+    }
+}
+
+fn add_cache(a: Option<CacheStats>, d: CacheStats) -> CacheStats {
+    let a = a.unwrap_or(CacheStats {
+        slots: d.slots,
+        resident: d.resident,
+        ..CacheStats::default()
+    });
+    CacheStats {
+        hits: a.hits + d.hits,
+        misses: a.misses + d.misses,
+        prefetched: a.prefetched + d.prefetched,
+        prefetch_hits: a.prefetch_hits + d.prefetch_hits,
+        bytes_copied: a.bytes_copied + d.bytes_copied,
+        stall_ns: a.stall_ns + d.stall_ns,
+        ..a
+    }
+}
+
+/// What a CUDA row shows of the expert cache.
+struct CacheCols {
+    hit_rate: f64,
+    mb_per_tok: f64,
+    copy_gbps: f64,
+    floor: Option<f64>,
+}
+
+/// `copy_gbps` is the achieved streaming rate: bytes copied over the
+/// timed runs' wall time.
+fn cache_cols(c: &CacheStats, tokens: usize, secs: f64, h2d_gbps: f64) -> CacheCols {
+    let looked = (c.hits + c.misses).max(1) as f64;
+    let per_tok = c.bytes_copied as f64 / tokens.max(1) as f64;
+    CacheCols {
+        hit_rate: c.hits as f64 / looked,
+        mb_per_tok: per_tok / 1e6,
+        copy_gbps: if secs > 0.0 {
+            c.bytes_copied as f64 / secs / 1e9
+        } else {
+            0.0
+        },
+        floor: (per_tok > 0.0).then(|| h2d_gbps * 1e9 / per_tok),
+    }
 }
 
 fn mean_sd(v: &[f64]) -> (f64, f64) {
@@ -106,6 +215,8 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     let opts = Options {
         device: a.device,
         io_mode: a.io,
+        expert_cache: a.expert_cache,
+        prefetch: !a.no_prefetch,
         ..Options::default()
     };
     let t0 = Instant::now();
@@ -119,23 +230,24 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     let measure = |name: String, n_tok: usize, pp: bool| -> anyhow::Result<Row> {
         let mut tps = Vec::new();
         let mut traffic = StatsSnapshot::default();
+        let mut cache: Option<CacheStats> = None;
         let mut secs = 0.0;
+        for r in 0..a.warmup {
+            run_once(&model, &tokens(n_tok.max(1), vocab, 1000 + r as u64), pp)?;
+        }
         for r in 0..reps {
             if a.cold {
                 evict(&a.model)?;
             }
-            let mut s = model.session()?;
             let toks = tokens(n_tok.max(1), vocab, r as u64 + 1);
             let before = store.stats();
+            let cache_before = model.expert_cache_stats();
             let t = Instant::now();
-            if pp {
-                s.eval_prompt(&toks, 0)?;
-            } else {
-                for (pos, &tk) in toks.iter().enumerate() {
-                    s.eval_token(tk, pos)?;
-                }
-            }
+            run_once(&model, &toks, pp)?;
             let dt = t.elapsed().as_secs_f64();
+            if let (Some(b0), Some(b1)) = (cache_before, model.expert_cache_stats()) {
+                cache = Some(add_cache(cache, cache_delta(b0, b1)));
+            }
             let d = delta(before, store.stats());
             traffic.bytes_read += d.bytes_read;
             traffic.read_ns += d.read_ns;
@@ -143,11 +255,25 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             tps.push(n_tok as f64 / dt);
             eprintln!("  {name} run {}/{reps}: {:.2} tok/s", r + 1, n_tok as f64 / dt);
         }
+        let phases = if a.timing {
+            model.reset_timing();
+            model.set_timing(true);
+            let r = run_once(&model, &tokens(n_tok.max(1), vocab, 2000), pp);
+            model.set_timing(false);
+            r?;
+            Some((model.phase_times(), n_tok.max(1)))
+        } else {
+            None
+        };
         Ok(Row {
+            phases,
             name,
             tps,
             bytes_per_tok: traffic.bytes_read as f64 / (reps * n_tok) as f64,
             read_gbps: traffic.bytes_read as f64 / secs / 1e9,
+            cache,
+            tokens: reps * n_tok,
+            secs,
         })
     };
     if a.prompt > 0 {
@@ -157,6 +283,13 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         rows.push(measure(format!("tg{}", a.gen), a.gen, false)?);
     }
     let bw = copy_bandwidth();
+    let h2d = match model.pinned_copy_bandwidth() {
+        Some(r) => Some(r?),
+        None => None,
+    };
+    if let Some(h2d) = h2d {
+        return print_cuda(&a, &model, &rows, load_s, h2d);
+    }
 
     if a.json {
         let j: Vec<_> = rows
@@ -199,5 +332,72 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             floor
         );
     }
+    print_phases(&rows);
+    Ok(())
+}
+
+/// The CUDA table (or JSON): tok/s, the expert cache's hit rate, bytes
+/// streamed per token, the rate misses were served at, and the floor.
+fn print_cuda(a: &BenchArgs, model: &Model, rows: &[Row], load_s: f64, h2d: f64) -> anyhow::Result<()> {
+    let gpu = model.gpu_name().unwrap_or("?");
+    let cache = model.expert_cache();
+    let cache_desc = match cache {
+        Some(c) if c.resident => format!(
+            "all {} experts resident ({:.2} GB)",
+            c.experts,
+            c.expert_bytes as f64 / 1e9
+        ),
+        Some(c) => format!(
+            "{:.2} GB = {} of {} experts ({:.0}%){}",
+            c.budget_bytes as f64 / 1e9,
+            c.slots,
+            c.experts,
+            100.0 * c.slots as f64 / c.experts.max(1) as f64,
+            if a.no_prefetch { ", no prefetch" } else { ", prefetch" }
+        ),
+        None => "none".into(),
+    };
+    if a.json {
+        let j: Vec<_> = rows
+            .iter()
+            .map(|r| {
+                let (m, sd) = mean_sd(&r.tps);
+                let c = r.cache.unwrap_or_default();
+                let cols = cache_cols(&c, r.tokens, r.secs, h2d);
+                serde_json::json!({"test": r.name, "tok_s_mean": m, "tok_s_sd": sd, "runs": r.tps,
+                    "hits": c.hits, "misses": c.misses, "prefetched": c.prefetched, "prefetch_hits": c.prefetch_hits,
+                    "hit_rate": cols.hit_rate, "bytes_streamed_per_token": cols.mb_per_tok * 1e6,
+                    "copy_gb_s": cols.copy_gbps, "stall_s": c.stall_ns as f64 * 1e-9, "floor_tok_s": cols.floor})
+            })
+            .collect();
+        println!(
+            "{}",
+            serde_json::json!({"model": model.name(), "device": format!("{} ({gpu})", a.device), "expert_cache": cache_desc,
+                "load_s": load_s, "h2d_pinned_gb_s": h2d, "results": j})
+        );
+        return Ok(());
+    }
+    println!(
+        "model {} | device cuda ({gpu}) | expert cache {cache_desc} | load {load_s:.1} s | pinned H2D {h2d:.1} GB/s",
+        model.name()
+    );
+    println!("| test | tok/s | hit rate | MB streamed/token | copy GB/s | floor tok/s (H2D) |");
+    println!("|---|---|---|---|---|---|");
+    for r in rows {
+        let (m, sd) = mean_sd(&r.tps);
+        let c = r.cache.unwrap_or_default();
+        let cols = cache_cols(&c, r.tokens, r.secs, h2d);
+        let floor = cols.floor.map_or("-".to_string(), |f| format!("{f:.1}"));
+        println!(
+            "| {} | {:.2} ± {:.2} | {:.1}% | {:.1} | {:.1} | {floor} |",
+            r.name,
+            m,
+            sd,
+            100.0 * cols.hit_rate,
+            cols.mb_per_tok,
+            cols.copy_gbps
+        );
+    }
+    print_phases(rows);
     Ok(())
 }

@@ -139,6 +139,26 @@ impl ExpertFile {
         Ok(Region::whole(Arc::new(buf)))
     }
 
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Read the `dst.len()` bytes at `off` into `dst` (a caller-owned
+    /// buffer, e.g. pinned staging memory for device copies).
+    pub fn read_into(&self, off: u64, dst: &mut [u8]) -> Result<()> {
+        if let Some(map) = &self.map {
+            let start = off as usize;
+            dst.copy_from_slice(&map[start..start + dst.len()]);
+            return Ok(());
+        }
+        if self.direct {
+            let r = self.read_direct(off, dst.len())?;
+            dst.copy_from_slice(r.bytes());
+            return Ok(());
+        }
+        self.file.read_exact_at(dst, off).map_err(|e| Error::io(&self.path, e))
+    }
+
     /// Read the aligned blocks covering `[off, off + len)` into an aligned
     /// buffer and return the requested sub-range of it.
     fn read_direct(&self, off: u64, len: usize) -> Result<Region> {

@@ -104,6 +104,12 @@ impl ExpertStore {
         })
     }
 
+    /// A number that identifies this store for as long as it lives (moves
+    /// included): device caches use it to tell whose experts they hold.
+    pub fn id(&self) -> usize {
+        Arc::as_ptr(&self.stats) as usize
+    }
+
     pub fn num_experts(&self) -> usize {
         self.num_experts
     }
@@ -113,6 +119,12 @@ impl ExpertStore {
     /// The mode reads use (`Pread` after an `O_DIRECT` fallback).
     pub fn mode(&self) -> IoMode {
         self.mode
+    }
+
+    /// The expert file of `layer` (device caches map it to copy from the
+    /// page cache directly).
+    pub fn layer_path(&self, layer: usize) -> Result<&Path> {
+        self.layer_file(layer).map(|l| l.file.path())
     }
 
     pub fn layer_layout(&self, layer: usize) -> Result<&LayerLayout> {
@@ -154,6 +166,34 @@ impl ExpertStore {
             .read_ns
             .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
         Ok(blobs)
+    }
+
+    /// Read bytes `[off, off + dst.len())` of expert `e` of `layer` into
+    /// `dst` (callers that own the destination, such as pinned staging
+    /// memory for device copies, save a copy; several callers may read
+    /// pieces of one expert in parallel). Counted like
+    /// [`ExpertStore::read`], an expert for the piece that starts at 0;
+    /// `read_ns` adds up the time of each call.
+    pub fn read_into(&self, layer: usize, e: u32, off: usize, dst: &mut [u8]) -> Result<()> {
+        let lf = self.layer_file(layer)?;
+        let size = lf.layout.expert_size;
+        if e as usize >= self.num_experts || off + dst.len() > size {
+            return Err(Error::Invalid(format!(
+                "bytes {off}..{} of expert {e} of layer {layer} (the model has {} experts of {size} bytes)",
+                off + dst.len(),
+                self.num_experts
+            )));
+        }
+        let t0 = std::time::Instant::now();
+        lf.file.read_into(e as u64 * size as u64 + off as u64, dst)?;
+        if off == 0 {
+            self.stats.experts_read.fetch_add(1, Ordering::Relaxed);
+        }
+        self.stats.bytes_read.fetch_add(dst.len() as u64, Ordering::Relaxed);
+        self.stats
+            .read_ns
+            .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        Ok(())
     }
 
     pub fn stats(&self) -> StatsSnapshot {

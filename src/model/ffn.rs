@@ -1,8 +1,9 @@
-//! Feed-forward parts: the dense SwiGLU MLP, and the MoE block (router on
-//! the host, routed experts streamed by the backend, shared experts).
+//! Feed-forward parts: the dense SwiGLU MLP, and the MoE block (router
+//! logits, then routing and the routed experts in the backend's `moe`;
+//! shared experts).
 
 use super::timing::Phase;
-use super::{load_mat, router, Ctx};
+use super::{load_mat, Ctx};
 use crate::backend::{Backend, MoeArgs};
 use crate::config::{Arch, ModelConfig};
 use crate::error::Result;
@@ -39,8 +40,8 @@ impl<B: Backend> Mlp<B> {
 
 pub struct MoeBlock<B: Backend> {
     router: B::Matrix, // [n_experts, hidden]
-    /// DeepSeek `e_score_correction_bias` `[n_experts]`, kept on the host.
-    bias: Option<Vec<f32>>,
+    /// DeepSeek `e_score_correction_bias` `[n_experts]`.
+    bias: Option<B::Buf>,
     shared: Option<Mlp<B>>,
     /// Qwen: `[1, hidden]`, the shared expert is scaled by sigmoid(gate·x).
     shared_gate: Option<B::Matrix>,
@@ -51,7 +52,7 @@ impl<B: Backend> MoeBlock<B> {
     pub fn load(b: &B, wf: &WeightsFile, p: &str, layer: usize, cfg: &ModelConfig) -> Result<Self> {
         let hid = cfg.hidden_size;
         let bias = if cfg.arch == Arch::DeepseekV3 {
-            Some(wf.vector(&format!("{p}.mlp.gate.e_score_correction_bias"), cfg.num_experts)?)
+            Some(b.upload(&wf.vector(&format!("{p}.mlp.gate.e_score_correction_bias"), cfg.num_experts)?)?)
         } else {
             None
         };
@@ -84,18 +85,10 @@ impl<B: Backend> MoeBlock<B> {
     pub fn forward(&self, c: &Ctx<B>, x: &B::Buf, out: &mut B::Buf) -> Result<()> {
         let (b, cfg, n) = (c.b, c.cfg, c.n);
         let (hid, e) = (cfg.hidden_size, cfg.num_experts);
-        let routes = c.timer.measure(b, Phase::Routing, || {
-            let mut logits = b.alloc(n * e)?;
+        let logits = c.timer.measure(b, Phase::Routing, || {
+            let mut logits = b.alloc(n * e)?; // [n, n_experts]
             b.linear(&self.router, x, n, &mut logits)?;
-            let mut host = vec![0.0f32; n * e];
-            b.download(&logits, 0, &mut host)?;
-            Ok(router::route(
-                &cfg.routing,
-                &host,
-                n,
-                cfg.num_experts_per_tok,
-                self.bias.as_deref(),
-            ))
+            Ok(logits)
         })?;
         c.timer.measure(b, Phase::DenseFfn, || {
             match &self.shared {
@@ -116,8 +109,13 @@ impl<B: Backend> MoeBlock<B> {
             n,
             hidden: hid,
             inter: cfg.moe_intermediate_size,
+            n_experts: e,
+            k: cfg.num_experts_per_tok,
+            routing: &cfg.routing,
         };
-        c.timer
-            .measure(b, Phase::Experts, || b.moe(x, &routes, c.store, args, out))
+        // Routing happens inside `moe` (on the device where there is one).
+        c.timer.measure(b, Phase::Experts, || {
+            b.moe(x, &logits, self.bias.as_ref(), c.store, args, out)
+        })
     }
 }

@@ -29,9 +29,6 @@ impl Rng {
     pub fn vec(&mut self, len: usize, scale: f32) -> Vec<f32> {
         (0..len).map(|_| self.f32(scale)).collect()
     }
-    pub fn below(&mut self, n: usize) -> usize {
-        (self.u64() % n as u64) as usize
-    }
 }
 
 /// `‖got − want‖/‖want‖` and `max|got − want| / max|want|` must both be

@@ -9,7 +9,7 @@ mod qmatvec;
 #[cfg(target_arch = "x86_64")]
 mod simd;
 
-use super::{AttnArgs, Backend, DeltaArgs, DeltaState, DeltaWeights, MlaArgs, MoeArgs, RopeArgs, Routes, Strided};
+use super::{AttnArgs, Backend, DeltaArgs, DeltaState, DeltaWeights, MlaArgs, MoeArgs, RopeArgs, Strided};
 use crate::error::Result;
 use crate::experts::ExpertStore;
 use crate::format::MatrixView;
@@ -187,7 +187,25 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn moe(&self, x: &Vec<f32>, routes: &Routes, store: &ExpertStore, a: MoeArgs, out: &mut Vec<f32>) -> Result<()> {
-        moe::moe(x, routes, store, a, out)
+    fn moe(
+        &self,
+        x: &Vec<f32>,
+        logits: &Vec<f32>,
+        bias: Option<&Vec<f32>>,
+        store: &ExpertStore,
+        a: MoeArgs<'_>,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
+        let e = a.n_experts;
+        let (Some(l), Some(b)) = (logits.get(..a.n * e), bias.map_or(Some(&[][..]), |b| b.get(..e))) else {
+            return Err(crate::error::Error::Invalid(format!(
+                "moe: {} router logits and {:?} bias values for {} tokens of {e} experts",
+                logits.len(),
+                bias.map(|b| b.len()),
+                a.n
+            )));
+        };
+        let routes = crate::model::router::route(a.routing, l, a.n, a.k, bias.map(|_| b));
+        moe::moe(x, &routes, store, a, out)
     }
 }

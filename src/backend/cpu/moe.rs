@@ -7,7 +7,7 @@ use crate::backend::{MoeArgs, Routes};
 use crate::error::Result;
 use crate::experts::ExpertStore;
 
-pub fn moe(x: &[f32], routes: &Routes, store: &ExpertStore, a: MoeArgs, out: &mut [f32]) -> Result<()> {
+pub fn moe(x: &[f32], routes: &Routes, store: &ExpertStore, a: MoeArgs<'_>, out: &mut [f32]) -> Result<()> {
     let (h, inter) = (a.hidden, a.inter);
     let mut ids: Vec<u32> = routes.ids.clone();
     ids.sort_unstable();

@@ -26,11 +26,14 @@ extern "C" __global__ void add(float* y, const float* x, i64 len) {
     GRID_LOOP(i, len) y[i] += x[i];
 }
 
-// y[r·dim + i] += s_r · x[r·dim + i], s_r = scale[r] or sigmoid(scale[r]).
-extern "C" __global__ void add_scaled_rows(float* y, const float* x, const float* scale, i64 len, int dim, int sig) {
+// y[r·dim + i] += s_r · x[r·dim + i], s_r = scale[r] or sigmoid(scale[r]);
+// with `assign`, y (known to be zero) is not read: y = s_r · x.
+extern "C" __global__ void add_scaled_rows(float* y, const float* x, const float* scale, i64 len, int dim, int sig,
+                                           int assign) {
     GRID_LOOP(i, len) {
-        const float s = scale[i / dim];
-        y[i] = fmaf(sig ? sigmoid_f(s) : s, x[i], y[i]);
+        float s = scale[i / dim];
+        if (sig) s = sigmoid_f(s);
+        y[i] = assign ? s * x[i] : fmaf(s, x[i], y[i]);
     }
 }
 

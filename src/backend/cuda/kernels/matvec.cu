@@ -186,10 +186,10 @@ __device__ __forceinline__ void load8(const Row& row, bool live, int c, int cols
     for (int e = 0; e < 8; e++) w[e] = live && c + e < cols ? row_get<FMT, F16S>(row, c + e, gs_shift) : 0.0f;
 }
 
+// The tiles live in the kernel (one copy, whichever format runs).
 template <int FMT, bool F16S>
-__device__ __forceinline__ void gemm_t(const Mat& m, const float* x, float* y, int n) {
-    __shared__ __align__(16) float ws[GM_BK][GM_BM + 4];
-    __shared__ __align__(16) float xs[GM_BK][GM_BN + 4];
+__device__ __forceinline__ void gemm_t(const Mat& m, const float* x, float* y, int n, float (*ws)[GM_BM + 4],
+                                       float (*xs)[GM_BN + 4]) {
     const int tid = threadIdx.x;
     const int row0 = blockIdx.x * GM_BM, tok0 = blockIdx.y * GM_BN;
     const int tr = tid >> 4, tc = tid & 15;
@@ -247,7 +247,9 @@ __device__ __forceinline__ void gemm_t(const Mat& m, const float* x, float* y, i
 
 // y[n, rows] = x[n, cols] · Wᵀ for any n: grid (rows/64, n/64), 256 threads.
 extern "C" __global__ void __launch_bounds__(256) gemm(Mat m, const float* x, float* y, int n) {
-    FOR_FMT(m.fmt, (gemm_t<F, S>(m, x, y, n)));
+    __shared__ __align__(16) float ws[GM_BK][GM_BM + 4];
+    __shared__ __align__(16) float xs[GM_BK][GM_BN + 4];
+    FOR_FMT(m.fmt, (gemm_t<F, S>(m, x, y, n, ws, xs)));
 }
 
 // y[t] = row tokens[t] of the table, dequantized: grid (cols/256, n).

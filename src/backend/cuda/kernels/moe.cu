@@ -265,12 +265,63 @@ extern "C" __global__ void __launch_bounds__(256)
     FOR_FMT(L.fmt, (moe_down_t<F, S>(L, h, d, G, ids ? (const int*)0 : pairs, hidden, inter)));
 }
 
-// out[t] += Σ_j wts[t, j]·d[t·k + j], j in order.
-extern "C" __global__ void moe_combine(float* out, const float* d, const float* wts, int n, int k, int hidden) {
+// out[t] += Σ_j wts[t, j]·d[t·k + j], j in order (with `assign`, out is
+// known to be zero and is not read).
+extern "C" __global__ void moe_combine(float* out, const float* d, const float* wts, int n, int k, int hidden,
+                                       int assign) {
     GRID_LOOP(i, (i64)n * hidden) {
         const i64 t = i / hidden, c = i % hidden;
         float a = 0.0f;
         for (int j = 0; j < k; j++) a = fmaf(wts[t * k + j], d[(t * k + j) * hidden + c], a);
-        out[i] += a;
+        out[i] = assign ? a : out[i] + a;
     }
+}
+
+// moe_down and moe_combine in one launch, for device routing: block row
+// blockIdx.y is token t, whose k pairs run through down one after the
+// other; the same arithmetic as the two kernels. Grid (hidden/(8·MV_R), n).
+template <int FMT, bool F16S>
+__device__ __forceinline__ void moe_down_combine_t(const ELayout& L, const float* h, float* out, const float* wts,
+                                                   const u32* ids, const u64* table, int k, int hidden, int inter,
+                                                   int assign) {
+    const int lane = threadIdx.x & 31;
+    const int t = blockIdx.y;
+    const int r0 = ((blockIdx.x * blockDim.x + threadIdx.x) >> 5) * MV_R;
+    if (r0 >= hidden) return;
+    float comb[MV_R];
+    bool live[MV_R];
+#pragma unroll
+    for (int r = 0; r < MV_R; r++) {
+        comb[r] = 0.0f;
+        live[r] = r0 + r < hidden;
+    }
+    for (int j = 0; j < k; j++) {
+        const int p = t * k + j;
+        const char* base = (const char*)table[ids[p]];
+        Row rows[MV_R];
+        float acc[MV_R];
+#pragma unroll
+        for (int r = 0; r < MV_R; r++) {
+            rows[r] = expert_row(base, L, 2, live[r] ? r0 + r : r0, inter);
+            acc[r] = 0.0f;
+        }
+        rows_dot<FMT, F16S>(rows, live, inter, L.gs_shift, L.vec, h + (i64)p * inter, acc);
+        const float w = wts[p];
+#pragma unroll
+        for (int r = 0; r < MV_R; r++) comb[r] = fmaf(w, warp_sum(acc[r]), comb[r]);
+    }
+    if (lane == 0) {
+#pragma unroll
+        for (int r = 0; r < MV_R; r++) {
+            if (!live[r]) continue;
+            float* o = out + (i64)t * hidden + r0 + r;
+            *o = assign ? comb[r] : *o + comb[r];
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+    moe_down_combine(ELayout L, const float* h, float* out, const float* wts, const u32* ids, const u64* table, int k,
+                     int hidden, int inter, int assign) {
+    FOR_FMT(L.fmt, (moe_down_combine_t<F, S>(L, h, out, wts, ids, table, k, hidden, inter, assign)));
 }

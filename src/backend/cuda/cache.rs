@@ -1,0 +1,573 @@
+//! The device-side expert cache: slots of one expert each in GPU memory
+//! under a byte budget, filled by asynchronous host→device copies from
+//! pinned staging buffers on the copy stream and ordered against the
+//! compute stream with events (a slot is overwritten only after the
+//! kernels that read it are done; kernels read a slot only after its copy
+//! is). Eviction is CLOCK (second chance). When the budget holds every
+//! expert, all are loaded once at start and a device table maps (layer,
+//! expert) to its slot, so that routing never leaves the GPU.
+
+use super::buf::{DevMem, Pinned};
+use super::driver::{Check, Event, Gpu};
+use super::hostmap::{self, HostMap};
+use crate::error::{Error, Result};
+use crate::experts::ExpertStore;
+use cudarc::driver::sys;
+use rayon::prelude::*;
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+/// How much device memory the expert cache may take.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub enum CacheSize {
+    /// The free device memory after the dense weights, less a margin.
+    #[default]
+    Auto,
+    Bytes(u64),
+    /// A percentage of all the experts' bytes.
+    Percent(f64),
+}
+
+impl std::str::FromStr for CacheSize {
+    type Err = Error;
+    /// `auto`, `25%`, `8G`, `512M`, `1.5GiB`, `123456` (bytes).
+    fn from_str(s: &str) -> Result<CacheSize> {
+        let t = s.trim();
+        let bad = || {
+            Error::Invalid(format!(
+                "expert cache size `{s}`: expected auto, a percentage (25%) or a size (8G, 512M)"
+            ))
+        };
+        if t.eq_ignore_ascii_case("auto") {
+            return Ok(CacheSize::Auto);
+        }
+        if let Some(p) = t.strip_suffix('%') {
+            let v: f64 = p.trim().parse().map_err(|_| bad())?;
+            if !(0.0..=100.0).contains(&v) {
+                return Err(bad());
+            }
+            return Ok(CacheSize::Percent(v));
+        }
+        let lower = t.to_ascii_lowercase();
+        let num_end = lower
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(lower.len());
+        let (num, unit) = lower.split_at(num_end);
+        let v: f64 = num.parse().map_err(|_| bad())?;
+        let mult = match unit.trim() {
+            "" | "b" => 1.0,
+            "k" | "kb" | "kib" => 1024.0,
+            "m" | "mb" | "mib" => 1024.0 * 1024.0,
+            "g" | "gb" | "gib" => 1024.0 * 1024.0 * 1024.0,
+            "t" | "tb" | "tib" => 1024.0 * 1024.0 * 1024.0 * 1024.0,
+            _ => return Err(bad()),
+        };
+        Ok(CacheSize::Bytes((v * mult) as u64))
+    }
+}
+
+/// Counters of the expert cache.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CacheStats {
+    /// Expert lookups found in a slot.
+    pub hits: u64,
+    /// Expert lookups that had to be copied from the host.
+    pub misses: u64,
+    /// Experts copied ahead of need by prefetch.
+    pub prefetched: u64,
+    /// Hits on a slot that prefetch had filled.
+    pub prefetch_hits: u64,
+    /// Bytes copied host→device.
+    pub bytes_copied: u64,
+    /// Host time spent on misses and prefetches: issuing the copies, and
+    /// where the files are not registered with the driver, reading them
+    /// into pinned staging buffers and waiting for those.
+    pub stall_ns: u64,
+    pub slots: u64,
+    /// Every expert of the model is in a slot.
+    pub resident: bool,
+}
+
+#[derive(Default)]
+struct Counters {
+    hits: AtomicU64,
+    misses: AtomicU64,
+    prefetched: AtomicU64,
+    prefetch_hits: AtomicU64,
+    bytes: AtomicU64,
+    stall_ns: AtomicU64,
+}
+
+/// Experts per wave of copies; two waves of staging buffers alternate, so
+/// that reading one overlaps the DMA of the other.
+const WAVE: usize = 16;
+/// Experts are read in pieces, by as many threads as there are pieces in a
+/// wave; the copies are issued from one thread once the wave is read
+/// (driver calls on one stream from many threads contend). 512 KiB unless
+/// `MOEFLUX_COPY_PIECE_KB` says otherwise (for measuring).
+fn piece_bytes() -> usize {
+    static P: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *P.get_or_init(|| {
+        std::env::var("MOEFLUX_COPY_PIECE_KB")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .filter(|&k| k > 0)
+            .map_or(512 << 10, |k| k << 10)
+    })
+}
+
+/// One wave's staging buffers.
+struct Staging {
+    bufs: Vec<Pinned>,
+    /// Recorded on the copy stream after the wave's copies.
+    done: Event,
+    used: bool,
+}
+
+struct State {
+    slot_of: HashMap<(usize, u32), usize>,
+    owner: Vec<Option<(usize, u32)>>,
+    /// CLOCK reference bits.
+    referenced: Vec<bool>,
+    /// Filled by prefetch and not looked up since.
+    prefetched: Vec<bool>,
+    hand: usize,
+    /// Sequence number of the compute-stream work that last read each slot.
+    use_seq: Vec<u64>,
+    seq: u64,
+    /// Every sequence ≤ this is known complete.
+    done_seq: u64,
+    uses: VecDeque<(u64, Event)>,
+    staging: Vec<Staging>,
+    wave: usize,
+    /// Copies issued that the compute stream has not been made to wait for.
+    pending: bool,
+    copied: Event,
+    /// Per layer, the experts of the last single-token step (prefetch).
+    prev: Vec<Vec<u32>>,
+}
+
+pub(crate) struct ExpertCache {
+    gpu: Arc<Gpu>,
+    store_id: usize,
+    slot_bytes: usize,
+    n_slots: usize,
+    pool: DevMem,
+    resident: bool,
+    /// `[layers, experts]` slot addresses (resident only).
+    table: Option<DevMem>,
+    n_experts: usize,
+    /// MoE layers in order (prefetch looks at the next one).
+    moe_layers: Vec<usize>,
+    prefetch: bool,
+    /// The expert files registered with the driver, by layer: misses are
+    /// copied from the page cache directly (no staging).
+    host: Option<Vec<Option<HostMap>>>,
+    st: Mutex<State>,
+    c: Counters,
+}
+
+fn lock_err() -> Error {
+    Error::Backend {
+        backend: "cuda",
+        msg: "the expert cache lock was poisoned by a panic".into(),
+    }
+}
+
+impl ExpertCache {
+    /// A cache of `n_slots` slots for the experts of `moe_layers` in `store`;
+    /// all of them loaded (and the table built) when they fit.
+    pub fn new(
+        gpu: &Arc<Gpu>,
+        store: &ExpertStore,
+        moe_layers: &[usize],
+        n_slots: usize,
+        prefetch: bool,
+    ) -> Result<ExpertCache> {
+        let mut size = 0usize;
+        for &l in moe_layers {
+            size = size.max(store.layer_layout(l)?.expert_size);
+        }
+        let slot_bytes = size.div_ceil(256) * 256;
+        let n_experts = store.num_experts();
+        let total = moe_layers.len() * n_experts;
+        let n_slots = n_slots.min(total);
+        if n_slots == 0 || slot_bytes == 0 {
+            return Err(Error::Backend {
+                backend: "cuda",
+                msg: "the expert cache has room for no expert".into(),
+            });
+        }
+        let pool = DevMem::new(gpu, n_slots * slot_bytes)?;
+        let staging = (0..2)
+            .map(|_| {
+                Ok(Staging {
+                    bufs: (0..WAVE.min(n_slots))
+                        .map(|_| Pinned::new(gpu, slot_bytes))
+                        .collect::<Result<_>>()?,
+                    done: Event::new(gpu)?,
+                    used: false,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let n_layers = moe_layers.iter().max().map_or(0, |m| m + 1);
+        let resident = n_slots == total;
+        let host = if resident {
+            None
+        } else {
+            hostmap::map_all(gpu, store, moe_layers)
+        };
+        let st = State {
+            slot_of: HashMap::new(),
+            owner: vec![None; n_slots],
+            referenced: vec![false; n_slots],
+            prefetched: vec![false; n_slots],
+            hand: 0,
+            use_seq: vec![0; n_slots],
+            seq: 0,
+            done_seq: 0,
+            uses: VecDeque::new(),
+            staging,
+            wave: 0,
+            pending: false,
+            copied: Event::new(gpu)?,
+            prev: vec![Vec::new(); n_layers],
+        };
+        let mut cache = ExpertCache {
+            gpu: gpu.clone(),
+            store_id: store.id(),
+            slot_bytes,
+            n_slots,
+            pool,
+            resident,
+            table: None,
+            n_experts,
+            moe_layers: moe_layers.to_vec(),
+            prefetch,
+            host,
+            st: Mutex::new(st),
+            c: Counters::default(),
+        };
+        // The pool is allocated in stream order; the copy stream may use it
+        // only once that allocation is done.
+        gpu.sync()?;
+        if cache.resident {
+            cache.load_all(store, n_layers)?;
+        }
+        Ok(cache)
+    }
+
+    /// Copy every expert into its slot and upload the table.
+    fn load_all(&mut self, store: &ExpertStore, n_layers: usize) -> Result<()> {
+        let mut table = vec![0u64; n_layers * self.n_experts];
+        let all: Vec<u32> = (0..self.n_experts as u32).collect();
+        for &l in &self.moe_layers.clone() {
+            let addrs = self.fetch(store, l, &all)?;
+            table[l * self.n_experts..(l + 1) * self.n_experts].copy_from_slice(&addrs);
+        }
+        self.table = Some(DevMem::from_host(&self.gpu, bytemuck::cast_slice(&table))?);
+        self.gpu.sync()?;
+        // Loading is not traffic of the run that follows.
+        for a in [&self.c.hits, &self.c.misses, &self.c.bytes, &self.c.stall_ns] {
+            a.store(0, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    pub fn store_id(&self) -> usize {
+        self.store_id
+    }
+    pub fn resident(&self) -> bool {
+        self.resident
+    }
+    pub fn n_slots(&self) -> usize {
+        self.n_slots
+    }
+    /// Device address of layer `layer`'s row of the table (resident only).
+    pub fn table_row(&self, layer: usize) -> Option<u64> {
+        self.table
+            .as_ref()
+            .map(|t| t.ptr() + (8 * layer * self.n_experts) as u64)
+    }
+
+    fn addr(&self, slot: usize) -> u64 {
+        self.pool.ptr() + (slot * self.slot_bytes) as u64
+    }
+
+    pub fn stats(&self) -> CacheStats {
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        CacheStats {
+            hits: l(&self.c.hits),
+            misses: l(&self.c.misses),
+            prefetched: l(&self.c.prefetched),
+            prefetch_hits: l(&self.c.prefetch_hits),
+            bytes_copied: l(&self.c.bytes),
+            stall_ns: l(&self.c.stall_ns),
+            slots: self.n_slots as u64,
+            resident: self.resident,
+        }
+    }
+
+    /// The device addresses of `experts` (distinct) of `layer`, copying the
+    /// missing ones; the compute stream is made to wait for the copies.
+    /// At most [`ExpertCache::n_slots`] experts per call.
+    pub fn fetch(&self, store: &ExpertStore, layer: usize, experts: &[u32]) -> Result<Vec<u64>> {
+        let mut st = self.st.lock().map_err(|_| lock_err())?;
+        let addrs = self.lookup(&mut st, store, layer, experts, false)?;
+        if st.pending {
+            st.copied.record(self.gpu.copy)?;
+            st.copied.wait_on(self.gpu.stream)?;
+            st.pending = false;
+        }
+        Ok(addrs)
+    }
+
+    /// Mark the slots of `experts` of `layer` as read by the work queued on
+    /// the compute stream so far.
+    pub fn release(&self, layer: usize, experts: &[u32]) -> Result<()> {
+        let mut st = self.st.lock().map_err(|_| lock_err())?;
+        // Reuse the oldest event once its work is done.
+        let mut ev = None;
+        if st.uses.front().is_some_and(|(_, e)| e.done()) {
+            if let Some((s, e)) = st.uses.pop_front() {
+                st.done_seq = s;
+                ev = Some(e);
+            }
+        }
+        let ev = match ev {
+            Some(e) => e,
+            None => Event::new(&self.gpu)?,
+        };
+        ev.record(self.gpu.stream)?;
+        st.seq += 1;
+        let seq = st.seq;
+        st.uses.push_back((seq, ev));
+        for e in experts {
+            if let Some(&s) = st.slot_of.get(&(layer, *e)) {
+                st.use_seq[s] = seq;
+            }
+        }
+        Ok(())
+    }
+
+    /// After a single-token step of `layer` used `experts`: start copying
+    /// the experts the next MoE layer used at the previous token (matched
+    /// as a set: those already in a slot are left alone), and remember
+    /// `experts` for the next token.
+    pub fn predict(&self, store: &ExpertStore, layer: usize, experts: &[u32]) -> Result<()> {
+        if !self.prefetch || self.resident {
+            return Ok(());
+        }
+        let next = match self.moe_layers.iter().position(|&l| l == layer) {
+            Some(i) => self.moe_layers[(i + 1) % self.moe_layers.len()],
+            None => return Ok(()),
+        };
+        let mut st = self.st.lock().map_err(|_| lock_err())?;
+        if let Some(p) = st.prev.get_mut(layer) {
+            p.clear();
+            p.extend_from_slice(experts);
+        }
+        let want: Vec<u32> = st.prev.get(next).cloned().unwrap_or_default();
+        // Leave room: never let prefetch take more than a third of the slots.
+        if want.is_empty() || want.len() * 3 > self.n_slots {
+            return Ok(());
+        }
+        self.lookup(&mut st, store, next, &want, true)?;
+        Ok(())
+    }
+
+    /// Slots for `experts`: hits touched, misses given victims and copied.
+    fn lookup(
+        &self,
+        st: &mut State,
+        store: &ExpertStore,
+        layer: usize,
+        experts: &[u32],
+        prefetch: bool,
+    ) -> Result<Vec<u64>> {
+        if experts.len() > self.n_slots {
+            return Err(Error::Backend {
+                backend: "cuda",
+                msg: format!("{} experts asked of a cache of {} slots", experts.len(), self.n_slots),
+            });
+        }
+        let mut addrs = vec![0u64; experts.len()];
+        let mut protect = vec![false; self.n_slots];
+        let mut misses = Vec::new();
+        for (i, &e) in experts.iter().enumerate() {
+            match st.slot_of.get(&(layer, e)) {
+                Some(&s) => {
+                    addrs[i] = self.addr(s);
+                    protect[s] = true;
+                    if !prefetch {
+                        st.referenced[s] = true;
+                        self.c.hits.fetch_add(1, Ordering::Relaxed);
+                        if st.prefetched[s] {
+                            st.prefetched[s] = false;
+                            self.c.prefetch_hits.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                }
+                None => misses.push(i),
+            }
+        }
+        if misses.is_empty() {
+            return Ok(addrs);
+        }
+        let t0 = Instant::now();
+        // Victims by CLOCK, never a slot this call uses.
+        let mut latest_use = 0u64;
+        let mut jobs = Vec::with_capacity(misses.len()); // (expert, slot)
+        for &i in &misses {
+            let s = loop {
+                let h = st.hand;
+                st.hand = (h + 1) % self.n_slots;
+                if protect[h] {
+                    continue;
+                }
+                if st.referenced[h] {
+                    st.referenced[h] = false;
+                    continue;
+                }
+                break h;
+            };
+            if let Some(old) = st.owner[s].take() {
+                st.slot_of.remove(&old);
+            }
+            st.owner[s] = Some((layer, experts[i]));
+            st.slot_of.insert((layer, experts[i]), s);
+            st.referenced[s] = !prefetch;
+            st.prefetched[s] = prefetch;
+            protect[s] = true;
+            latest_use = latest_use.max(st.use_seq[s]);
+            addrs[i] = self.addr(s);
+            jobs.push((experts[i], s));
+        }
+        // The copy stream must not overwrite a slot before the kernels that
+        // read it are done.
+        self.wait_uses(st, latest_use)?;
+        let size = store.layer_layout(layer)?.expert_size;
+        if let Some(m) = self.host.as_ref().and_then(|h| h.get(layer)).and_then(|m| m.as_ref()) {
+            for &(e, s) in &jobs {
+                // SAFETY: the slot holds `slot_bytes` ≥ `size` bytes; the
+                // registered file holds expert `e` at `e·size`.
+                unsafe {
+                    sys::cuMemcpyHtoDAsync_v2(
+                        self.addr(s),
+                        m.at(e as usize * size) as *const std::ffi::c_void,
+                        size,
+                        self.gpu.copy,
+                    )
+                }
+                .check("copying an expert to the device")?;
+            }
+            self.account(st, &jobs, size, prefetch, t0);
+            return Ok(addrs);
+        }
+        let wave = st.staging[0].bufs.len();
+        for chunk in jobs.chunks(wave) {
+            let w = st.wave;
+            st.wave = (w + 1) % 2;
+            let stg = &st.staging[w];
+            if stg.used {
+                stg.done.synchronize()?;
+            }
+            // (job, offset, length) for every piece of the wave.
+            let piece = piece_bytes();
+            let pieces: Vec<(usize, usize, usize)> = (0..chunk.len())
+                .flat_map(|j| (0..size).step_by(piece).map(move |o| (j, o, piece.min(size - o))))
+                .collect();
+            pieces
+                .par_iter()
+                .map(|&(j, off, len)| {
+                    // SAFETY: the wave's last copies are complete (synchronized
+                    // above) and each piece is filled by one task.
+                    store.read_into(layer, chunk[j].0, off, unsafe { stg.bufs[j].range_mut(off, len) })
+                })
+                .collect::<Result<Vec<()>>>()?;
+            for (&(_, s), buf) in chunk.iter().zip(&stg.bufs) {
+                // SAFETY: the slot holds `slot_bytes` ≥ `size` bytes; the
+                // pinned source stays untouched until `done` completes.
+                unsafe {
+                    sys::cuMemcpyHtoDAsync_v2(
+                        self.addr(s),
+                        buf.as_ptr() as *const std::ffi::c_void,
+                        size,
+                        self.gpu.copy,
+                    )
+                }
+                .check("copying an expert to the device")?;
+            }
+            st.staging[w].done.record(self.gpu.copy)?;
+            st.staging[w].used = true;
+        }
+        self.account(st, &jobs, size, prefetch, t0);
+        Ok(addrs)
+    }
+
+    /// Count the copies just issued.
+    fn account(&self, st: &mut State, jobs: &[(u32, usize)], size: usize, prefetch: bool, t0: Instant) {
+        st.pending = true;
+        let n = jobs.len() as u64;
+        if prefetch {
+            self.c.prefetched.fetch_add(n, Ordering::Relaxed);
+        } else {
+            self.c.misses.fetch_add(n, Ordering::Relaxed);
+        }
+        self.c.bytes.fetch_add(n * size as u64, Ordering::Relaxed);
+        self.c
+            .stall_ns
+            .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    /// Make the copy stream wait for the compute work of sequence `seq`.
+    fn wait_uses(&self, st: &mut State, seq: u64) -> Result<()> {
+        while let Some((s, e)) = st.uses.front() {
+            if !e.done() {
+                break;
+            }
+            st.done_seq = *s;
+            st.uses.pop_front();
+        }
+        if seq <= st.done_seq {
+            return Ok(());
+        }
+        match st.uses.iter().find(|(s, _)| *s >= seq) {
+            Some((_, e)) => e.wait_on(self.gpu.copy),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for ExpertCache {
+    fn drop(&mut self) {
+        // The staging buffers and slots must outlive their copies.
+        if self.gpu.bind().is_ok() {
+            // SAFETY: the stream is valid while `gpu` lives.
+            unsafe {
+                let _ = sys::cuStreamSynchronize(self.gpu.copy);
+            }
+            let _ = self.gpu.sync();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse() {
+        assert_eq!("auto".parse::<CacheSize>().unwrap(), CacheSize::Auto);
+        assert_eq!("25%".parse::<CacheSize>().unwrap(), CacheSize::Percent(25.0));
+        assert_eq!("8G".parse::<CacheSize>().unwrap(), CacheSize::Bytes(8 << 30));
+        assert_eq!("512M".parse::<CacheSize>().unwrap(), CacheSize::Bytes(512 << 20));
+        assert_eq!("1.5GiB".parse::<CacheSize>().unwrap(), CacheSize::Bytes(3 << 29));
+        assert_eq!("4096".parse::<CacheSize>().unwrap(), CacheSize::Bytes(4096));
+        for bad in ["", "12Q", "150%", "-3G", "G"] {
+            assert!(bad.parse::<CacheSize>().is_err(), "{bad} was accepted");
+        }
+    }
+}

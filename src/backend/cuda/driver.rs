@@ -1,0 +1,419 @@
+//! The CUDA driver as the backend uses it: one context, a compute stream
+//! and a copy stream, the compiled kernels, and raw device memory,
+//! through cudarc's dynamically loaded driver API (nothing is linked at
+//! build time; a machine without a driver never gets here, see `probe`).
+
+use super::compile;
+use crate::error::{Error, Result};
+use cudarc::driver::{sys, CudaContext, DriverError};
+use std::collections::HashMap;
+use std::ffi::{c_void, CString};
+use std::sync::{Arc, Mutex};
+
+pub(crate) fn cuda_err(what: &str, e: DriverError) -> Error {
+    Error::Backend {
+        backend: "cuda",
+        msg: format!("{what}: {e}"),
+    }
+}
+
+/// `CUresult` → `Result`, naming the call that failed.
+pub(crate) trait Check {
+    fn check(self, what: &str) -> Result<()>;
+}
+
+impl Check for sys::CUresult {
+    fn check(self, what: &str) -> Result<()> {
+        self.result().map_err(|e| cuda_err(what, e))
+    }
+}
+
+/// Why CUDA cannot be used here, or the number of devices.
+pub fn probe() -> std::result::Result<usize, String> {
+    // SAFETY: only tries to open the shared libraries.
+    if !unsafe { sys::is_culib_present() } {
+        return Err("no CUDA driver (libcuda) found".into());
+    }
+    // SAFETY: as above.
+    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        return Err("the CUDA driver is present but NVRTC (libnvrtc) is not; install the CUDA toolkit's NVRTC or add its directory to LD_LIBRARY_PATH".into());
+    }
+    match CudaContext::device_count() {
+        Ok(n) if n > 0 => Ok(n as usize),
+        Ok(_) => Err("the CUDA driver reports no device".into()),
+        Err(e) => Err(format!("the CUDA driver failed to start: {e}")),
+    }
+}
+
+macro_rules! kernels {
+    ($($name:ident),* $(,)?) => {
+        /// Every kernel of the compiled module.
+        pub(crate) struct Kernels {
+            $(pub $name: sys::CUfunction,)*
+        }
+        impl Kernels {
+            fn load(module: sys::CUmodule) -> Result<Kernels> {
+                Ok(Kernels { $($name: function(module, stringify!($name))?,)* })
+            }
+        }
+    };
+}
+
+kernels!(
+    matvec,
+    gemm,
+    embed,
+    rms_norm,
+    add,
+    add_scaled_rows,
+    swiglu,
+    sigmoid_mul,
+    copy_strided,
+    rope,
+    attention,
+    mla_attention,
+    delta_conv,
+    delta_step,
+    moe_route,
+    moe_up,
+    moe_down,
+    moe_combine,
+    moe_down_combine,
+);
+
+fn function(module: sys::CUmodule, name: &str) -> Result<sys::CUfunction> {
+    let cname = CString::new(name).map_err(|_| Error::Invalid(format!("kernel name {name}")))?;
+    let mut f = std::ptr::null_mut();
+    // SAFETY: `module` is loaded and `cname` outlives the call.
+    unsafe { sys::cuModuleGetFunction(&mut f, module, cname.as_ptr()) }.check(&format!("kernel `{name}`"))?;
+    Ok(f)
+}
+
+/// Kernel arguments for [`Gpu::launch`]: pointers to each value, which
+/// must have the exact type of the kernel's parameter (u64 for pointers,
+/// i32 for `int`, i64 for `long long`, f32 for `float`, `#[repr(C)]`
+/// structs as declared in the `.cu` sources).
+#[macro_export]
+#[doc(hidden)]
+macro_rules! cuda_args {
+    ($($a:expr),* $(,)?) => {
+        &mut [$(&$a as *const _ as *mut ::std::ffi::c_void),*]
+    };
+}
+
+/// One GPU: its context, streams and kernels.
+pub(crate) struct Gpu {
+    ctx: Arc<CudaContext>,
+    /// Every kernel and every activation copy runs here, in order.
+    pub stream: sys::CUstream,
+    /// Host→device expert copies, ordered against `stream` with events.
+    pub copy: sys::CUstream,
+    module: sys::CUmodule,
+    pub k: Kernels,
+    pub name: String,
+    pub ordinal: usize,
+    /// Stream-ordered allocation (`cuMemAllocAsync`) is available.
+    async_alloc: bool,
+    /// Freed blocks by size, reused without a driver call: every use is
+    /// on the compute stream, so a block freed there may be handed out
+    /// again at once (later work on the stream runs after earlier uses).
+    free: Mutex<FreeList>,
+}
+
+#[derive(Default)]
+struct FreeList {
+    by_size: HashMap<usize, Vec<u64>>,
+    bytes: usize,
+}
+
+/// Most bytes kept in the free list; larger frees go to the driver.
+const FREE_LIST_BYTES: usize = 4 << 30;
+
+// SAFETY: the driver API is thread-safe; every entry point binds the
+// context to the calling thread first, and the raw handles are only
+// passed to the driver.
+unsafe impl Send for Gpu {}
+// SAFETY: as above.
+unsafe impl Sync for Gpu {}
+
+impl Gpu {
+    /// Open device `ordinal`, compile (or load from the disk cache) the kernels.
+    pub fn open(ordinal: usize) -> Result<Arc<Gpu>> {
+        if let Err(why) = probe() {
+            return Err(Error::Backend {
+                backend: "cuda",
+                msg: why,
+            });
+        }
+        let ctx = CudaContext::new(ordinal).map_err(|e| cuda_err(&format!("opening CUDA device {ordinal}"), e))?;
+        let name = ctx.name().map_err(|e| cuda_err("device name", e))?;
+        let cc = ctx
+            .compute_capability()
+            .map_err(|e| cuda_err("compute capability", e))?;
+        let image = compile::module_image(cc)?;
+        let async_alloc = ctx.has_async_alloc();
+        let mut module = std::ptr::null_mut();
+        // SAFETY: `image` is a complete CUBIN made by NVRTC for this device.
+        unsafe { sys::cuModuleLoadData(&mut module, image.as_ptr() as *const c_void) }.check("loading the kernels")?;
+        let k = Kernels::load(module)?;
+        let mut stream = std::ptr::null_mut();
+        let mut copy = std::ptr::null_mut();
+        let flags = sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32;
+        // SAFETY: plain stream creation in the bound context.
+        unsafe { sys::cuStreamCreate(&mut stream, flags) }.check("creating a stream")?;
+        // SAFETY: as above.
+        unsafe { sys::cuStreamCreate(&mut copy, flags) }.check("creating a stream")?;
+        if async_alloc {
+            // Keep freed memory in the pool: activations are allocated and
+            // freed many times per token.
+            let mut pool = std::ptr::null_mut();
+            // SAFETY: the device is valid; `keep` outlives the call.
+            unsafe {
+                sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device()).check("memory pool")?;
+                let mut keep = u64::MAX;
+                sys::cuMemPoolSetAttribute(
+                    pool,
+                    sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                    &mut keep as *mut u64 as *mut c_void,
+                )
+                .check("memory pool threshold")?;
+            }
+        }
+        Ok(Arc::new(Gpu {
+            ctx,
+            stream,
+            copy,
+            module,
+            k,
+            name,
+            ordinal,
+            async_alloc,
+            free: Mutex::new(FreeList::default()),
+        }))
+    }
+
+    /// Make this GPU's context current on the calling thread.
+    pub fn bind(&self) -> Result<()> {
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| cuda_err("binding the context", e))
+    }
+
+    /// (free, total) bytes of device memory.
+    pub fn mem_info(&self) -> Result<(usize, usize)> {
+        self.bind()?;
+        self.ctx.mem_get_info().map_err(|e| cuda_err("memory info", e))
+    }
+
+    /// Launch `f` on the compute stream; `block` threads in x.
+    pub fn launch(
+        &self,
+        f: sys::CUfunction,
+        grid: (u32, u32, u32),
+        block: u32,
+        smem: u32,
+        args: &mut [*mut c_void],
+    ) -> Result<()> {
+        if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
+            return Ok(());
+        }
+        // SAFETY: the caller passes arguments of the kernel's exact types
+        // (see `cuda_args!`), which live until this call returns.
+        unsafe {
+            sys::cuLaunchKernel(
+                f,
+                grid.0,
+                grid.1,
+                grid.2,
+                block,
+                1,
+                1,
+                smem,
+                self.stream,
+                args.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        }
+        .check("kernel launch")
+    }
+
+    /// Blocks are handed out in multiples of this.
+    pub const GRAIN: usize = 256;
+
+    /// `bytes` of device memory, rounded up to [`Gpu::GRAIN`] (0 bytes: a
+    /// null pointer), from the free list when a block of that size is there.
+    pub fn alloc(&self, bytes: usize) -> Result<u64> {
+        if bytes == 0 {
+            return Ok(0);
+        }
+        let bytes = bytes.div_ceil(Self::GRAIN) * Self::GRAIN;
+        if let Ok(mut fl) = self.free.lock() {
+            if let Some(p) = fl.by_size.get_mut(&bytes).and_then(|v| v.pop()) {
+                fl.bytes -= bytes;
+                return Ok(p);
+            }
+        }
+        let mut p = 0;
+        let what = || format!("allocating {bytes} bytes of device memory");
+        // SAFETY: plain allocation in the bound context.
+        if self.async_alloc {
+            unsafe { sys::cuMemAllocAsync(&mut p, bytes, self.stream) }.check(&what())?;
+        } else {
+            unsafe { sys::cuMemAlloc_v2(&mut p, bytes) }.check(&what())?;
+        }
+        Ok(p)
+    }
+
+    /// Give back `bytes` at `p` from [`Gpu::alloc`]: to the free list, or
+    /// to the driver once the compute stream is past its uses.
+    pub fn free(&self, p: u64, bytes: usize) {
+        if p == 0 {
+            return;
+        }
+        let bytes = bytes.div_ceil(Self::GRAIN) * Self::GRAIN;
+        if let Ok(mut fl) = self.free.lock() {
+            if fl.bytes + bytes <= FREE_LIST_BYTES {
+                fl.bytes += bytes;
+                fl.by_size.entry(bytes).or_default().push(p);
+                return;
+            }
+        }
+        self.release(p);
+    }
+
+    fn release(&self, p: u64) {
+        if self.bind().is_err() {
+            return;
+        }
+        // SAFETY: `p` came from `alloc` and is freed once. Errors here
+        // can only be reported by later calls.
+        unsafe {
+            if self.async_alloc {
+                let _ = sys::cuMemFreeAsync(p, self.stream);
+            } else {
+                let _ = sys::cuMemFree_v2(p);
+            }
+        }
+    }
+
+    pub fn memset_zero(&self, p: u64, bytes: usize) -> Result<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        // SAFETY: the caller owns `bytes` bytes at `p` (a multiple of 4).
+        unsafe { sys::cuMemsetD32Async(p, 0, bytes / 4, self.stream) }.check("memset")
+    }
+
+    /// Copy host bytes to the device (ordered on the compute stream; the
+    /// host slice may be dropped on return).
+    pub fn htod(&self, dst: u64, src: &[u8]) -> Result<()> {
+        if src.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: the caller owns `src.len()` bytes at `dst`; pageable
+        // sources are staged by the driver before this returns.
+        unsafe { sys::cuMemcpyHtoDAsync_v2(dst, src.as_ptr() as *const c_void, src.len(), self.stream) }
+            .check("copy to the device")
+    }
+
+    /// Copy device bytes to the host, waiting for the compute stream.
+    pub fn dtoh(&self, dst: &mut [u8], src: u64) -> Result<()> {
+        if dst.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: `src` holds at least `dst.len()` bytes; the stream is
+        // synchronized before `dst` is used.
+        unsafe { sys::cuMemcpyDtoHAsync_v2(dst.as_mut_ptr() as *mut c_void, src, dst.len(), self.stream) }
+            .check("copy to the host")?;
+        self.sync()
+    }
+
+    pub fn dtod(&self, dst: u64, src: u64, bytes: usize) -> Result<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        // SAFETY: both ranges are owned device memory of `bytes` bytes.
+        unsafe { sys::cuMemcpyDtoDAsync_v2(dst, src, bytes, self.stream) }.check("device copy")
+    }
+
+    /// Wait for everything on the compute stream.
+    pub fn sync(&self) -> Result<()> {
+        // SAFETY: the stream is valid for the life of `self`.
+        unsafe { sys::cuStreamSynchronize(self.stream) }.check("waiting for the GPU")
+    }
+}
+
+impl Drop for Gpu {
+    fn drop(&mut self) {
+        if self.bind().is_err() {
+            return;
+        }
+        let cached: Vec<u64> = match self.free.lock() {
+            Ok(mut fl) => fl.by_size.drain().flat_map(|(_, v)| v).collect(),
+            Err(_) => Vec::new(),
+        };
+        for p in cached {
+            self.release(p);
+        }
+        // SAFETY: the handles were created by `open` and are destroyed once;
+        // every buffer holds an `Arc<Gpu>`, so none outlives them.
+        unsafe {
+            let _ = sys::cuStreamSynchronize(self.stream);
+            let _ = sys::cuStreamSynchronize(self.copy);
+            let _ = sys::cuStreamDestroy_v2(self.stream);
+            let _ = sys::cuStreamDestroy_v2(self.copy);
+            let _ = sys::cuModuleUnload(self.module);
+        }
+    }
+}
+
+/// A CUDA event (no timing), destroyed on drop.
+pub(crate) struct Event {
+    ev: sys::CUevent,
+    gpu: Arc<Gpu>,
+}
+
+// SAFETY: events are driver handles, usable from any thread.
+unsafe impl Send for Event {}
+// SAFETY: as above.
+unsafe impl Sync for Event {}
+
+impl Event {
+    pub fn new(gpu: &Arc<Gpu>) -> Result<Event> {
+        let mut ev = std::ptr::null_mut();
+        // SAFETY: plain event creation in the bound context.
+        unsafe { sys::cuEventCreate(&mut ev, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32) }
+            .check("creating an event")?;
+        Ok(Event { ev, gpu: gpu.clone() })
+    }
+    pub fn record(&self, stream: sys::CUstream) -> Result<()> {
+        // SAFETY: both handles are valid.
+        unsafe { sys::cuEventRecord(self.ev, stream) }.check("recording an event")
+    }
+    /// Make `stream` wait (on the GPU) for the last recording of this event.
+    pub fn wait_on(&self, stream: sys::CUstream) -> Result<()> {
+        // SAFETY: both handles are valid.
+        unsafe { sys::cuStreamWaitEvent(stream, self.ev, 0) }.check("waiting for an event")
+    }
+    /// Block the host until the last recording has completed.
+    pub fn synchronize(&self) -> Result<()> {
+        // SAFETY: the handle is valid.
+        unsafe { sys::cuEventSynchronize(self.ev) }.check("waiting for an event")
+    }
+    /// Whether the last recording has completed.
+    pub fn done(&self) -> bool {
+        // SAFETY: the handle is valid.
+        unsafe { sys::cuEventQuery(self.ev) }.result().is_ok()
+    }
+}
+
+impl Drop for Event {
+    fn drop(&mut self) {
+        if self.gpu.bind().is_ok() {
+            // SAFETY: created by `new`, destroyed once.
+            unsafe {
+                let _ = sys::cuEventDestroy_v2(self.ev);
+            }
+        }
+    }
+}

@@ -1,0 +1,95 @@
+//! Expert files mapped and registered with the driver as page-locked
+//! memory: the copy of a missing expert then goes straight from the page
+//! cache to the device by DMA, with no read into a staging buffer. Used
+//! when the expert files fit in half the available RAM (registering locks
+//! them there); otherwise the cache reads into pinned staging buffers.
+
+use super::driver::{Check, Gpu};
+use crate::error::{Error, Result};
+use crate::experts::ExpertStore;
+use cudarc::driver::sys;
+use memmap2::Mmap;
+use std::path::Path;
+use std::sync::Arc;
+
+pub(crate) struct HostMap {
+    map: Mmap,
+    gpu: Arc<Gpu>,
+}
+
+// SAFETY: a read-only mapping; the driver reads it, nothing writes it.
+unsafe impl Send for HostMap {}
+// SAFETY: as above.
+unsafe impl Sync for HostMap {}
+
+impl HostMap {
+    fn register(gpu: &Arc<Gpu>, path: &Path) -> Result<HostMap> {
+        let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+        // SAFETY: the file is opened read-only; moeflux never writes a
+        // packed model in place.
+        let map = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
+        gpu.bind()?;
+        let flags = sys::CU_MEMHOSTREGISTER_PORTABLE | sys::CU_MEMHOSTREGISTER_READ_ONLY;
+        // SAFETY: the mapping lives as long as `self`, which unregisters it.
+        unsafe { sys::cuMemHostRegister_v2(map.as_ptr() as *mut std::ffi::c_void, map.len(), flags) }
+            .check(&format!("registering {} with the driver", path.display()))?;
+        Ok(HostMap { map, gpu: gpu.clone() })
+    }
+
+    /// The address of byte `off` of the file.
+    pub fn at(&self, off: usize) -> *const u8 {
+        // SAFETY: callers stay inside the file (expert offsets were checked
+        // against its size when the store opened it).
+        unsafe { self.map.as_ptr().add(off) }
+    }
+}
+
+impl Drop for HostMap {
+    fn drop(&mut self) {
+        if self.gpu.bind().is_ok() {
+            // SAFETY: registered in `register`; the cache synchronizes the
+            // copy stream before its maps are dropped.
+            unsafe {
+                let _ = sys::cuMemHostUnregister(self.map.as_ptr() as *mut std::ffi::c_void);
+            }
+        }
+    }
+}
+
+/// `MemAvailable` of /proc/meminfo in bytes.
+fn mem_available() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// Every MoE layer's file registered, indexed by layer, when they fit in
+/// half the available memory; `None` (with the reason on stderr) otherwise,
+/// or when `MOEFLUX_STAGING` is set (tests of the staging path).
+pub(crate) fn map_all(gpu: &Arc<Gpu>, store: &ExpertStore, moe_layers: &[usize]) -> Option<Vec<Option<HostMap>>> {
+    if std::env::var_os("MOEFLUX_STAGING").is_some() {
+        return None;
+    }
+    let mut total = 0u64;
+    for &l in moe_layers {
+        total += (store.layer_layout(l).ok()?.expert_size * store.num_experts()) as u64;
+    }
+    if mem_available().is_none_or(|m| total > m / 2) {
+        eprintln!("expert cache: the expert files are over half the available memory; copying through staging buffers");
+        return None;
+    }
+    let n = moe_layers.iter().max().map_or(0, |m| m + 1);
+    let mut maps: Vec<Option<HostMap>> = (0..n).map(|_| None).collect();
+    for &l in moe_layers {
+        let m = store.layer_path(l).and_then(|p| HostMap::register(gpu, p));
+        match m {
+            Ok(m) => maps[l] = Some(m),
+            Err(e) => {
+                eprintln!("expert cache: {e}; copying through staging buffers");
+                return None;
+            }
+        }
+    }
+    Some(maps)
+}

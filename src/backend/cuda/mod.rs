@@ -1,0 +1,320 @@
+//! The CUDA backend: every `Backend` op on device buffers, with kernels
+//! compiled at run time by NVRTC (see `compile`), and the routed experts
+//! in a device cache (see `cache`). Everything except the routed experts
+//! lives in GPU memory; the host only takes part where routing decides
+//! what to stream. cudarc loads the driver dynamically, so the binary
+//! builds and runs on machines without CUDA: `probe` says whether this one
+//! has a usable GPU.
+
+mod buf;
+mod cache;
+mod compile;
+mod driver;
+mod hostmap;
+mod matrix;
+mod moe;
+mod ops;
+
+pub use buf::CudaBuf;
+pub use cache::{CacheSize, CacheStats};
+pub use matrix::CudaMatrix;
+
+use super::{AttnArgs, Backend, DeltaArgs, DeltaState, DeltaWeights, MlaArgs, MoeArgs, RopeArgs, Strided};
+use crate::error::{Error, Result};
+use crate::experts::ExpertStore;
+use crate::format::MatrixView;
+use cache::ExpertCache;
+use driver::{Check, Gpu};
+use std::sync::{Arc, OnceLock};
+
+/// Whether CUDA is usable here: the number of devices, or why not.
+pub fn probe() -> std::result::Result<usize, String> {
+    driver::probe()
+}
+
+pub struct CudaBackend {
+    gpu: Arc<Gpu>,
+    cache: OnceLock<ExpertCache>,
+}
+
+/// What [`CudaBackend::attach_experts`] set up.
+#[derive(Debug, Clone, Copy)]
+pub struct CacheReport {
+    pub budget_bytes: u64,
+    pub expert_bytes: u64,
+    pub slots: usize,
+    pub experts: usize,
+    pub resident: bool,
+    pub load_s: f64,
+}
+
+/// Device memory left free besides the expert cache (activations, KV
+/// caches, the driver's own).
+const MARGIN_BYTES: u64 = 3 << 30;
+
+impl CudaBackend {
+    /// Open CUDA device `ordinal` (compiling the kernels on first use).
+    pub fn new(ordinal: usize) -> Result<CudaBackend> {
+        Ok(CudaBackend {
+            gpu: Gpu::open(ordinal)?,
+            cache: OnceLock::new(),
+        })
+    }
+
+    /// The device's name, e.g. "NVIDIA H100 80GB HBM3".
+    pub fn device_name(&self) -> &str {
+        &self.gpu.name
+    }
+    pub fn ordinal(&self) -> usize {
+        self.gpu.ordinal
+    }
+
+    /// Give the routed experts of `store` (layers `moe_layers`) a device
+    /// cache of `size`; when it holds them all they are loaded now.
+    pub fn attach_experts(
+        &self,
+        store: &ExpertStore,
+        moe_layers: &[usize],
+        size: CacheSize,
+        prefetch: bool,
+    ) -> Result<CacheReport> {
+        self.gpu.bind()?;
+        let mut expert_bytes = 0u64;
+        let mut largest = 0usize;
+        for &l in moe_layers {
+            let s = store.layer_layout(l)?.expert_size;
+            expert_bytes += (s * store.num_experts()) as u64;
+            largest = largest.max(s);
+        }
+        let experts = moe_layers.len() * store.num_experts();
+        if experts == 0 {
+            return Ok(CacheReport {
+                budget_bytes: 0,
+                expert_bytes: 0,
+                slots: 0,
+                experts: 0,
+                resident: true,
+                load_s: 0.0,
+            });
+        }
+        let slot = (largest.div_ceil(256) * 256) as u64;
+        let (free, _) = self.gpu.mem_info()?;
+        let room = (free as u64).saturating_sub(MARGIN_BYTES);
+        let budget = match size {
+            CacheSize::Auto => room,
+            CacheSize::Bytes(b) => b,
+            CacheSize::Percent(p) => (expert_bytes as f64 * p / 100.0) as u64,
+        };
+        let slots = ((budget / slot) as usize).min(experts);
+        let gb = |b: u64| b as f64 / 1e9;
+        if slots == 0 {
+            return Err(Error::Invalid(format!(
+                "an expert cache of {:.3} GB holds no expert (one is {largest} bytes)",
+                gb(budget)
+            )));
+        }
+        if slots as u64 * slot > room {
+            return Err(Error::Invalid(format!(
+                "an expert cache of {:.2} GB does not fit: {:.2} GB of device memory is free, less a {:.1} GB margin",
+                gb(slots as u64 * slot),
+                gb(free as u64),
+                gb(MARGIN_BYTES)
+            )));
+        }
+        let t0 = std::time::Instant::now();
+        let cache = ExpertCache::new(&self.gpu, store, moe_layers, slots, prefetch)?;
+        let report = CacheReport {
+            budget_bytes: slots as u64 * slot,
+            expert_bytes,
+            slots,
+            experts,
+            resident: cache.resident(),
+            load_s: t0.elapsed().as_secs_f64(),
+        };
+        self.cache
+            .set(cache)
+            .map_err(|_| Error::Invalid("the CUDA backend already has an expert cache".into()))?;
+        Ok(report)
+    }
+
+    /// The expert cache's counters, once one is attached.
+    pub fn cache_stats(&self) -> Option<CacheStats> {
+        self.cache.get().map(|c| c.stats())
+    }
+
+    /// Host→device bandwidth from pinned memory, in GB/s (best of 5 copies
+    /// of 256 MiB on the copy stream): the floor of streamed experts.
+    pub fn pinned_copy_bandwidth(&self) -> Result<f64> {
+        self.gpu.bind()?;
+        let bytes = 256usize << 20;
+        let host = buf::Pinned::new(&self.gpu, bytes)?;
+        let dev = buf::DevMem::new(&self.gpu, bytes)?;
+        self.gpu.sync()?;
+        let mut best = f64::MAX;
+        for _ in 0..5 {
+            let t = std::time::Instant::now();
+            // SAFETY: both ranges are `bytes` long and owned here.
+            unsafe {
+                cudarc::driver::sys::cuMemcpyHtoDAsync_v2(
+                    dev.ptr(),
+                    host.as_ptr() as *const std::ffi::c_void,
+                    bytes,
+                    self.gpu.copy,
+                )
+                .check("copy bandwidth")?;
+                cudarc::driver::sys::cuStreamSynchronize(self.gpu.copy).check("copy bandwidth")?;
+            }
+            best = best.min(t.elapsed().as_secs_f64());
+        }
+        Ok(bytes as f64 / best / 1e9)
+    }
+
+    /// The attached cache when it holds `store`'s experts.
+    fn cache_for(&self, store: &ExpertStore) -> Option<&ExpertCache> {
+        self.cache.get().filter(|c| c.store_id() == store.id())
+    }
+}
+
+impl Backend for CudaBackend {
+    type Buf = CudaBuf;
+    type Matrix = CudaMatrix;
+
+    fn name(&self) -> &'static str {
+        "cuda"
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        self.gpu.bind()?;
+        self.gpu.sync()
+    }
+
+    fn alloc(&self, len: usize) -> Result<CudaBuf> {
+        self.gpu.bind()?;
+        CudaBuf::zeroed(&self.gpu, len)
+    }
+    fn upload(&self, data: &[f32]) -> Result<CudaBuf> {
+        self.gpu.bind()?;
+        CudaBuf::from_host(&self.gpu, data)
+    }
+    fn download(&self, buf: &CudaBuf, off: usize, out: &mut [f32]) -> Result<()> {
+        self.gpu.bind()?;
+        buf.want("download", off + out.len())?;
+        let p = buf.read(&self.gpu)?;
+        self.gpu.dtoh(bytemuck::cast_slice_mut(out), p + 4 * off as u64)
+    }
+    fn matrix(&self, m: &MatrixView) -> Result<CudaMatrix> {
+        self.gpu.bind()?;
+        CudaMatrix::upload(&self.gpu, m)
+    }
+
+    fn linear(&self, w: &CudaMatrix, x: &CudaBuf, n: usize, y: &mut CudaBuf) -> Result<()> {
+        self.gpu.bind()?;
+        w.linear(&self.gpu, x, n, y)
+    }
+    fn embed(&self, table: &CudaMatrix, tokens: &[u32], y: &mut CudaBuf) -> Result<()> {
+        self.gpu.bind()?;
+        table.embed(&self.gpu, tokens, y)
+    }
+
+    fn rms_norm(&self, x: &CudaBuf, w: &CudaBuf, rows: usize, dim: usize, eps: f32, y: &mut CudaBuf) -> Result<()> {
+        self.gpu.bind()?;
+        ops::rms_norm(&self.gpu, x, None, w, rows, dim, eps, y)
+    }
+    fn gated_rms_norm(
+        &self,
+        x: &CudaBuf,
+        z: &CudaBuf,
+        w: &CudaBuf,
+        rows: usize,
+        dim: usize,
+        eps: f32,
+        y: &mut CudaBuf,
+    ) -> Result<()> {
+        self.gpu.bind()?;
+        ops::rms_norm(&self.gpu, x, Some(z), w, rows, dim, eps, y)
+    }
+    fn add(&self, y: &mut CudaBuf, x: &CudaBuf, len: usize) -> Result<()> {
+        self.gpu.bind()?;
+        ops::add(&self.gpu, y, x, len)
+    }
+    fn add_scaled_rows(
+        &self,
+        y: &mut CudaBuf,
+        x: &CudaBuf,
+        scale: &CudaBuf,
+        rows: usize,
+        dim: usize,
+        sigmoid: bool,
+    ) -> Result<()> {
+        self.gpu.bind()?;
+        ops::add_scaled_rows(&self.gpu, y, x, scale, rows, dim, sigmoid)
+    }
+    fn swiglu(&self, gate: &CudaBuf, up: &CudaBuf, len: usize, y: &mut CudaBuf) -> Result<()> {
+        self.gpu.bind()?;
+        ops::swiglu(&self.gpu, gate, up, len, y)
+    }
+    fn sigmoid_mul(&self, x: &mut CudaBuf, gate: &CudaBuf, len: usize) -> Result<()> {
+        self.gpu.bind()?;
+        ops::sigmoid_mul(&self.gpu, x, gate, len)
+    }
+    fn copy(&self, src: &CudaBuf, dst: &mut CudaBuf, s: Strided) -> Result<()> {
+        self.gpu.bind()?;
+        ops::copy(&self.gpu, src, dst, s)
+    }
+
+    fn rope(&self, x: &mut CudaBuf, inv_freq: &CudaBuf, a: RopeArgs) -> Result<()> {
+        self.gpu.bind()?;
+        ops::rope(&self.gpu, x, inv_freq, a)
+    }
+    fn attention(&self, q: &CudaBuf, k: &CudaBuf, v: &CudaBuf, a: AttnArgs, out: &mut CudaBuf) -> Result<()> {
+        self.gpu.bind()?;
+        ops::attention(&self.gpu, q, k, v, a, out)
+    }
+    fn mla_attention(
+        &self,
+        q: &CudaBuf,
+        latent: &CudaBuf,
+        k_pe: &CudaBuf,
+        kv_b: &CudaBuf,
+        a: MlaArgs,
+        out: &mut CudaBuf,
+    ) -> Result<()> {
+        self.gpu.bind()?;
+        ops::mla_attention(&self.gpu, q, latent, k_pe, kv_b, a, out)
+    }
+    fn gated_delta(
+        &self,
+        qkv: &CudaBuf,
+        a: &CudaBuf,
+        b: &CudaBuf,
+        w: DeltaWeights<'_, Self>,
+        state: DeltaState<'_, Self>,
+        args: DeltaArgs,
+        out: &mut CudaBuf,
+    ) -> Result<()> {
+        self.gpu.bind()?;
+        let bufs = ops::DeltaBufs {
+            qkv,
+            a,
+            b,
+            conv_w: w.conv_w,
+            a_log: w.a_log,
+            dt_bias: w.dt_bias,
+        };
+        ops::gated_delta(&self.gpu, bufs, state.conv, state.ssm, args, out)
+    }
+
+    fn moe(
+        &self,
+        x: &CudaBuf,
+        logits: &CudaBuf,
+        bias: Option<&CudaBuf>,
+        store: &ExpertStore,
+        a: MoeArgs<'_>,
+        out: &mut CudaBuf,
+    ) -> Result<()> {
+        self.gpu.bind()?;
+        let io = moe::MoeIo { x, logits, bias, store };
+        moe::moe(&self.gpu, self.cache_for(store), io, a, out)
+    }
+}

@@ -1,0 +1,384 @@
+//! The MoE step on the GPU: route on the device, then run each routed
+//! (token, expert) pair through gate/up and down and combine the pairs
+//! of each token in a fixed order.
+//!
+//! With every expert resident and few tokens (decode), the expert kernels
+//! read the routed ids and a device table directly: no host round trip.
+//! Otherwise the ids come back to the host, which groups the pairs by
+//! expert (each expert's weights read once per chunk), has the expert
+//! cache copy the missing experts in, and launches one grouped kernel per
+//! matrix. Each pair's arithmetic is the same on both paths.
+
+use super::buf::{CudaBuf, DevMem};
+use super::cache::ExpertCache;
+use super::driver::Gpu;
+use super::matrix::{group_shift, Format, F16_SCALES, MAX_GRID_Y};
+use crate::backend::MoeArgs;
+use crate::config::Routing;
+use crate::cuda_args;
+use crate::error::{Error, Result};
+use crate::experts::ExpertStore;
+use crate::format::packed::LayerLayout;
+use crate::format::Dtype;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// The `ELayout` kernel argument (kernels/moe.cu).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ELayout {
+    off: [i64; 9],
+    fmt: i32,
+    gs_shift: i32,
+    vec: i32,
+    pad: i32,
+}
+
+/// Tokens up to which a resident model routes on the device alone.
+const DEVICE_ROUTE_TOKENS: usize = 4;
+/// Experts per launch while streaming: the GPU computes one chunk while
+/// the next is read and copied.
+const STREAM_CHUNK: usize = 32;
+/// Most experts per token the router kernel takes.
+const MAX_K: usize = 64;
+/// Most groups the `noaux_tc` router kernel takes.
+const MAX_GROUPS: usize = 64;
+
+/// The kernel's view of one layer's expert layout, checked against the
+/// shapes: gate/up `[inter, hidden]`, down `[hidden, inter]`.
+pub(crate) fn expert_layout(ll: &LayerLayout, group_size: usize, hidden: usize, inter: usize) -> Result<ELayout> {
+    let bad = |msg: String| Error::Invalid(format!("expert layout: {msg}"));
+    if ll.components.len() != 9 {
+        return Err(bad(format!("{} components, 9 expected", ll.components.len())));
+    }
+    let c = &ll.components;
+    let quant = c[0].dtype == "U32";
+    let (fmt, gs_shift) = if quant {
+        let f = Format::quant(ll.bits)?;
+        let sd = Dtype::parse(&c[1].dtype, &c[1].name)?;
+        let sflag = match sd {
+            Dtype::Bf16 => 0,
+            Dtype::F16 => F16_SCALES,
+            d => return Err(bad(format!("scales of dtype {}", d.name()))),
+        };
+        group_shift(group_size, hidden, ll.bits)?;
+        (f as i32 + sflag, group_shift(group_size, inter, ll.bits)?)
+    } else {
+        (Format::float(Dtype::parse(&c[0].dtype, &c[0].name)?)? as i32, 0)
+    };
+    let f = super::matrix::format_of(fmt);
+    let mut vec = true;
+    for (m, (rows, cols)) in [(inter, hidden), (inter, hidden), (hidden, inter)]
+        .into_iter()
+        .enumerate()
+    {
+        let (w, s, b) = (&c[3 * m], &c[3 * m + 1], &c[3 * m + 2]);
+        let rb = f.row_bytes(cols);
+        if w.size != rows * rb {
+            return Err(bad(format!(
+                "{} has {} bytes, [{rows}, {cols}] needs {}",
+                w.name,
+                w.size,
+                rows * rb
+            )));
+        }
+        if quant {
+            let sb = rows * (cols / group_size) * 2;
+            if s.size != sb || b.size != sb || s.offset % 2 != 0 || b.offset % 2 != 0 {
+                return Err(bad(format!(
+                    "{} / {}: {} and {} bytes, {sb} needed (2-aligned)",
+                    s.name, b.name, s.size, b.size
+                )));
+            }
+        }
+        if w.offset + w.size > ll.expert_size
+            || s.offset + s.size > ll.expert_size
+            || b.offset + b.size > ll.expert_size
+        {
+            return Err(bad(format!(
+                "component of matrix {m} past expert_size {}",
+                ll.expert_size
+            )));
+        }
+        vec &= w.offset % 16 == 0 && rb % 16 == 0;
+    }
+    let mut off = [0i64; 9];
+    for (o, comp) in off.iter_mut().zip(c) {
+        *o = comp.offset as i64;
+    }
+    Ok(ELayout {
+        off,
+        fmt,
+        gs_shift,
+        vec: vec as i32,
+        pad: 0,
+    })
+}
+
+/// Route `n` tokens on the device: ids `[n, k]` (u32) and weights `[n, k]`.
+fn route(
+    gpu: &Arc<Gpu>,
+    logits: &CudaBuf,
+    bias: Option<&CudaBuf>,
+    a: &MoeArgs,
+    ids: &DevMem,
+    wts: &CudaBuf,
+) -> Result<()> {
+    let e = a.n_experts;
+    let (mode, norm, n_group, topk_group, scale) = match *a.routing {
+        Routing::Softmax { norm_topk_prob } => (0, norm_topk_prob, 1, 1, 1.0f32),
+        Routing::NoauxTc {
+            n_group,
+            topk_group,
+            routed_scaling_factor,
+            norm_topk_prob,
+        } => {
+            if n_group == 0 || n_group > MAX_GROUPS || e % n_group != 0 || topk_group > n_group {
+                return Err(Error::Invalid(format!(
+                    "noaux_tc routing: {e} experts in {n_group} groups keeping {topk_group} (the CUDA router takes at most {MAX_GROUPS} groups)"
+                )));
+            }
+            (1, norm_topk_prob, n_group, topk_group, routed_scaling_factor)
+        }
+    };
+    if let Some(b) = bias {
+        b.want("router bias", e)?;
+    }
+    let smem = ((2 * e + n_group) * 4) as u32;
+    let bp = match bias {
+        Some(b) => b.read(gpu)?,
+        None => 0,
+    };
+    let (lp, ip, wp) = (logits.read(gpu)?, ids.ptr(), wts.write(gpu, a.n * a.k)?);
+    let (ee, k, mode, norm, ng, tg) = (
+        e as i32,
+        a.k as i32,
+        mode,
+        norm as i32,
+        n_group as i32,
+        topk_group as i32,
+    );
+    gpu.launch(
+        gpu.k.moe_route,
+        (a.n as u32, 1, 1),
+        256,
+        smem,
+        cuda_args![lp, bp, ip, wp, ee, k, mode, norm, ng, tg, scale],
+    )
+}
+
+/// Where the expert kernels find their groups.
+struct Groups {
+    n: usize,
+    ptrs: u64,
+    starts: u64,
+    counts: u64,
+    pairs: u64,
+    ids: u64,
+    table: u64,
+}
+
+/// gate/up of every pair of the groups into h.
+fn launch_up(gpu: &Gpu, el: ELayout, x: &CudaBuf, h: &CudaBuf, g: &Groups, a: &MoeArgs) -> Result<()> {
+    if g.n > MAX_GRID_Y {
+        return Err(Error::Invalid(format!(
+            "{} expert groups in one launch (at most {MAX_GRID_Y})",
+            g.n
+        )));
+    }
+    let (hid, inter) = (a.hidden as i32, a.inter as i32);
+    let (xp, hp) = (x.read(gpu)?, h.write(gpu, h.len())?);
+    let (gp, gs, gc, pp, ip, tp, k) = (g.ptrs, g.starts, g.counts, g.pairs, g.ids, g.table, a.k as i32);
+    // 8 warps × 2 rows of gate and of up per block.
+    let grid = (a.inter.div_ceil(16) as u32, g.n as u32, 1);
+    gpu.launch(
+        gpu.k.moe_up,
+        grid,
+        256,
+        0,
+        cuda_args![el, xp, hp, gp, gs, gc, pp, ip, tp, k, hid, inter],
+    )
+}
+
+/// gate/up, then down into d, for every pair of the (host-made) groups.
+fn run_experts(gpu: &Gpu, el: ELayout, x: &CudaBuf, h: &CudaBuf, d: &CudaBuf, g: &Groups, a: &MoeArgs) -> Result<()> {
+    launch_up(gpu, el, x, h, g, a)?;
+    let (hid, inter) = (a.hidden as i32, a.inter as i32);
+    let (hp, dp) = (h.read(gpu)?, d.write(gpu, d.len())?);
+    let (gp, gs, gc, pp, ip, tp) = (g.ptrs, g.starts, g.counts, g.pairs, g.ids, g.table);
+    // 8 warps × 4 rows of down per block.
+    let grid = (a.hidden.div_ceil(32) as u32, g.n as u32, 1);
+    gpu.launch(
+        gpu.k.moe_down,
+        grid,
+        256,
+        0,
+        cuda_args![el, hp, dp, gp, gs, gc, pp, ip, tp, hid, inter],
+    )
+}
+
+/// Host-side grouping: the distinct experts in order, and for each the
+/// pairs routed to it.
+fn group_pairs(ids: &[u32], n_experts: usize) -> Result<BTreeMap<u32, Vec<i32>>> {
+    let mut by: BTreeMap<u32, Vec<i32>> = BTreeMap::new();
+    for (p, &e) in ids.iter().enumerate() {
+        if e as usize >= n_experts {
+            return Err(Error::Backend {
+                backend: "cuda",
+                msg: format!("the router chose expert {e} of {n_experts}"),
+            });
+        }
+        by.entry(e).or_default().push(p as i32);
+    }
+    Ok(by)
+}
+
+/// The tensors of one MoE call.
+pub(crate) struct MoeIo<'a> {
+    pub x: &'a CudaBuf,
+    pub logits: &'a CudaBuf,
+    pub bias: Option<&'a CudaBuf>,
+    pub store: &'a ExpertStore,
+}
+
+/// `out[t] += Σ_j w[t,j] · expert_j(x[t])` for one layer; `cache` is the
+/// model's expert cache when `store` is the one it holds.
+pub(crate) fn moe(gpu: &Arc<Gpu>, cache: Option<&ExpertCache>, io: MoeIo, a: MoeArgs, out: &mut CudaBuf) -> Result<()> {
+    let (n, k, e) = (a.n, a.k, a.n_experts);
+    io.x.want("moe input", n * a.hidden)?;
+    io.logits.want("moe router logits", n * e)?;
+    out.want("moe output", n * a.hidden)?;
+    if e != io.store.num_experts() {
+        return Err(Error::Invalid(format!(
+            "{e} router outputs for {} experts",
+            io.store.num_experts()
+        )));
+    }
+    if k == 0 || k > e || k > MAX_K {
+        return Err(Error::Invalid(format!(
+            "{k} experts per token of {e} (the CUDA router takes 1 to {MAX_K})"
+        )));
+    }
+    if n == 0 {
+        return Ok(());
+    }
+    let ll = io.store.layer_layout(a.layer)?;
+    let el = expert_layout(ll, io.store.group_size(), a.hidden, a.inter)?;
+    let ids = DevMem::new(gpu, n * k * 4)?;
+    let wts = CudaBuf::zeroed(gpu, n * k)?;
+    route(gpu, io.logits, io.bias, &a, &ids, &wts)?;
+    let h = CudaBuf::zeroed(gpu, n * k * a.inter)?; // [pairs, inter]
+                                                    // `out` still reads as zeros (no shared expert): assign, do not add.
+    let assign = out.take_zero(n * a.hidden) as i32;
+    let op = out.write(gpu, n * a.hidden)?;
+    let (kk, hid, inter) = (k as i32, a.hidden as i32, a.inter as i32);
+    let table = cache.filter(|c| c.resident()).and_then(|c| c.table_row(a.layer));
+    match table {
+        Some(t) if n <= DEVICE_ROUTE_TOKENS => {
+            // All on the device: gate/up per pair, then down + combine per token.
+            let g = Groups {
+                n: n * k,
+                ptrs: 0,
+                starts: 0,
+                counts: 0,
+                pairs: 0,
+                ids: ids.ptr(),
+                table: t,
+            };
+            launch_up(gpu, el, io.x, &h, &g, &a)?;
+            let (hp, wp, ip) = (h.read(gpu)?, wts.read(gpu)?, ids.ptr());
+            let grid = (a.hidden.div_ceil(32) as u32, n as u32, 1);
+            gpu.launch(
+                gpu.k.moe_down_combine,
+                grid,
+                256,
+                0,
+                cuda_args![el, hp, op, wp, ip, t, kk, hid, inter, assign],
+            )
+        }
+        _ => {
+            let d = CudaBuf::zeroed(gpu, n * k * a.hidden)?; // [pairs, hidden]
+            grouped(gpu, cache, &io, el, &ids, &h, &d, &a)?;
+            let (dp, wp, nn) = (d.read(gpu)?, wts.read(gpu)?, n as i32);
+            let grid = ((n * a.hidden).div_ceil(256).clamp(1, 8192) as u32, 1, 1);
+            gpu.launch(
+                gpu.k.moe_combine,
+                grid,
+                256,
+                0,
+                cuda_args![op, dp, wp, nn, kk, hid, assign],
+            )
+        }
+    }
+}
+
+/// The host-grouped path: download the ids, fetch the experts (in chunks
+/// that fit the cache), launch per chunk.
+#[allow(clippy::too_many_arguments)]
+fn grouped(
+    gpu: &Arc<Gpu>,
+    cache: Option<&ExpertCache>,
+    io: &MoeIo,
+    el: ELayout,
+    ids: &DevMem,
+    h: &CudaBuf,
+    d: &CudaBuf,
+    a: &MoeArgs,
+) -> Result<()> {
+    let (n, k) = (a.n, a.k);
+    let mut host = vec![0u32; n * k];
+    gpu.dtoh(bytemuck::cast_slice_mut(&mut host), ids.ptr())?;
+    let by = group_pairs(&host, a.n_experts)?;
+    let experts: Vec<u32> = by.keys().copied().collect();
+    // Without the model's cache (a store it does not hold), a cache just
+    // for this call.
+    let own;
+    let cache = match cache {
+        Some(c) => c,
+        None => {
+            own = ExpertCache::new(gpu, io.store, &[a.layer], experts.len(), false)?;
+            &own
+        }
+    };
+    let per_launch = if cache.resident() {
+        cache.n_slots()
+    } else {
+        STREAM_CHUNK.min(cache.n_slots())
+    };
+    for chunk in experts.chunks(per_launch) {
+        let addrs = cache.fetch(io.store, a.layer, chunk)?;
+        let groups = chunk.len();
+        let mut starts = Vec::with_capacity(groups);
+        let mut counts = Vec::with_capacity(groups);
+        let mut pairs = Vec::new();
+        for ex in chunk {
+            let ps = &by[ex];
+            starts.push(pairs.len() as i32);
+            counts.push(ps.len() as i32);
+            pairs.extend_from_slice(ps);
+        }
+        // One upload: [ptrs u64 × G][starts i32 × G][counts i32 × G][pairs i32 × P].
+        let mut desc: Vec<u8> = Vec::with_capacity(16 * groups + 4 * pairs.len());
+        desc.extend_from_slice(bytemuck::cast_slice(&addrs));
+        desc.extend_from_slice(bytemuck::cast_slice(&starts));
+        desc.extend_from_slice(bytemuck::cast_slice(&counts));
+        desc.extend_from_slice(bytemuck::cast_slice(&pairs));
+        let dm = DevMem::from_host(gpu, &desc)?;
+        let base = dm.ptr();
+        let g = Groups {
+            n: groups,
+            ptrs: base,
+            starts: base + 8 * groups as u64,
+            counts: base + 12 * groups as u64,
+            pairs: base + 16 * groups as u64,
+            ids: 0,
+            table: 0,
+        };
+        run_experts(gpu, el, io.x, h, d, &g, a)?;
+        cache.release(a.layer, chunk)?;
+    }
+    if n == 1 {
+        cache.predict(io.store, a.layer, &experts)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,579 @@
+//! Generation: a prompt's token ids in, text pieces out as they are made,
+//! and the run's statistics at the end — the loop that `moeflux run`,
+//! `moeflux chat` and the HTTP server share.
+//!
+//! ```text
+//! let mut g = Generator::start(&mut session, &tokenizer, Request::new(&prompt, params))?;
+//! while let Some(piece) = g.next_piece()? { print!("{piece}"); }
+//! let out = g.finish()?;           // tokens, text, why it stopped, stats
+//! ```
+//!
+//! The prompt is evaluated only past what the session already holds: the
+//! session is cut back to the longest common prefix of its tokens and the
+//! prompt (a chat that renders the whole conversation each turn evaluates
+//! only the new turn). Generation ends at an end-of-sequence token, a stop
+//! string, the token budget, the end of the context, or when the caller's
+//! cancel flag is set; the text held back until then (an incomplete
+//! character, a possible stop string) comes out as the last piece.
+
+mod think;
+
+pub use think::{Segment, ThinkSplitter};
+
+use crate::backend::cuda::CacheStats;
+use crate::error::{Error, Result};
+use crate::experts::StatsSnapshot;
+use crate::model::timing::PhaseTimes;
+use crate::session::{Session, DEFAULT_CHUNK};
+use crate::text::{FinishReason, Sampler, SamplingParams, TextStream, Tokenizer};
+use serde::Serialize;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+/// One generation: the prompt and how to continue it.
+#[derive(Debug, Clone)]
+pub struct Request<'a> {
+    /// Token ids of the whole prompt (a chat renders the whole conversation).
+    pub prompt: &'a [u32],
+    /// Sampling, stop strings and the token budget (`max_tokens`).
+    pub sampling: SamplingParams,
+    /// On a model with recurrent layers, store session checkpoints at
+    /// `checkpoint_at` and at the end of the answer, so that the next
+    /// request sharing a prefix rewinds without re-evaluating from 0.
+    pub checkpoints: bool,
+    /// A prompt position worth a checkpoint (with `checkpoints`): where the
+    /// next request is likely to diverge, e.g. the start of the assistant
+    /// header, since chat templates drop the thinking of earlier turns.
+    pub checkpoint_at: Option<usize>,
+    /// Record per-phase times in the stats (turn them on first with
+    /// `Model::set_timing(true)`).
+    pub timing: bool,
+    /// The tokens the session holds, for a session that cannot say itself
+    /// (after `Session::load_state`). Ignored when the session knows them or
+    /// when the length differs from `Session::pos`.
+    pub held: Option<&'a [u32]>,
+    /// Checked between prompt chunks and before every token: when set,
+    /// generation ends with [`Finish::Cancelled`].
+    pub cancel: Option<&'a AtomicBool>,
+}
+
+impl<'a> Request<'a> {
+    /// A request with no checkpoints, timing, held tokens or cancel flag.
+    pub fn new(prompt: &'a [u32], sampling: SamplingParams) -> Request<'a> {
+        Request {
+            prompt,
+            sampling,
+            checkpoints: false,
+            checkpoint_at: None,
+            timing: false,
+            held: None,
+            cancel: None,
+        }
+    }
+}
+
+/// Why generation ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Finish {
+    /// An end-of-sequence token (kept in `tokens`, adds no text).
+    Eos,
+    /// A stop string (not in the text).
+    Stop(String),
+    /// `max_tokens` reached.
+    Length,
+    /// The next token would not fit in the model's context.
+    ContextFull,
+    /// The cancel flag was set.
+    Cancelled,
+}
+
+impl Finish {
+    /// A short name: `eos`, `stop`, `length`, `context_full`, `cancelled`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Finish::Eos => "eos",
+            Finish::Stop(_) => "stop",
+            Finish::Length => "length",
+            Finish::ContextFull => "context_full",
+            Finish::Cancelled => "cancelled",
+        }
+    }
+
+    /// The OpenAI API's `finish_reason`.
+    pub fn as_openai(&self) -> &'static str {
+        match self {
+            Finish::Eos | Finish::Stop(_) | Finish::Cancelled => "stop",
+            Finish::Length | Finish::ContextFull => "length",
+        }
+    }
+}
+
+impl From<FinishReason> for Finish {
+    fn from(r: FinishReason) -> Finish {
+        match r {
+            FinishReason::Eos => Finish::Eos,
+            FinishReason::Stop(s) => Finish::Stop(s),
+            FinishReason::Length => Finish::Length,
+        }
+    }
+}
+
+/// Expert traffic over a span of the run, as the expert store (and on
+/// CUDA the device expert cache) counts it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct ExpertTraffic {
+    /// Experts read from the expert files.
+    pub experts_read: u64,
+    pub bytes_read: u64,
+    /// Seconds spent reading (summed over parallel readers).
+    pub read_s: f64,
+    /// The device expert cache, where the backend keeps one.
+    pub cache: Option<CacheTraffic>,
+}
+
+/// Counters of a device expert cache over a span of the run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct CacheTraffic {
+    pub hits: u64,
+    pub misses: u64,
+    /// Experts copied ahead of need.
+    pub prefetched: u64,
+    /// Hits on experts that prefetch had copied.
+    pub prefetch_hits: u64,
+    /// Bytes copied host → device.
+    pub bytes_copied: u64,
+    /// Seconds the device waited for experts to arrive.
+    pub stall_s: f64,
+}
+
+impl CacheTraffic {
+    /// Hits over lookups; `None` before the first lookup.
+    pub fn hit_rate(&self) -> Option<f64> {
+        let n = self.hits + self.misses;
+        (n > 0).then(|| self.hits as f64 / n as f64)
+    }
+}
+
+impl ExpertTraffic {
+    fn between(a: &Mark, b: &Mark) -> ExpertTraffic {
+        let (x, y) = (&a.experts, &b.experts);
+        let cache = match (&a.cache, &b.cache) {
+            (Some(c), Some(d)) => Some(CacheTraffic {
+                hits: d.hits.saturating_sub(c.hits),
+                misses: d.misses.saturating_sub(c.misses),
+                prefetched: d.prefetched.saturating_sub(c.prefetched),
+                prefetch_hits: d.prefetch_hits.saturating_sub(c.prefetch_hits),
+                bytes_copied: d.bytes_copied.saturating_sub(c.bytes_copied),
+                stall_s: d.stall_ns.saturating_sub(c.stall_ns) as f64 * 1e-9,
+            }),
+            _ => None,
+        };
+        ExpertTraffic {
+            experts_read: y.experts_read.saturating_sub(x.experts_read),
+            bytes_read: y.bytes_read.saturating_sub(x.bytes_read),
+            read_s: y.read_ns.saturating_sub(x.read_ns) as f64 * 1e-9,
+            cache,
+        }
+    }
+
+    /// The time the computation waited for experts: the cache's stall time
+    /// where there is a device cache (its reads overlap compute), else the
+    /// read time.
+    pub fn wait_s(&self) -> f64 {
+        self.cache.map_or(self.read_s, |c| c.stall_s)
+    }
+}
+
+/// Seconds per phase of the forward pass over a span of the run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct PhaseBreakdown {
+    pub attention: f64,
+    pub routing: f64,
+    /// Waiting for experts ([`ExpertTraffic::wait_s`]).
+    pub expert_io_wait: f64,
+    /// The experts phase less the I/O wait.
+    pub expert_compute: f64,
+    /// Dense MLPs and shared experts.
+    pub dense_ffn: f64,
+    pub lm_head: f64,
+}
+
+impl PhaseBreakdown {
+    fn between(a: &PhaseTimes, b: &PhaseTimes, io_wait: f64) -> PhaseBreakdown {
+        let experts = b.experts - a.experts;
+        PhaseBreakdown {
+            attention: b.attention - a.attention,
+            routing: b.routing - a.routing,
+            expert_io_wait: io_wait,
+            expert_compute: (experts - io_wait).max(0.0),
+            dense_ffn: b.dense_ffn - a.dense_ffn,
+            lm_head: b.lm_head - a.lm_head,
+        }
+    }
+
+    /// Sum of the phases.
+    pub fn total(&self) -> f64 {
+        self.attention + self.routing + self.expert_io_wait + self.expert_compute + self.dense_ffn + self.lm_head
+    }
+}
+
+/// What one generation measured. Prefill is the evaluation of the prompt
+/// (past the reused prefix, including any rewind); decode is everything
+/// after the first token.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct GenerationStats {
+    pub prompt_tokens: usize,
+    /// Prompt tokens the session already held and did not evaluate again.
+    pub reused_tokens: usize,
+    /// Tokens generated, an end-of-sequence token included.
+    pub generated_tokens: usize,
+    pub prefill_s: f64,
+    /// Prompt tokens evaluated per second.
+    pub prefill_tok_s: f64,
+    /// From the first generated token to the last.
+    pub decode_s: f64,
+    /// Tokens per second after the first.
+    pub decode_tok_s: f64,
+    /// From the start of the request to the first generated token.
+    pub time_to_first_token_s: f64,
+    pub prefill_experts: ExpertTraffic,
+    pub decode_experts: ExpertTraffic,
+    /// Expert bytes read per decoded token.
+    pub decode_bytes_per_token: f64,
+    /// Present when the request asked for timing.
+    pub prefill_phases: Option<PhaseBreakdown>,
+    pub decode_phases: Option<PhaseBreakdown>,
+}
+
+/// The result of a finished generation.
+#[derive(Debug, Clone)]
+pub struct Generation {
+    /// The generated token ids (an end-of-sequence token included).
+    pub tokens: Vec<u32>,
+    /// The text, as the pieces streamed it.
+    pub text: String,
+    pub finish: Finish,
+    pub stats: GenerationStats,
+    /// The tokens the session holds now: the prompt and the generated
+    /// tokens that were evaluated (all but the last one sampled). Pass it
+    /// as `Request::held` after reloading a saved state.
+    pub session_tokens: Vec<u32>,
+}
+
+/// Counters at one instant.
+#[derive(Clone, Copy)]
+struct Mark {
+    at: Instant,
+    experts: StatsSnapshot,
+    cache: Option<CacheStats>,
+    phases: PhaseTimes,
+}
+
+/// A generation in progress over a session (see the module docs).
+pub struct Generator<'a, 'm> {
+    session: &'a mut Session<'m>,
+    sampler: Sampler,
+    stream: TextStream,
+    cancel: Option<&'a AtomicBool>,
+    checkpoints: bool,
+    timing: bool,
+    /// Prompt and generated tokens: the history the penalties count.
+    history: Vec<u32>,
+    prompt_len: usize,
+    /// What the session holds.
+    held: Vec<u32>,
+    text: String,
+    /// Logits of the last evaluated token `[vocab]`.
+    logits: Vec<f32>,
+    /// The last sampled token, not yet evaluated.
+    pending: Option<u32>,
+    finish: Option<Finish>,
+    start: Mark,
+    prefill_end: Mark,
+    first_token: Option<Mark>,
+    stats: GenerationStats,
+}
+
+impl<'a, 'm> Generator<'a, 'm> {
+    /// Check the request, rewind the session to the longest prefix it shares
+    /// with the prompt, and evaluate the rest of the prompt.
+    pub fn start(session: &'a mut Session<'m>, tokenizer: &Tokenizer, req: Request<'a>) -> Result<Generator<'a, 'm>> {
+        let model = session.model();
+        let prompt = req.prompt;
+        if prompt.is_empty() {
+            return Err(Error::Invalid("the prompt has no tokens".into()));
+        }
+        if prompt.len() > model.n_ctx() {
+            return Err(Error::Invalid(format!(
+                "the prompt has {} tokens, more than the model's context of {}",
+                prompt.len(),
+                model.n_ctx()
+            )));
+        }
+        let sampler = Sampler::new(req.sampling.clone(), model.n_vocab())?;
+        let stream = TextStream::new(tokenizer, &req.sampling);
+        let start = mark(session);
+        let (keep, replayed) = rewind(session, prompt, req.held)?;
+        let checkpoints = req.checkpoints && model.has_recurrent_layers();
+        let mut g = Generator {
+            sampler,
+            stream,
+            cancel: req.cancel,
+            checkpoints,
+            timing: req.timing,
+            history: prompt.to_vec(),
+            prompt_len: prompt.len(),
+            held: prompt[..keep].to_vec(),
+            text: String::new(),
+            logits: Vec::new(),
+            pending: None,
+            finish: None,
+            start,
+            prefill_end: start,
+            first_token: None,
+            stats: GenerationStats {
+                prompt_tokens: prompt.len(),
+                reused_tokens: keep - replayed,
+                ..GenerationStats::default()
+            },
+            session,
+        };
+        // Evaluate up to the checkpoint position, store it, then the rest.
+        let split = req
+            .checkpoint_at
+            .filter(|&c| checkpoints && c > keep && c < prompt.len());
+        let mid = split.unwrap_or(prompt.len());
+        g.eval_prompt(&prompt[keep..mid])?;
+        if split.is_some() && g.finish.is_none() {
+            g.session.checkpoint(mid)?;
+            g.eval_prompt(&prompt[mid..])?;
+        }
+        g.end_prefill()?;
+        Ok(g)
+    }
+
+    /// Evaluate prompt tokens chunk by chunk, checking the cancel flag
+    /// between chunks.
+    fn eval_prompt(&mut self, tokens: &[u32]) -> Result<()> {
+        for chunk in tokens.chunks(DEFAULT_CHUNK) {
+            if self.cancelled() {
+                self.finish = Some(Finish::Cancelled);
+                return Ok(());
+            }
+            let pos = self.session.pos();
+            self.logits = self.session.eval_prompt(chunk, pos)?;
+            self.held.extend_from_slice(chunk);
+        }
+        Ok(())
+    }
+
+    fn end_prefill(&mut self) -> Result<()> {
+        self.prefill_end = mark(self.session);
+        let secs = span(&self.start, &self.prefill_end);
+        self.stats.prefill_s = secs;
+        self.stats.prefill_tok_s = rate(self.stats.prompt_tokens - self.stats.reused_tokens, secs);
+        self.stats.prefill_experts = ExpertTraffic::between(&self.start, &self.prefill_end);
+        if self.finish.is_some() {
+            self.close()?;
+        }
+        Ok(())
+    }
+
+    fn cancelled(&self) -> bool {
+        self.cancel.is_some_and(|c| c.load(Ordering::Relaxed))
+    }
+
+    /// The next piece of text (never empty), or `None` once generation has
+    /// ended. Each call evaluates and samples as many tokens as it takes to
+    /// produce text.
+    pub fn next_piece(&mut self) -> Result<Option<String>> {
+        while self.finish.is_none() {
+            if let Some(tok) = self.pending.take() {
+                if self.cancelled() {
+                    return self.end(Finish::Cancelled);
+                }
+                let pos = self.session.pos();
+                if pos >= self.session.model().n_ctx() {
+                    return self.end(Finish::ContextFull);
+                }
+                self.logits = self.session.eval_token(tok, pos)?;
+                self.held.push(tok);
+            }
+            let tok = self.sampler.sample(&mut self.logits, &self.history);
+            self.history.push(tok);
+            if self.first_token.is_none() {
+                self.first_token = Some(mark(self.session));
+            }
+            let step = self.stream.push(tok)?;
+            self.text.push_str(&step.text);
+            if let Some(reason) = step.finish {
+                self.finish = Some(reason.into());
+                self.close()?;
+                return Ok(non_empty(step.text));
+            }
+            self.pending = Some(tok);
+            if !step.text.is_empty() {
+                return Ok(Some(step.text));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Tokens generated so far.
+    pub fn tokens(&self) -> &[u32] {
+        &self.history[self.prompt_len..]
+    }
+
+    /// End from outside (context, cancel): the held-back text.
+    fn end(&mut self, why: Finish) -> Result<Option<String>> {
+        let tail = self.stream.finish()?;
+        self.text.push_str(&tail);
+        self.finish = Some(why);
+        self.close()?;
+        Ok(non_empty(tail))
+    }
+
+    /// Fill in the decode stats and store the closing checkpoint.
+    fn close(&mut self) -> Result<()> {
+        let end = mark(self.session);
+        let generated = self.history.len() - self.prompt_len;
+        self.stats.generated_tokens = generated;
+        if let Some(first) = &self.first_token {
+            self.stats.time_to_first_token_s = span(&self.start, first);
+            self.stats.decode_s = span(first, &end);
+            self.stats.decode_tok_s = rate(generated - 1, self.stats.decode_s);
+            self.stats.decode_experts = ExpertTraffic::between(first, &end);
+            self.stats.decode_bytes_per_token = if generated > 1 {
+                self.stats.decode_experts.bytes_read as f64 / (generated - 1) as f64
+            } else {
+                0.0
+            };
+        }
+        if self.timing {
+            let first = self.first_token.unwrap_or(end);
+            self.stats.prefill_phases = Some(PhaseBreakdown::between(
+                &self.start.phases,
+                &self.prefill_end.phases,
+                self.stats.prefill_experts.wait_s(),
+            ));
+            self.stats.decode_phases = Some(PhaseBreakdown::between(
+                &first.phases,
+                &end.phases,
+                self.stats.decode_experts.wait_s(),
+            ));
+        }
+        if self.checkpoints && self.session.pos() > 0 {
+            self.session.checkpoint(self.session.pos())?;
+        }
+        Ok(())
+    }
+
+    /// The result; a generation stopped before it ended counts as cancelled.
+    pub fn finish(mut self) -> Result<Generation> {
+        if self.finish.is_none() {
+            self.end(Finish::Cancelled)?;
+        }
+        let finish = self.finish.take().unwrap_or(Finish::Cancelled);
+        Ok(Generation {
+            tokens: self.history.split_off(self.prompt_len),
+            text: self.text,
+            finish,
+            stats: self.stats,
+            session_tokens: self.held,
+        })
+    }
+}
+
+fn mark(session: &Session<'_>) -> Mark {
+    let model = session.model();
+    Mark {
+        at: Instant::now(),
+        experts: model.expert_store().stats(),
+        cache: model.expert_cache_stats(),
+        phases: model.phase_times(),
+    }
+}
+
+fn span(a: &Mark, b: &Mark) -> f64 {
+    b.at.duration_since(a.at).as_secs_f64()
+}
+
+fn rate(n: usize, secs: f64) -> f64 {
+    if n == 0 || secs <= 0.0 {
+        0.0
+    } else {
+        n as f64 / secs
+    }
+}
+
+fn non_empty(s: String) -> Option<String> {
+    (!s.is_empty()).then_some(s)
+}
+
+/// Cut the session back to the longest prefix of `prompt` it holds, leaving
+/// at least the last prompt token to evaluate (its logits start the
+/// generation). Returns the number of prompt tokens kept, and how many of
+/// those the session evaluated again to get there (a recurrent model
+/// replays from its nearest checkpoint). A session whose tokens are
+/// unknown, or that cannot rewind that far, is cleared.
+fn rewind(session: &mut Session<'_>, prompt: &[u32], held: Option<&[u32]>) -> Result<(usize, usize)> {
+    let known = session.tokens().or(held.filter(|h| h.len() == session.pos()));
+    let keep = match known {
+        Some(k) => common_prefix(k, prompt).min(prompt.len() - 1),
+        None => 0,
+    };
+    if keep == 0 {
+        if session.pos() > 0 || session.tokens().is_none() {
+            session.clear()?;
+        }
+        return Ok((0, 0));
+    }
+    let replayed = if keep < session.pos() && session.model().has_recurrent_layers() {
+        let base = session.checkpoints().into_iter().filter(|&c| c <= keep).max();
+        keep - base.unwrap_or(0)
+    } else {
+        0
+    };
+    match session.truncate(keep) {
+        Ok(()) => Ok((keep, replayed)),
+        Err(Error::NoCheckpoint { .. }) => {
+            session.clear()?;
+            Ok((0, 0))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn common_prefix_counts_equal_leading_ids() {
+        assert_eq!(common_prefix(&[1, 2, 3], &[1, 2, 4, 5]), 2);
+        assert_eq!(common_prefix(&[], &[1]), 0);
+        assert_eq!(common_prefix(&[1, 2], &[1, 2, 3]), 2);
+    }
+
+    #[test]
+    fn phase_breakdown_splits_experts_into_io_and_compute() {
+        let a = PhaseTimes::default();
+        let b = PhaseTimes {
+            attention: 1.0,
+            routing: 0.5,
+            experts: 3.0,
+            dense_ffn: 0.25,
+            lm_head: 0.125,
+        };
+        let p = PhaseBreakdown::between(&a, &b, 2.0);
+        assert_eq!(p.expert_io_wait, 2.0);
+        assert_eq!(p.expert_compute, 1.0);
+        assert_eq!(p.total(), 4.875);
+        // Parallel readers can count more wait than the phase lasted.
+        assert_eq!(PhaseBreakdown::between(&a, &b, 5.0).expert_compute, 0.0);
+    }
+}

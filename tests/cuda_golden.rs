@@ -1,0 +1,175 @@
+//! The golden fixtures on CUDA (SPEC.md §6, GPU tolerances: relative L2 ≤
+//! 2e-3 and equal argmax at every position), token by token against the
+//! chunk, and the expert cache: every expert resident, a cache of three
+//! slots (misses, evictions, experts split across chunks) and half the
+//! experts with prefetch on and off must give bit-identical logits. On a
+//! machine without a GPU each test prints that it skipped.
+
+mod common;
+
+use common::*;
+use moeflux::backend::cuda::{probe, CacheSize};
+use moeflux::{Device, Model, Options};
+
+const GPU_TOL: f64 = 2e-3;
+/// Token by token against the chunk: other kernels (matrix-vector against
+/// tiled products), the same f32 arithmetic.
+const STEP_TOL: f64 = 1e-4;
+
+fn gpu() -> bool {
+    match probe() {
+        Ok(_) => true,
+        Err(why) => {
+            eprintln!("skipped: no CUDA device ({why})");
+            false
+        }
+    }
+}
+
+fn open(dir: &std::path::Path, cache: CacheSize, prefetch: bool) -> Model {
+    let opts = Options {
+        device: Device::Cuda(0),
+        expert_cache: cache,
+        prefetch,
+        ..Options::default()
+    };
+    Model::open(dir, &opts).expect("open converted model on CUDA")
+}
+
+/// The logits of every position, as one chunk and token by token.
+fn run(model: &Model, tokens: &[u32]) -> (Vec<f32>, Vec<f32>) {
+    let mut s = model.session().expect("session");
+    let chunk = s.eval_all(tokens, 0).expect("eval_all");
+    let mut s = model.session().expect("session");
+    let mut steps = Vec::with_capacity(chunk.len());
+    for (pos, &t) in tokens.iter().enumerate() {
+        steps.extend(s.eval_token(t, pos).expect("eval_token"));
+    }
+    (chunk, steps)
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+fn check(name: &str, flags: &[&str]) {
+    if !gpu() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let dst = tmp.path().join("packed");
+    convert(name, &dst, flags);
+    let r = reference(name);
+    let model = open(&dst, CacheSize::Auto, true);
+    assert!(
+        model.expert_cache().is_some_and(|c| c.resident),
+        "{name}: the tiny model should be resident"
+    );
+    let vocab = model.n_vocab();
+    let (chunk, steps) = run(&model, &r.tokens);
+    let mut worst = 0.0f64;
+    for (pos, want) in r.logits.iter().enumerate() {
+        let got = &chunk[pos * vocab..(pos + 1) * vocab];
+        let e = rel_l2(got, want);
+        worst = worst.max(e);
+        assert!(
+            e <= GPU_TOL,
+            "{name}: position {pos}: relative L2 {e:.3e} > {GPU_TOL:e}"
+        );
+        assert_eq!(argmax(got), argmax(want), "{name}: argmax differs at position {pos}");
+        let step = &steps[pos * vocab..(pos + 1) * vocab];
+        let e = rel_l2(step, got);
+        assert!(
+            e <= STEP_TOL,
+            "{name}: token-by-token vs chunk at position {pos}: {e:.3e}"
+        );
+    }
+    eprintln!(
+        "{name}: CUDA worst relative L2 over {} positions: {worst:.2e}",
+        r.logits.len()
+    );
+
+    let store = model.expert_store();
+    let size = (0..model.config().num_hidden_layers)
+        .filter_map(|l| store.layer_layout(l).ok())
+        .map(|l| l.expert_size)
+        .max()
+        .expect("a MoE layer");
+    drop(model);
+    for (cache, prefetch) in [
+        (CacheSize::Bytes(3 * size.div_ceil(256) as u64 * 256), false),
+        (CacheSize::Percent(50.0), true),
+        (CacheSize::Percent(50.0), false),
+    ] {
+        let m = open(&dst, cache, prefetch);
+        let report = m.expert_cache().expect("a cache report");
+        assert!(!report.resident, "{name}: {cache:?} should not hold every expert");
+        let (c2, s2) = run(&m, &r.tokens);
+        let stats = m.expert_cache_stats().expect("cache stats");
+        eprintln!("{name}: {cache:?} prefetch={prefetch}: {stats:?}");
+        assert!(stats.misses > 0, "{name}: {cache:?}: no miss counted");
+        assert!(
+            bits(&c2) == bits(&chunk),
+            "{name}: {cache:?} prefetch={prefetch}: chunk logits differ from the resident run"
+        );
+        assert!(
+            bits(&s2) == bits(&steps),
+            "{name}: {cache:?} prefetch={prefetch}: token-by-token logits differ from the resident run"
+        );
+    }
+}
+
+#[test]
+fn devices_parse() {
+    assert_eq!("cuda".parse::<Device>().unwrap(), Device::Cuda(0));
+    assert_eq!("cuda:3".parse::<Device>().unwrap(), Device::Cuda(3));
+    assert_eq!("auto".parse::<Device>().unwrap(), Device::Auto);
+    assert!("cuda:x".parse::<Device>().is_err());
+    assert!("gpu".parse::<Device>().is_err());
+}
+
+/// `auto` takes CUDA exactly when it is usable, and the CPU quietly otherwise.
+#[test]
+fn auto_chooses_cuda_when_present() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dst = tmp.path().join("packed");
+    convert("qwen3_moe_mlx4", &dst, &[]);
+    let model = Model::open(&dst, &Options::default()).expect("open with auto");
+    let want = if probe().is_ok() { "cuda" } else { "cpu" };
+    assert_eq!(model.device_name(), want);
+}
+
+#[test]
+fn qwen3_moe_bf16() {
+    check("qwen3_moe", &["--bits", "16"]);
+}
+
+#[test]
+fn qwen3_next_bf16_sharded() {
+    check("qwen3_next", &["--bits", "16"]);
+}
+
+#[test]
+fn qwen3_5_moe_bf16_nested() {
+    check("qwen3_5_moe", &["--bits", "16"]);
+}
+
+#[test]
+fn qwen3_5_moe_mlx_4bit() {
+    check("qwen3_5_moe_mlx4", &[]);
+}
+
+#[test]
+fn qwen3_moe_mlx_4bit() {
+    check("qwen3_moe_mlx4", &[]);
+}
+
+#[test]
+fn deepseek_v3_bf16() {
+    check("deepseek_v3", &["--bits", "16"]);
+}
+
+#[test]
+fn deepseek_v3_fp8() {
+    check("deepseek_v3_fp8", &["--bits", "16"]);
+}

@@ -1,0 +1,38 @@
+// Declarations that let clang (-nocudainc) parse the kernels as NVRTC would: a
+// syntax and type check on a machine without the CUDA toolkit. See
+// tools/device/check_kernels.sh.
+#define __global__ __attribute__((global))
+#define __device__ __attribute__((device))
+#define __shared__ __attribute__((shared))
+#define __constant__ __attribute__((constant))
+#define __forceinline__ __inline__ __attribute__((always_inline))
+#define __launch_bounds__(...) __attribute__((launch_bounds(__VA_ARGS__)))
+#include <__clang_cuda_builtin_vars.h>
+#include <__clang_cuda_libdevice_declares.h>
+__device__ inline float expf(float x) { return __nv_expf(x); }
+__device__ inline float sqrtf(float x) { return __nv_sqrtf(x); }
+__device__ inline float rsqrtf(float x) { return __nv_rsqrtf(x); }
+__device__ inline float logf(float x) { return __nv_logf(x); }
+__device__ inline float log1pf(float x) { return __nv_log1pf(x); }
+__device__ inline float sinf(float x) { return __nv_sinf(x); }
+__device__ inline float cosf(float x) { return __nv_cosf(x); }
+__device__ inline void sincosf(float x, float* s, float* c) { __nv_sincosf(x, s, c); }
+__device__ inline float fmaxf(float a, float b) { return __nv_fmaxf(a, b); }
+__device__ inline float fminf(float a, float b) { return __nv_fminf(a, b); }
+__device__ inline float fabsf(float a) { return __nv_fabsf(a); }
+__device__ inline float fmaf(float a, float b, float c) { return __nv_fmaf(a, b, c); }
+__device__ inline float __uint_as_float(unsigned x) { return __nv_uint_as_float(x); }
+__device__ inline unsigned __float_as_uint(float x) { return __nv_float_as_uint(x); }
+__device__ inline float __shfl_xor_sync(unsigned m, float v, int o) { return __nvvm_shfl_sync_bfly_f32(m, v, o, 0x1f); }
+__device__ inline int __shfl_xor_sync(unsigned m, int v, int o) { return __nvvm_shfl_sync_bfly_i32(m, v, o, 0x1f); }
+__device__ inline float __shfl_sync(unsigned m, float v, int l) { return __nvvm_shfl_sync_idx_f32(m, v, l, 0x1f); }
+__device__ inline int __shfl_sync(unsigned m, int v, int l) { return __nvvm_shfl_sync_idx_i32(m, v, l, 0x1f); }
+struct __attribute__((aligned(16))) uint4 { unsigned x, y, z, w; };
+struct __attribute__((aligned(16))) float4 { float x, y, z, w; };
+struct __attribute__((aligned(8))) float2 { float x, y; };
+struct __attribute__((aligned(8))) uint2 { unsigned x, y; };
+template <typename T> __device__ inline T __ldg(const T* p) { return *p; }
+#define __align__(n) __attribute__((aligned(n)))
+__device__ inline int min(int a, int b) { return a < b ? a : b; }
+__device__ inline int max(int a, int b) { return a > b ? a : b; }
+__device__ inline float __int_as_float(int x) { return __nv_int_as_float(x); }

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Build, on this machine, what tools/device/run.sh needs on the device
+# machine (which has no Rust toolchain): the release binary and the CUDA
+# test binaries, stripped, in target/devbin/ (ignored by git; name it in the
+# device call's `carry`).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+cargo build --release
+mkdir -p target/devbin
+for t in backend_ops cuda_golden; do
+    exe=$(cargo test --release --no-run --test "$t" --message-format=json 2>/dev/null |
+        grep -o '"executable":"[^"]*"' | cut -d'"' -f4 | tail -1)
+    strip -o "target/devbin/$t" "$exe"
+done
+strip -o target/devbin/moeflux target/release/moeflux
+du -ch target/devbin/* | tail -1

@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# The one script sent to the device machine (see tools/device/NOTES.md).
+# Run from the repository root there, with the binaries that
+# tools/device/prepare.sh put in target/devbin/ carried along:
+#   tools/device/run.sh STAGE...
+# Stages: probe ops golden synth resident half quarter quarter-nopf cpu
+# golden-staging pieces quarter-staging quick quick25.
+# Logs go to $OUT; a short table is printed last.
+set -uo pipefail
+OUT=${OUT:-/tmp/moeflux-out}
+mkdir -p "$OUT"
+ROOT=$(pwd)
+BIN=$ROOT/target/devbin
+MODEL=${MODEL:-/tmp/q36}
+export MOEFLUX_CACHE_DIR=/tmp/moeflux-kernels
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/local/cuda/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}
+export RUST_BACKTRACE=1
+# The test binaries were built in /work/main: fixtures and the moeflux
+# binary are found through that path.
+if [ "$ROOT" != /work/main ]; then
+    mkdir -p /work && ln -sfn "$ROOT" /work/main
+fi
+mkdir -p /work/main/target/release && cp -f "$BIN/moeflux" /work/main/target/release/moeflux
+SUMMARY=$OUT/summary.txt
+: >"$SUMMARY"
+note() { echo "$*" | tee -a "$SUMMARY"; }
+
+bench() { # name, extra args...
+    local name=$1
+    shift
+    local t0=$SECONDS
+    "$BIN/moeflux" bench --model "$MODEL" "$@" >"$OUT/bench-$name.md" 2>"$OUT/bench-$name.err"
+    local rc=$?
+    note "bench $name (rc $rc, $((SECONDS - t0)) s): $*"
+    cat "$OUT/bench-$name.md" | tee -a "$SUMMARY"
+    tail -n 3 "$OUT/bench-$name.err"
+}
+
+for stage in "$@"; do
+    case $stage in
+    probe)
+        nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version,pcie.link.gen.current,pcie.link.width.current --format=csv | tee "$OUT/gpu.txt"
+        nproc; free -g | head -2; df -h /tmp | tail -1
+        ldconfig -p | grep -E "libcuda.so|libnvrtc" | head -5
+        ls /usr/local/cuda/lib64/libnvrtc* 2>/dev/null | head -3
+        ;;
+    ops)
+        t0=$SECONDS
+        "$BIN/backend_ops" cuda:: --test-threads=1 --nocapture >"$OUT/ops.log" 2>&1
+        note "backend_ops cuda (rc $?, $((SECONDS - t0)) s): $(grep -E '^test result' "$OUT/ops.log")"
+        grep -E "panicked|FAILED|error" "$OUT/ops.log" | head -20
+        grep -E "rel L2" "$OUT/ops.log" | sort -t' ' -k1,1 | awk '{print}' >"$OUT/ops-errors.txt"
+        ;;
+    golden)
+        t0=$SECONDS
+        "$BIN/cuda_golden" --test-threads=4 --nocapture >"$OUT/golden.log" 2>&1
+        note "cuda_golden (rc $?, $((SECONDS - t0)) s): $(grep -E '^test result' "$OUT/golden.log")"
+        grep -E "panicked|FAILED|worst" "$OUT/golden.log" | head -30 | tee -a "$SUMMARY"
+        ;;
+    synth)
+        t0=$SECONDS
+        [ -d "$MODEL" ] || "$BIN/moeflux" synth --preset qwen3.6-35b-a3b --out "$MODEL" >"$OUT/synth.log" 2>&1
+        note "synth (rc $?, $((SECONDS - t0)) s): $(du -sh "$MODEL" | cut -f1)"
+        ;;
+    resident) bench resident --device cuda -p 512 -n 128 -r 3 --timing ;;
+    half) bench half --device cuda --expert-cache 50% -p 512 -n 128 -r 3 ;;
+    quarter) bench quarter --device cuda --expert-cache 25% -p 512 -n 128 -r 3 --timing ;;
+    quarter-nopf) bench quarter-nopf --device cuda --expert-cache 25% --no-prefetch -p 512 -n 128 -r 3 ;;
+    cpu) bench cpu --device cpu -p 512 -n 128 -r 3 ;;
+    golden-staging)
+        # The same tests with the expert files copied through pinned staging
+        # buffers instead of registered with the driver.
+        t0=$SECONDS
+        MOEFLUX_STAGING=1 "$BIN/cuda_golden" --test-threads=4 --nocapture >"$OUT/golden-staging.log" 2>&1
+        note "cuda_golden, staging (rc $?, $((SECONDS - t0)) s): $(grep -E '^test result' "$OUT/golden-staging.log")"
+        grep -E "panicked|FAILED" "$OUT/golden-staging.log" | head -10 | tee -a "$SUMMARY"
+        ;;
+    pieces)
+        for kb in 256 1024; do
+            MOEFLUX_STAGING=1 MOEFLUX_COPY_PIECE_KB=$kb bench "staging-piece$kb" --device cuda --expert-cache 25% -p 0 -n 32 -r 2
+        done
+        ;;
+    quarter-staging) MOEFLUX_STAGING=1 bench quarter-staging --device cuda --expert-cache 25% -p 512 -n 128 -r 3 ;;
+    quick) bench quick --device cuda -p 64 -n 16 -r 1 ;;
+    quick25) bench quick25 --device cuda --expert-cache 25% -p 64 -n 16 -r 1 ;;
+    *) note "unknown stage $stage" ;;
+    esac
+done
+echo "==== summary"
+cat "$SUMMARY"
