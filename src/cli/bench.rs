@@ -53,6 +53,9 @@ pub struct BenchArgs {
     /// Print one JSON object instead of the table.
     #[arg(long)]
     pub json: bool,
+    /// Tokens per prefill chunk (1 evaluates the prompt token by token).
+    #[arg(long, default_value_t = moeflux::session::DEFAULT_CHUNK)]
+    pub chunk: usize,
 }
 
 /// Deterministic token ids (xorshift), spread over the vocabulary.
@@ -114,8 +117,9 @@ struct Row {
 }
 
 /// Run a prompt (pp) or a token-by-token decode (tg) from position 0.
-fn run_once(model: &Model, toks: &[u32], pp: bool) -> anyhow::Result<()> {
+fn run_once(model: &Model, toks: &[u32], pp: bool, chunk: usize) -> anyhow::Result<()> {
     let mut s = model.session()?;
+    s.set_chunk_size(chunk);
     if pp {
         s.eval_prompt(toks, 0)?;
     } else {
@@ -233,7 +237,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         let mut cache: Option<CacheStats> = None;
         let mut secs = 0.0;
         for r in 0..a.warmup {
-            run_once(&model, &tokens(n_tok.max(1), vocab, 1000 + r as u64), pp)?;
+            run_once(&model, &tokens(n_tok.max(1), vocab, 1000 + r as u64), pp, a.chunk)?;
         }
         for r in 0..reps {
             if a.cold {
@@ -243,7 +247,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             let before = store.stats();
             let cache_before = model.expert_cache_stats();
             let t = Instant::now();
-            run_once(&model, &toks, pp)?;
+            run_once(&model, &toks, pp, a.chunk)?;
             let dt = t.elapsed().as_secs_f64();
             if let (Some(b0), Some(b1)) = (cache_before, model.expert_cache_stats()) {
                 cache = Some(add_cache(cache, cache_delta(b0, b1)));
@@ -258,7 +262,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         let phases = if a.timing {
             model.reset_timing();
             model.set_timing(true);
-            let r = run_once(&model, &tokens(n_tok.max(1), vocab, 2000), pp);
+            let r = run_once(&model, &tokens(n_tok.max(1), vocab, 2000), pp, a.chunk);
             model.set_timing(false);
             r?;
             Some((model.phase_times(), n_tok.max(1)))
@@ -277,7 +281,12 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         })
     };
     if a.prompt > 0 {
-        rows.push(measure(format!("pp{}", a.prompt), a.prompt, true)?);
+        let name = if a.chunk < a.prompt {
+            format!("pp{} (chunk {})", a.prompt, a.chunk)
+        } else {
+            format!("pp{}", a.prompt)
+        };
+        rows.push(measure(name, a.prompt, true)?);
     }
     if a.gen > 0 {
         rows.push(measure(format!("tg{}", a.gen), a.gen, false)?);
