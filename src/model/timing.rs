@@ -11,9 +11,11 @@ use std::time::Instant;
 pub enum Phase {
     /// Token mixing: GQA / GatedDeltaNet / MLA, with their norms.
     Attention,
-    /// Router logits and the choice of experts.
+    /// The router's matrix product (the logits).
     Routing,
-    /// The routed experts: reading them and computing them.
+    /// The routed experts: choosing them from the logits (inside the
+    /// backend's `moe`, on the device where there is one), reading and
+    /// computing them.
     Experts,
     /// Dense MLPs and shared experts.
     DenseFfn,
