@@ -74,39 +74,8 @@ fn greedy(name: &str, flags: &[&str]) {
     );
 }
 
-#[test]
-fn greedy_qwen3_moe() {
-    greedy("qwen3_moe", &["--bits", "16"]);
-}
-
-#[test]
-fn greedy_qwen3_moe_mlx4() {
-    greedy("qwen3_moe_mlx4", &[]);
-}
-
-#[test]
-fn greedy_qwen3_next() {
-    greedy("qwen3_next", &["--bits", "16"]);
-}
-
-#[test]
-fn greedy_qwen3_5_moe() {
-    greedy("qwen3_5_moe", &["--bits", "16"]);
-}
-
-#[test]
-fn greedy_qwen3_5_moe_mlx4() {
-    greedy("qwen3_5_moe_mlx4", &[]);
-}
-
-#[test]
-fn greedy_deepseek_v3() {
-    greedy("deepseek_v3", &["--bits", "16"]);
-}
-
-#[test]
-fn greedy_deepseek_v3_fp8() {
-    greedy("deepseek_v3_fp8", &["--bits", "16"]);
+mod greedy_matches_transformers {
+    crate::golden_fixture_tests!(super::greedy);
 }
 
 const DEMO: &str = "qwen3_5_moe_mlx4";

@@ -61,37 +61,4 @@ fn check(name: &str, flags: &[&str]) {
     }
 }
 
-#[test]
-fn qwen3_moe_bf16() {
-    check("qwen3_moe", &["--bits", "16"]);
-}
-
-#[test]
-fn qwen3_next_bf16_sharded() {
-    check("qwen3_next", &["--bits", "16"]);
-}
-
-#[test]
-fn qwen3_5_moe_bf16_nested() {
-    check("qwen3_5_moe", &["--bits", "16"]);
-}
-
-#[test]
-fn qwen3_5_moe_mlx_4bit() {
-    check("qwen3_5_moe_mlx4", &[]);
-}
-
-#[test]
-fn qwen3_moe_mlx_4bit() {
-    check("qwen3_moe_mlx4", &[]);
-}
-
-#[test]
-fn deepseek_v3_bf16() {
-    check("deepseek_v3", &["--bits", "16"]);
-}
-
-#[test]
-fn deepseek_v3_fp8() {
-    check("deepseek_v3_fp8", &["--bits", "16"]);
-}
+golden_fixture_tests!(check);
