@@ -73,7 +73,9 @@ fn matvec_bandwidth() {
     for (rows, cols, copies) in [(8192, 2048, 8), (16384, 4096, 4), (2048, 4096, 16), (512, 2048, 64)] {
         let views: Vec<MatrixView> = (0..copies).map(|_| q4(&mut rng, rows, cols)).collect();
         let mats: Vec<_> = views.iter().map(|v| gpu.matrix(v).expect("upload")).collect();
-        let xh: Vec<f32> = (0..cols).map(|_| (rng.u64() >> 40) as f32 / (1u64 << 24) as f32 - 0.5).collect();
+        let xh: Vec<f32> = (0..cols)
+            .map(|_| (rng.u64() >> 40) as f32 / (1u64 << 24) as f32 - 0.5)
+            .collect();
         let x = gpu.upload(&xh).expect("upload x");
         let mut y = gpu.alloc(rows).expect("alloc y");
         let reps = 200 / copies * copies;
