@@ -65,8 +65,8 @@ fn matvec_bandwidth() {
     let lc = gpu.launch_cost().expect("launch cost");
     println!("device-to-device copy: {copy:.0} GB/s (read + write)");
     println!(
-        "one small launch: enqueue {:.2} us, on the stream {:.2} us, in a graph {:.2} us",
-        lc.enqueue_us, lc.stream_us, lc.graph_us
+        "one small launch: enqueue {:.2} us, on the stream {:.2} us, in one graph {:.2} us, in the backend's graph segments {:.2} us",
+        lc.enqueue_us, lc.stream_us, lc.graph_us, lc.segments_us
     );
     println!("| matrix | copies | MB each | us | GB/s | % of copy |");
     let mut rng = Rng(0x2545_f491_4f6c_dd1d);

@@ -4,7 +4,8 @@
 # tools/device/prepare.sh put in target/devbin/ carried along:
 #   tools/device/run.sh STAGE...
 # Stages: probe ops golden synth resident half quarter quarter-nopf cpu
-# golden-staging pieces quarter-staging quick quick25.
+# golden-staging pieces quarter-staging quick quick25 kernels resident-nograph
+# quarter-nograph golden-nograph.
 # Logs go to $OUT; a short table is printed last.
 set -uo pipefail
 OUT=${OUT:-/tmp/moeflux-out}
@@ -63,6 +64,14 @@ for stage in "$@"; do
         note "synth (rc $?, $((SECONDS - t0)) s): $(du -sh "$MODEL" | cut -f1)"
         ;;
     resident) bench resident --device cuda -p 512 -n 128 -r 3 --timing ;;
+    resident-nograph) MOEFLUX_GRAPHS=0 bench resident-nograph --device cuda -p 512 -n 128 -r 3 ;;
+    quarter-nograph) MOEFLUX_GRAPHS=0 bench quarter-nograph --device cuda --expert-cache 25% -p 512 -n 128 -r 3 ;;
+    golden-nograph)
+        t0=$SECONDS
+        MOEFLUX_GRAPHS=0 "$BIN/cuda_golden" --test-threads=4 --nocapture >"$OUT/golden-nograph.log" 2>&1
+        note "cuda_golden, no graphs (rc $?, $((SECONDS - t0)) s): $(grep -E '^test result' "$OUT/golden-nograph.log")"
+        grep -E "panicked|FAILED" "$OUT/golden-nograph.log" | head -10 | tee -a "$SUMMARY"
+        ;;
     half) bench half --device cuda --expert-cache 50% -p 512 -n 128 -r 3 ;;
     quarter) bench quarter --device cuda --expert-cache 25% -p 512 -n 128 -r 3 --timing ;;
     quarter-nopf) bench quarter-nopf --device cuda --expert-cache 25% --no-prefetch -p 512 -n 128 -r 3 ;;
@@ -81,6 +90,12 @@ for stage in "$@"; do
         done
         ;;
     quarter-staging) MOEFLUX_STAGING=1 bench quarter-staging --device cuda --expert-cache 25% -p 512 -n 128 -r 3 ;;
+    kernels)
+        t0=$SECONDS
+        "$BIN/cuda_kernels" --test-threads=1 --nocapture >"$OUT/kernels.log" 2>&1
+        note "cuda_kernels (rc $?, $((SECONDS - t0)) s): $(grep -E '^test result' "$OUT/kernels.log")"
+        grep -E "^\||copy:|launch:|panicked" "$OUT/kernels.log" | tee -a "$SUMMARY"
+        ;;
     quick) bench quick --device cuda -p 64 -n 16 -r 1 ;;
     quick25) bench quick25 --device cuda --expert-cache 25% -p 64 -n 16 -r 1 ;;
     *) note "unknown stage $stage" ;;

@@ -4,11 +4,13 @@
 //! build time; a machine without a driver never gets here, see `probe`).
 
 use super::compile;
+use super::graph::Segments;
 use crate::error::{Error, Result};
 use cudarc::driver::{sys, CudaContext, DriverError};
 use std::collections::HashMap;
 use std::ffi::{c_void, CString};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 pub(crate) fn cuda_err(what: &str, e: DriverError) -> Error {
     Error::Backend {
@@ -118,6 +120,10 @@ pub(crate) struct Gpu {
     /// on the compute stream, so a block freed there may be handed out
     /// again at once (later work on the stream runs after earlier uses).
     free: Mutex<FreeList>,
+    /// Launches captured into graphs (see `graph`); off with
+    /// `MOEFLUX_GRAPHS=0`.
+    graphs: AtomicBool,
+    segments: Mutex<Segments>,
 }
 
 #[derive(Default)]
@@ -189,6 +195,8 @@ impl Gpu {
             ordinal,
             async_alloc,
             free: Mutex::new(FreeList::default()),
+            graphs: AtomicBool::new(std::env::var("MOEFLUX_GRAPHS").map_or(true, |v| v != "0")),
+            segments: Mutex::new(Segments::default()),
         }))
     }
 
@@ -217,9 +225,16 @@ impl Gpu {
         if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
             return Ok(());
         }
+        let mut seg = match self.graphs.load(Ordering::Relaxed) {
+            true => Some(self.segments()?),
+            false => None,
+        };
+        if let Some(s) = seg.as_mut() {
+            s.begin(self.stream)?;
+        }
         // SAFETY: the caller passes arguments of the kernel's exact types
         // (see `cuda_args!`), which live until this call returns.
-        unsafe {
+        let r = unsafe {
             sys::cuLaunchKernel(
                 f,
                 grid.0,
@@ -234,7 +249,43 @@ impl Gpu {
                 std::ptr::null_mut(),
             )
         }
-        .check("kernel launch")
+        .check("kernel launch");
+        match seg.as_mut() {
+            Some(s) if r.is_ok() => s.launched(self.stream),
+            Some(s) => {
+                let _ = s.flush(self.stream);
+                r
+            }
+            None => r,
+        }
+    }
+
+    fn segments(&self) -> Result<MutexGuard<'_, Segments>> {
+        self.segments.lock().map_err(|_| Error::Backend {
+            backend: "cuda",
+            msg: "graph capture state poisoned".into(),
+        })
+    }
+
+    /// Launch the kernels captured so far: called before anything else
+    /// is put on the compute stream.
+    pub fn flush(&self) -> Result<()> {
+        if !self.graphs.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        self.segments()?.flush(self.stream)
+    }
+
+    /// Whether launches are captured into graphs.
+    pub fn graphs(&self) -> bool {
+        self.graphs.load(Ordering::Relaxed)
+    }
+
+    /// Turn graph capture on or off (what was captured is launched first).
+    pub fn set_graphs(&self, on: bool) -> Result<()> {
+        self.flush()?;
+        self.graphs.store(on, Ordering::Relaxed);
+        Ok(())
     }
 
     /// Blocks are handed out in multiples of this.
@@ -253,6 +304,7 @@ impl Gpu {
                 return Ok(p);
             }
         }
+        self.flush()?;
         let mut p = 0;
         let what = || format!("allocating {bytes} bytes of device memory");
         // SAFETY: plain allocation in the bound context.
@@ -282,7 +334,7 @@ impl Gpu {
     }
 
     fn release(&self, p: u64) {
-        if self.bind().is_err() {
+        if self.bind().is_err() || self.flush().is_err() {
             return;
         }
         // SAFETY: `p` came from `alloc` and is freed once. Errors here
@@ -300,6 +352,7 @@ impl Gpu {
         if bytes == 0 {
             return Ok(());
         }
+        self.flush()?;
         // SAFETY: the caller owns `bytes` bytes at `p` (a multiple of 4).
         unsafe { sys::cuMemsetD32Async(p, 0, bytes / 4, self.stream) }.check("memset")
     }
@@ -310,6 +363,7 @@ impl Gpu {
         if src.is_empty() {
             return Ok(());
         }
+        self.flush()?;
         // SAFETY: the caller owns `src.len()` bytes at `dst`; pageable
         // sources are staged by the driver before this returns.
         unsafe { sys::cuMemcpyHtoDAsync_v2(dst, src.as_ptr() as *const c_void, src.len(), self.stream) }
@@ -321,6 +375,7 @@ impl Gpu {
         if dst.is_empty() {
             return Ok(());
         }
+        self.flush()?;
         // SAFETY: `src` holds at least `dst.len()` bytes; the stream is
         // synchronized before `dst` is used.
         unsafe { sys::cuMemcpyDtoHAsync_v2(dst.as_mut_ptr() as *mut c_void, src, dst.len(), self.stream) }
@@ -332,14 +387,20 @@ impl Gpu {
         if bytes == 0 {
             return Ok(());
         }
+        self.flush()?;
         // SAFETY: both ranges are owned device memory of `bytes` bytes.
         unsafe { sys::cuMemcpyDtoDAsync_v2(dst, src, bytes, self.stream) }.check("device copy")
     }
 
     /// Wait for everything on the compute stream.
     pub fn sync(&self) -> Result<()> {
+        self.flush()?;
         // SAFETY: the stream is valid for the life of `self`.
-        unsafe { sys::cuStreamSynchronize(self.stream) }.check("waiting for the GPU")
+        unsafe { sys::cuStreamSynchronize(self.stream) }.check("waiting for the GPU")?;
+        if self.graphs.load(Ordering::Relaxed) {
+            self.segments()?.restart();
+        }
+        Ok(())
     }
 }
 
@@ -348,6 +409,7 @@ impl Drop for Gpu {
         if self.bind().is_err() {
             return;
         }
+        let _ = self.flush();
         let cached: Vec<u64> = match self.free.lock() {
             Ok(mut fl) => fl.by_size.drain().flat_map(|(_, v)| v).collect(),
             Err(_) => Vec::new(),
@@ -360,6 +422,9 @@ impl Drop for Gpu {
         unsafe {
             let _ = sys::cuStreamSynchronize(self.stream);
             let _ = sys::cuStreamSynchronize(self.copy);
+            if let Ok(mut seg) = self.segments.lock() {
+                seg.destroy();
+            }
             let _ = sys::cuStreamDestroy_v2(self.stream);
             let _ = sys::cuStreamDestroy_v2(self.copy);
             let _ = sys::cuModuleUnload(self.module);
@@ -387,11 +452,17 @@ impl Event {
         Ok(Event { ev, gpu: gpu.clone() })
     }
     pub fn record(&self, stream: sys::CUstream) -> Result<()> {
+        if stream == self.gpu.stream {
+            self.gpu.flush()?;
+        }
         // SAFETY: both handles are valid.
         unsafe { sys::cuEventRecord(self.ev, stream) }.check("recording an event")
     }
     /// Make `stream` wait (on the GPU) for the last recording of this event.
     pub fn wait_on(&self, stream: sys::CUstream) -> Result<()> {
+        if stream == self.gpu.stream {
+            self.gpu.flush()?;
+        }
         // SAFETY: both handles are valid.
         unsafe { sys::cuStreamWaitEvent(stream, self.ev, 0) }.check("waiting for an event")
     }

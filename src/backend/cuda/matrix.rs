@@ -192,9 +192,10 @@ impl CudaMatrix {
         }
         let (arg, xp, yp) = (self.arg, x.read(gpu)?, y.write(gpu, n * rows)?);
         if n == 1 {
-            // 8 warps of 4 rows per block.
-            let grid = rows.div_ceil(32) as u32;
-            gpu.launch(gpu.k.matvec, (grid, 1, 1), 256, 0, cuda_args![arg, xp, yp])
+            // 2 warps of 4 rows per block: small blocks spread a matrix of
+            // few rows over every SM.
+            let grid = rows.div_ceil(8) as u32;
+            gpu.launch(gpu.k.matvec, (grid, 1, 1), 64, 0, cuda_args![arg, xp, yp])
         } else {
             let (gx, gy) = (rows.div_ceil(64) as u32, n.div_ceil(64) as u32);
             let n = n as i32;

@@ -10,14 +10,17 @@ mod buf;
 mod cache;
 mod compile;
 mod driver;
+mod graph;
 mod hostmap;
 mod matrix;
 mod moe;
 mod ops;
+mod probe;
 
 pub use buf::CudaBuf;
 pub use cache::{CacheSize, CacheStats};
 pub use matrix::CudaMatrix;
+pub use probe::LaunchCost;
 
 use super::{AttnArgs, Backend, DeltaArgs, DeltaState, DeltaWeights, MlaArgs, MoeArgs, RopeArgs, Strided};
 use crate::error::{Error, Result};

@@ -287,7 +287,8 @@ pub(crate) fn moe(gpu: &Arc<Gpu>, cache: Option<&ExpertCache>, io: MoeIo, a: Moe
             };
             launch_up(gpu, el, io.x, &h, &g, &a)?;
             let (hp, wp, ip) = (h.read(gpu)?, wts.read(gpu)?, ids.ptr());
-            let grid = (a.hidden.div_ceil(32) as u32, n as u32, 1);
+            // One block per 4 rows of a token; its warps split the pairs.
+            let grid = (a.hidden.div_ceil(4) as u32, n as u32, 1);
             gpu.launch(
                 gpu.k.moe_down_combine,
                 grid,

@@ -277,25 +277,24 @@ extern "C" __global__ void moe_combine(float* out, const float* d, const float* 
     }
 }
 
-// moe_down and moe_combine in one launch, for device routing: block row
-// blockIdx.y is token t, whose k pairs run through down one after the
-// other; the same arithmetic as the two kernels. Grid (hidden/(8·MV_R), n).
+// moe_down and moe_combine in one launch, for device routing: block
+// (blockIdx.x, blockIdx.y) takes MV_R rows of token blockIdx.y; warp w runs
+// pairs j = w, w + 8, ... through down (as moe_down does), and one thread
+// per row adds them up in j order (as moe_combine does): the same
+// arithmetic as the two kernels. Grid (hidden/MV_R, n), 256 threads.
+#define DC_MAXK 64
 template <int FMT, bool F16S>
 __device__ __forceinline__ void moe_down_combine_t(const ELayout& L, const float* h, float* out, const float* wts,
                                                    const u32* ids, const u64* table, int k, int hidden, int inter,
                                                    int assign) {
-    const int lane = threadIdx.x & 31;
+    __shared__ float dots[DC_MAXK][MV_R];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
     const int t = blockIdx.y;
-    const int r0 = ((blockIdx.x * blockDim.x + threadIdx.x) >> 5) * MV_R;
-    if (r0 >= hidden) return;
-    float comb[MV_R];
+    const int r0 = blockIdx.x * MV_R;
     bool live[MV_R];
 #pragma unroll
-    for (int r = 0; r < MV_R; r++) {
-        comb[r] = 0.0f;
-        live[r] = r0 + r < hidden;
-    }
-    for (int j = 0; j < k; j++) {
+    for (int r = 0; r < MV_R; r++) live[r] = r0 + r < hidden;
+    for (int j = warp; j < k && j < DC_MAXK; j += warps) {
         const int p = t * k + j;
         const char* base = (const char*)table[ids[p]];
         Row rows[MV_R];
@@ -306,17 +305,19 @@ __device__ __forceinline__ void moe_down_combine_t(const ELayout& L, const float
             acc[r] = 0.0f;
         }
         rows_dot<FMT, F16S>(rows, live, inter, L.gs_shift, L.vec, h + (i64)p * inter, acc);
-        const float w = wts[p];
-#pragma unroll
-        for (int r = 0; r < MV_R; r++) comb[r] = fmaf(w, warp_sum(acc[r]), comb[r]);
-    }
-    if (lane == 0) {
 #pragma unroll
         for (int r = 0; r < MV_R; r++) {
-            if (!live[r]) continue;
-            float* o = out + (i64)t * hidden + r0 + r;
-            *o = assign ? comb[r] : *o + comb[r];
+            const float v = warp_sum(acc[r]);
+            if (lane == 0) dots[j][r] = v;
         }
+    }
+    __syncthreads();
+    const int r = threadIdx.x;
+    if (r < MV_R && r0 + r < hidden) {
+        float comb = 0.0f;
+        for (int j = 0; j < k && j < DC_MAXK; j++) comb = fmaf(wts[t * k + j], dots[j][r], comb);
+        float* o = out + (i64)t * hidden + r0 + r;
+        *o = assign ? comb : *o + comb;
     }
 }
 
