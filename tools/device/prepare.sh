@@ -10,7 +10,7 @@ cargo build --release
 mkdir -p target/devbin
 for t in backend_ops cuda_golden cuda_kernels; do
     exe=$(cargo test --release --no-run --test "$t" --message-format=json 2>/dev/null |
-        grep -o '"executable":"[^"]*"' | cut -d'"' -f4 | tail -1)
+        grep '"kind":\["test"\]' | grep -o '"executable":"[^"]*"' | cut -d'"' -f4 | tail -1)
     strip -o "target/devbin/$t" "$exe"
 done
 strip -o target/devbin/moeflux target/release/moeflux

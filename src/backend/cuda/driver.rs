@@ -63,6 +63,7 @@ macro_rules! kernels {
 
 kernels!(
     matvec,
+    matvec_q,
     gemm,
     embed,
     rms_norm,

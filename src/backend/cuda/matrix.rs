@@ -178,6 +178,21 @@ impl CudaMatrix {
         })
     }
 
+    /// Whether `matvec_q` takes this matrix: quantized, rows of whole
+    /// 16-byte chunks each inside one group, x small enough for 48 KiB of
+    /// shared memory.
+    fn staged_matvec(&self) -> bool {
+        let a = &self.arg;
+        let bits = match a.fmt & 7 {
+            f if f == Format::Q2 as i32 => 2,
+            f if f == Format::Q4 as i32 => 4,
+            f if f == Format::Q8 as i32 => 8,
+            _ => return false,
+        };
+        // Elements per 16-byte chunk: 128 / bits.
+        a.vec == 1 && (1usize << a.gs_shift) >= 128 / bits && self.cols * 4 <= 48 * 1024
+    }
+
     /// `y[n, rows] = x[n, cols] · Wᵀ`.
     pub(crate) fn linear(&self, gpu: &Gpu, x: &CudaBuf, n: usize, y: &mut CudaBuf) -> Result<()> {
         let (rows, cols) = (self.rows, self.cols);
@@ -191,7 +206,24 @@ impl CudaMatrix {
             return gpu.memset_zero(yp, n * rows * 4);
         }
         let (arg, xp, yp) = (self.arg, x.read(gpu)?, y.write(gpu, n * rows)?);
-        if n == 1 {
+        if n == 1 && self.staged_matvec() {
+            // 4 rows a warp. A matrix of ≥ 32 rows per SM of an H100: 8
+            // warps a block and at most 264 blocks (2 per SM) striding over
+            // the rows, so x is staged into few blocks; a smaller one: 2
+            // warps a block, to spread it over the SMs.
+            let (warps, grid) = match rows >= 32 * 132 {
+                true => (8, rows.div_ceil(32).min(264)),
+                false => (2, rows.div_ceil(8)),
+            };
+            let smem = (cols * 4) as u32;
+            gpu.launch(
+                gpu.k.matvec_q,
+                (grid as u32, 1, 1),
+                32 * warps,
+                smem,
+                cuda_args![arg, xp, yp],
+            )
+        } else if n == 1 {
             // 2 warps of 4 rows per block: small blocks spread a matrix of
             // few rows over every SM.
             let grid = rows.div_ceil(8) as u32;

@@ -2,6 +2,8 @@
 // and the embedding lookup. One token (decode, routed experts): one warp
 // per MV_R rows, 16-byte loads of the packed weights, dequantized in
 // registers, a warp-shuffle sum at the end; x is read once per MV_R rows.
+// One token through a quantized dense matrix: `matvec_q` (x in shared
+// memory, the scales applied once per chunk).
 // Several tokens: 64×64 output tiles through shared memory.
 
 #define MV_R 4  // rows per warp
@@ -148,6 +150,118 @@ __device__ __forceinline__ void matvec_t(const Mat& m, const float* x, float* y)
 // y[rows] = W·x (one token); grid rows/(8·MV_R), 256 threads.
 extern "C" __global__ void __launch_bounds__(256) matvec(Mat m, const float* x, float* y) {
     FOR_FMT(m.fmt, (matvec_t<F, S>(m, x, y)));
+}
+
+#define MQ_R 4  // rows per warp in matvec_q
+
+// Float4 `p` of x as matvec_q stores it in shared memory: the low 3 bits
+// of the index are flipped by the 128-byte line (F4 ≤ 4) or the chunk
+// (F4 ≥ 8), so the 8 lanes of one 128-byte phase, which read the same
+// offset of 8 consecutive chunks, hit 8 different bank groups.
+template <int F4>
+__device__ __forceinline__ int xswz(int p) {
+    return F4 >= 8 ? p ^ ((p / F4) & 7) : p ^ ((p >> 3) & 7);
+}
+
+// Byte `k` of `w` as an exact float: 2^23 + byte built with one byte
+// permute, less 2^23.
+__device__ __forceinline__ float byte_f(u32 w, int k) {
+    u32 r;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(w), "r"(0x4B000000u), "r"(0x7440u + k));
+    return __uint_as_float(r) - 8388608.0f;
+}
+
+// y[rows] = W·x for one token, W quantized, every row 16-byte aligned and
+// each lane's 16-byte chunk inside one group. x is staged once per block
+// in shared memory; each warp takes MQ_R rows at a time (grid-stride), each
+// lane one 16-byte chunk of each row per step (512 contiguous bytes a row
+// a warp). Per chunk and row: Σ(q·s + b)·x = s·Σq·x + b·Σx, with Σx shared
+// by the warp's rows; the lanes' sums are reduced by a fixed shuffle tree,
+// so the result is the same every run.
+template <int BITS, bool F16S>
+__device__ __forceinline__ void matvec_q_t(const Mat& m, const float* x, float* y, float4* xs) {
+    const int EPW = 32 / BITS;  // elements per word
+    const int EPC = 4 * EPW;    // elements per 16-byte chunk
+    const int F4 = EPC / 4;     // float4s of x per chunk
+    const int SUB = 8 / BITS;   // elements per byte
+    const u32 MASK = BITS == 8 ? 0xffffffffu : BITS == 4 ? 0x0f0f0f0fu : 0x03030303u;
+    const int n4 = m.cols >> 2;
+    for (int p = threadIdx.x; p < n4; p += blockDim.x) xs[xswz<F4>(p)] = __ldg((const float4*)x + p);
+    __syncthreads();
+    const int lane = threadIdx.x & 31;
+    const int wpb = blockDim.x >> 5;
+    const int chunks = m.cols / EPC;
+    for (int r0 = (blockIdx.x * wpb + (threadIdx.x >> 5)) * MQ_R; r0 < m.rows; r0 += gridDim.x * wpb * MQ_R) {
+        Row rows[MQ_R];
+        float acc[MQ_R];
+#pragma unroll
+        for (int r = 0; r < MQ_R; r++) {
+            // A row past the end reads the last row again and is not written.
+            rows[r] = mat_row(m, r0 + r < m.rows ? r0 + r : m.rows - 1);
+            acc[r] = 0.0f;
+        }
+        for (int i = lane; i < chunks; i += 32) {
+            const int g = (i * EPC) >> m.gs_shift;
+            uint4 wv[MQ_R];
+            float sc[MQ_R], bi[MQ_R];
+#pragma unroll
+            for (int r = 0; r < MQ_R; r++) {
+                wv[r] = __ldg((const uint4*)rows[r].w + i);
+                sc[r] = scale_of(rows[r].s, g, F16S);
+                bi[r] = scale_of(rows[r].b, g, F16S);
+            }
+            float sx = 0.0f, qx[MQ_R];
+#pragma unroll
+            for (int r = 0; r < MQ_R; r++) qx[r] = 0.0f;
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                float xv[EPW];
+#pragma unroll
+                for (int f = 0; f < EPW / 4; f++) {
+                    const float4 t = xs[xswz<F4>(i * F4 + j * (EPW / 4) + f)];
+                    xv[4 * f] = t.x;
+                    xv[4 * f + 1] = t.y;
+                    xv[4 * f + 2] = t.z;
+                    xv[4 * f + 3] = t.w;
+                }
+#pragma unroll
+                for (int e = 0; e < EPW; e++) sx += xv[e];
+#pragma unroll
+                for (int r = 0; r < MQ_R; r++) {
+                    const u32 w = j == 0 ? wv[r].x : j == 1 ? wv[r].y : j == 2 ? wv[r].z : wv[r].w;
+                    u32 ms[SUB];
+#pragma unroll
+                    for (int s = 0; s < SUB; s++) ms[s] = (w >> (BITS * s)) & MASK;
+                    float a = qx[r];
+#pragma unroll
+                    for (int e = 0; e < EPW; e++) a = fmaf(byte_f(ms[e % SUB], e / SUB), xv[e], a);
+                    qx[r] = a;
+                }
+            }
+#pragma unroll
+            for (int r = 0; r < MQ_R; r++) acc[r] = fmaf(sc[r], qx[r], fmaf(bi[r], sx, acc[r]));
+        }
+#pragma unroll
+        for (int r = 0; r < MQ_R; r++) {
+            const float v = warp_sum(acc[r]);
+            if (lane == 0 && r0 + r < m.rows) y[r0 + r] = v;
+        }
+    }
+}
+
+// y[rows] = W·x (one token, quantized, see matvec_q_t); dynamic shared
+// memory cols·4 bytes, blocks of 64 or 256 threads, any grid.
+extern "C" __global__ void __launch_bounds__(256) matvec_q(Mat m, const float* x, float* y) {
+    extern __shared__ float4 xs[];
+    switch (m.fmt) {
+        case FMT_Q2: matvec_q_t<2, false>(m, x, y, xs); break;
+        case FMT_Q4: matvec_q_t<4, false>(m, x, y, xs); break;
+        case FMT_Q8: matvec_q_t<8, false>(m, x, y, xs); break;
+        case FMT_Q2 + FMT_F16_SCALES: matvec_q_t<2, true>(m, x, y, xs); break;
+        case FMT_Q4 + FMT_F16_SCALES: matvec_q_t<4, true>(m, x, y, xs); break;
+        case FMT_Q8 + FMT_F16_SCALES: matvec_q_t<8, true>(m, x, y, xs); break;
+        default: break;
+    }
 }
 
 #define GM_BM 64
