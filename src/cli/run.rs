@@ -4,6 +4,7 @@
 use super::interrupt;
 use anyhow::Context;
 use clap::Args;
+use moeflux::backend::cuda::CacheSize;
 use moeflux::experts::IoMode;
 use moeflux::generate::{CacheTraffic, Finish, GenerationStats, Generator, PhaseBreakdown, Request};
 use moeflux::text::{ChatRequest, ChatTemplate, GenerationDefaults, Rng, SamplingParams, Tokenizer, TokenizerConfig};
@@ -27,6 +28,10 @@ pub struct ModelArgs {
     /// How experts are read: pread, mmap or direct.
     #[arg(long, default_value = "pread")]
     pub io: IoMode,
+    /// CUDA: device memory for routed experts: auto (free memory less a
+    /// margin), a size (8G, 512M) or a share of the expert bytes (25%).
+    #[arg(long, default_value = "auto")]
+    pub expert_cache: CacheSize,
 }
 
 impl ModelArgs {
@@ -35,6 +40,7 @@ impl ModelArgs {
         let opts = Options {
             device: self.device,
             io_mode: self.io,
+            expert_cache: self.expert_cache,
             ..Options::default()
         };
         let dir = &self.model;
