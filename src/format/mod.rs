@@ -51,19 +51,29 @@ impl Dtype {
     }
     /// Decode little-endian float bytes of this dtype.
     pub fn to_f32(self, b: &[u8]) -> Vec<f32> {
+        let mut out = vec![0.0; b.len() / self.size()];
+        self.decode_into(b, &mut out);
+        out
+    }
+
+    /// Decode little-endian float bytes of this dtype into `out`.
+    pub fn decode_into(self, b: &[u8], out: &mut [f32]) {
         match self {
-            Dtype::Bf16 => b
-                .chunks_exact(2)
-                .map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32())
-                .collect(),
-            Dtype::F16 => b
-                .chunks_exact(2)
-                .map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32())
-                .collect(),
-            Dtype::F32 | Dtype::U32 => b
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect(),
+            Dtype::Bf16 => {
+                for (o, c) in out.iter_mut().zip(b.chunks_exact(2)) {
+                    *o = bf16::from_le_bytes([c[0], c[1]]).to_f32();
+                }
+            }
+            Dtype::F16 => {
+                for (o, c) in out.iter_mut().zip(b.chunks_exact(2)) {
+                    *o = f16::from_le_bytes([c[0], c[1]]).to_f32();
+                }
+            }
+            Dtype::F32 | Dtype::U32 => {
+                for (o, c) in out.iter_mut().zip(b.chunks_exact(4)) {
+                    *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+                }
+            }
         }
     }
 }

@@ -86,24 +86,8 @@ impl FloatMat<'_> {
     }
     /// Row `r` as f32.
     pub fn decode_row(&self, r: usize, out: &mut [f32]) {
-        let b = &self.data[r * self.row_bytes()..][..self.row_bytes()];
-        match self.dtype {
-            Dtype::Bf16 => {
-                for (o, c) in out.iter_mut().zip(b.chunks_exact(2)) {
-                    *o = bf16_bits_to_f32(u16::from_le_bytes([c[0], c[1]]));
-                }
-            }
-            Dtype::F16 => {
-                for (o, c) in out.iter_mut().zip(b.chunks_exact(2)) {
-                    *o = half::f16::from_le_bytes([c[0], c[1]]).to_f32();
-                }
-            }
-            Dtype::F32 | Dtype::U32 => {
-                for (o, c) in out.iter_mut().zip(b.chunks_exact(4)) {
-                    *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-                }
-            }
-        }
+        self.dtype
+            .decode_into(&self.data[r * self.row_bytes()..][..self.row_bytes()], out);
     }
 }
 

@@ -3,7 +3,7 @@
 //! written in place with `pwrite` (memory stays bounded by the chunks in
 //! flight).
 
-use super::matrix::{decode_into, encode_floats, OutForm};
+use super::matrix::{encode_floats, OutForm};
 use super::plan::{MatrixItem, VectorItem};
 use super::source::Source;
 use super::Progress;
@@ -114,7 +114,7 @@ impl DenseWriter {
     pub fn vector(&mut self, v: &VectorItem, progress: &Progress) -> Result<()> {
         let n: usize = v.shape.iter().product();
         let mut vals = vec![0f32; n];
-        decode_into(super::plan::float_dtype(&v.src)?, v.src.data, &mut vals);
+        super::plan::float_dtype(&v.src)?.decode_into(v.src.data, &mut vals);
         if v.add_one {
             vals.iter_mut().for_each(|x| *x += 1.0);
         }

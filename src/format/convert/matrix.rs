@@ -213,7 +213,7 @@ impl<'a> SrcMatrix<'a> {
         match &self.storage {
             Storage::Float { dtype, data } => {
                 let es = dtype.size();
-                decode_into(*dtype, &data[p * c * es..(p + 1) * c * es], out);
+                dtype.decode_into(&data[p * c * es..(p + 1) * c * es], out);
             }
             Storage::Fp8 { data, scale_inv, block } => fp8::dequantize_row(data, scale_inv, *block, c, p, out),
             Storage::Quant {
@@ -336,27 +336,6 @@ impl<'a> SrcMatrix<'a> {
                         encode_floats(dt, &row, wo);
                     }
                 },
-            }
-        }
-    }
-}
-
-/// Decode little-endian floats of `dtype` into `out`.
-pub fn decode_into(dtype: Dtype, b: &[u8], out: &mut [f32]) {
-    match dtype {
-        Dtype::Bf16 => {
-            for (o, c) in out.iter_mut().zip(b.chunks_exact(2)) {
-                *o = bf16::from_le_bytes([c[0], c[1]]).to_f32();
-            }
-        }
-        Dtype::F16 => {
-            for (o, c) in out.iter_mut().zip(b.chunks_exact(2)) {
-                *o = f16::from_le_bytes([c[0], c[1]]).to_f32();
-            }
-        }
-        Dtype::F32 | Dtype::U32 => {
-            for (o, c) in out.iter_mut().zip(b.chunks_exact(4)) {
-                *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
             }
         }
     }

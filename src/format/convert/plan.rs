@@ -289,7 +289,7 @@ impl<'a> Planner<'a> {
         }
         let sd = float_dtype(&s)?;
         let mut scale = vec![0f32; s.shape.iter().product()];
-        super::matrix::decode_into(sd, s.data, &mut scale);
+        sd.decode_into(s.data, &mut scale);
         let storage = Storage::Fp8 {
             data: t.data,
             scale_inv: scale.into(),

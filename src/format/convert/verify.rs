@@ -5,7 +5,7 @@
 //! middle, last) is checked in full. Repacked rows must be byte-identical,
 //! float rows exact, quantized rows within the quantization error bound.
 
-use super::matrix::{decode_into, round_to, SrcMatrix, Target};
+use super::matrix::{round_to, SrcMatrix, Target};
 use super::plan::{float_dtype, Item, Plan};
 use crate::error::{Error, Result};
 use crate::format::packed::{expert_file_name, Layout, WeightsFile, EXPERTS_DIR};
@@ -36,7 +36,7 @@ pub fn verify(dir: &Path, plan: &Plan) -> Result<usize> {
                 let n = v.shape.iter().product();
                 let got = wf.vector(&v.name, n)?;
                 let mut want = vec![0f32; n];
-                decode_into(float_dtype(&v.src)?, v.src.data, &mut want);
+                float_dtype(&v.src)?.decode_into(v.src.data, &mut want);
                 let one = if v.add_one { 1.0 } else { 0.0 };
                 if let Some(i) = (0..n).find(|&i| !same(got[i], want[i] + one)) {
                     return Err(mismatch(
@@ -132,8 +132,8 @@ fn compare_row(src: &SrcMatrix, target: Target, view: &MatrixView, r: usize, wha
             let es = scale_dtype.size();
             let mut s = vec![0f32; gpr];
             let mut b = vec![0f32; gpr];
-            decode_into(*scale_dtype, &scales.bytes()[r * gpr * es..(r + 1) * gpr * es], &mut s);
-            decode_into(*scale_dtype, &biases.bytes()[r * gpr * es..(r + 1) * gpr * es], &mut b);
+            scale_dtype.decode_into(&scales.bytes()[r * gpr * es..(r + 1) * gpr * es], &mut s);
+            scale_dtype.decode_into(&biases.bytes()[r * gpr * es..(r + 1) * gpr * es], &mut b);
             // One step (rounding, plus clamping at the far edge of the
             // range) and the bf16 rounding of scale and bias.
             let levels = ((1u32 << bits) - 1) as f32;
