@@ -26,8 +26,10 @@ pub fn gated_delta(
     let conv_dim = 2 * hk * dk + hv * dv;
     let ratio = hv / hk;
     let q_scale = 1.0 / (dk as f32).sqrt();
-    let mut x = vec![0.0f32; conv_dim];
-    for t in 0..a.n {
+    // 1. Conv + SiLU + q/k normalization for every token, in order (the
+    //    conv state carries from one token to the next): xs [n, conv_dim].
+    let mut xs = vec![0.0f32; a.n * conv_dim];
+    for (t, x) in xs.chunks_exact_mut(conv_dim).enumerate() {
         let cur = &qkv[t * conv_dim..(t + 1) * conv_dim];
         // Causal depthwise conv over [state (kernel−1 rows) | current], then SiLU.
         for c in 0..conv_dim {
@@ -43,24 +45,28 @@ pub fn gated_delta(
             st.conv[(kern - 2) * conv_dim..(kern - 1) * conv_dim].copy_from_slice(cur);
         }
         let (q_all, rest) = x.split_at_mut(hk * dk);
-        let (k_all, v_all) = rest.split_at_mut(hk * dk);
+        let k_all = &mut rest[..hk * dk];
         for (qh, kh) in q_all.chunks_exact_mut(dk).zip(k_all.chunks_exact_mut(dk)) {
             let qn = 1.0 / (qh.iter().map(|v| v * v).sum::<f32>() + 1e-6).sqrt();
             let kn = 1.0 / (kh.iter().map(|v| v * v).sum::<f32>() + 1e-6).sqrt();
             qh.iter_mut().for_each(|v| *v *= qn * q_scale);
             kh.iter_mut().for_each(|v| *v *= kn);
         }
-        let (q_all, k_all, v_all) = (&*q_all, &*k_all, &*v_all);
-        let o_t = &mut out[t * hv * dv..(t + 1) * hv * dv];
-        st.ssm
-            .par_chunks_mut(dv * dk)
-            .zip(o_t.par_chunks_mut(dv))
-            .enumerate()
-            .for_each(|(h, (s, o))| {
-                let kh = h / ratio;
-                let q = &q_all[kh * dk..(kh + 1) * dk];
-                let k = &k_all[kh * dk..(kh + 1) * dk];
-                let v = &v_all[h * dv..(h + 1) * dv];
+    }
+    // 2. The recurrence: value heads are independent, so each head runs all
+    //    the tokens on one thread with its state [Dv, Dk] kept hot.
+    let mut o_heads = vec![0.0f32; hv * a.n * dv]; // [Hv, n, Dv]
+    st.ssm
+        .par_chunks_mut(dv * dk)
+        .zip(o_heads.par_chunks_mut(a.n * dv))
+        .enumerate()
+        .for_each(|(h, (s, oh))| {
+            let kh = h / ratio;
+            for (t, o) in oh.chunks_exact_mut(dv).enumerate() {
+                let x = &xs[t * conv_dim..(t + 1) * conv_dim];
+                let q = &x[kh * dk..(kh + 1) * dk];
+                let k = &x[hk * dk + kh * dk..hk * dk + (kh + 1) * dk];
+                let v = &x[2 * hk * dk + h * dv..2 * hk * dk + (h + 1) * dv];
                 let g = (-(w.a_log[h].exp()) * softplus(a_in[t * hv + h] + w.dt_bias[h])).exp();
                 let beta = sigmoid(b_in[t * hv + h]);
                 for (i, row) in s.chunks_exact_mut(dk).enumerate() {
@@ -78,6 +84,12 @@ pub fn gated_delta(
                     }
                     o[i] = acc;
                 }
-            });
+            }
+        });
+    // [Hv, n, Dv] → out [n, Hv·Dv]
+    for (h, oh) in o_heads.chunks_exact(a.n * dv).enumerate() {
+        for (t, o) in oh.chunks_exact(dv).enumerate() {
+            out[(t * hv + h) * dv..(t * hv + h + 1) * dv].copy_from_slice(o);
+        }
     }
 }
