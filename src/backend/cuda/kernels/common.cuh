@@ -30,6 +30,18 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
+// Warp-wide argmax of (best, bi): the largest value, ties to the lower index.
+__device__ __forceinline__ void warp_argmax(float& best, int& bi) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(FULL_MASK, best, o);
+        const int oi = __shfl_xor_sync(FULL_MASK, bi, o);
+        if (ov > best || (ov == best && oi < bi)) {
+            best = ov;
+            bi = oi;
+        }
+    }
+}
 __device__ __forceinline__ float silu_f(float x) { return x / (1.0f + expf(-x)); }
 __device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
 

@@ -20,15 +20,7 @@ __device__ int block_argmax(const float* v, int n, float* sh_v, int* sh_i) {
             bi = i;
         }
     }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        const float ov = __shfl_xor_sync(FULL_MASK, best, o);
-        const int oi = __shfl_xor_sync(FULL_MASK, bi, o);
-        if (ov > best || (ov == best && oi < bi)) {
-            best = ov;
-            bi = oi;
-        }
-    }
+    warp_argmax(best, bi);
     __syncthreads();
     if (lane == 0) {
         sh_v[w] = best;
@@ -37,15 +29,7 @@ __device__ int block_argmax(const float* v, int n, float* sh_v, int* sh_i) {
     __syncthreads();
     best = lane < nw ? sh_v[lane] : NEG_INF;
     bi = lane < nw ? sh_i[lane] : 0x7fffffff;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        const float ov = __shfl_xor_sync(FULL_MASK, best, o);
-        const int oi = __shfl_xor_sync(FULL_MASK, bi, o);
-        if (ov > best || (ov == best && oi < bi)) {
-            best = ov;
-            bi = oi;
-        }
-    }
+    warp_argmax(best, bi);
     return bi;
 }
 
