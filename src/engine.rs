@@ -58,8 +58,10 @@ pub struct Options {
     /// CUDA: device memory for routed experts (`Auto`: what is free after
     /// the dense weights, less a margin).
     pub expert_cache: CacheSize,
-    /// CUDA: copy the experts the previous token used in the next layer
-    /// while the current layer computes.
+    /// CUDA: copy experts ahead of need while the current layer computes:
+    /// in decode, those the previous token used in the next layer; in a
+    /// prefill chunk long enough to need nearly all of them, every expert of
+    /// the next layer.
     pub prefetch: bool,
 }
 
@@ -152,11 +154,7 @@ fn open_cuda(
             r.experts,
             100.0 * r.slots as f64 / r.experts.max(1) as f64,
             gb(r.expert_bytes),
-            if opts.prefetch {
-                ", previous-token prefetch on"
-            } else {
-                ""
-            }
+            if opts.prefetch { ", prefetch on" } else { "" }
         );
     }
     Ok((net, r))

@@ -5,11 +5,14 @@
 //! an `Option<&Backend>` (None: the tests print that they skipped, e.g. on
 //! a machine without a GPU).
 
+#[path = "backend_ops/fused.rs"]
+mod fused;
 #[path = "backend_ops/reference.rs"]
 mod reference;
 #[path = "backend_ops/util.rs"]
 mod util;
 
+use fused::{check_add_rms_norm, check_linear_many, check_swiglu_linear};
 use moeflux::backend::cpu::CpuBackend;
 use moeflux::backend::cuda::CudaBackend;
 use moeflux::backend::{AttnArgs, Backend, DeltaArgs, DeltaState, DeltaWeights, MlaArgs, MoeArgs, RopeArgs, Strided};
@@ -44,6 +47,9 @@ pub fn check_linear<B: Backend>(b: &B) {
         (4, 16, 9, 64, false),
         (2, 16, 9, 64, false),
         (4, 64, 1001, 1024, false),
+        // Short and wide: CUDA splits each row's columns over 4 warps.
+        (4, 64, 45, 4096, false),
+        (2, 64, 9, 8192, true),
     ];
     for &(bits, gs, rows, cols, f16) in &quant {
         let (view, dense) = quant_matrix(&mut rng, rows, cols, bits, gs, f16);
@@ -460,6 +466,27 @@ macro_rules! backend_ops_tests {
             fn linear() {
                 match $make {
                     Some(b) => check_linear(b),
+                    None => eprintln!("skipped: no CUDA device"),
+                }
+            }
+            #[test]
+            fn linear_many() {
+                match $make {
+                    Some(b) => check_linear_many(b),
+                    None => eprintln!("skipped: no CUDA device"),
+                }
+            }
+            #[test]
+            fn swiglu_linear() {
+                match $make {
+                    Some(b) => check_swiglu_linear(b),
+                    None => eprintln!("skipped: no CUDA device"),
+                }
+            }
+            #[test]
+            fn add_rms_norm() {
+                match $make {
+                    Some(b) => check_add_rms_norm(b),
                     None => eprintln!("skipped: no CUDA device"),
                 }
             }

@@ -9,7 +9,7 @@ pub mod cpu;
 pub mod cuda;
 
 use crate::config::Routing;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::experts::ExpertStore;
 use crate::format::MatrixView;
 
@@ -145,6 +145,15 @@ pub struct MoeArgs<'a> {
     pub routing: &'a Routing,
 }
 
+/// A guess at a later MoE layer's experts: that layer's router logits
+/// `[n_experts]`, computed early on this layer's (one-token) input, so that
+/// a backend which streams experts can start copying them while this layer
+/// computes.
+pub struct MoeHint<'a, Buf> {
+    pub layer: usize,
+    pub logits: &'a Buf,
+}
+
 pub trait Backend: Send + Sync + Sized + 'static {
     /// An f32 buffer in the backend's memory.
     type Buf: Send + Sync;
@@ -168,6 +177,36 @@ pub trait Backend: Send + Sync + Sized + 'static {
 
     /// `y[n, rows] = x[n, cols] · Wᵀ`.
     fn linear(&self, w: &Self::Matrix, x: &Self::Buf, n: usize, y: &mut Self::Buf) -> Result<()>;
+    /// `ys[i][n, rows_i] = x[n, cols] · W_iᵀ` for matrices that share their
+    /// input (the same `cols`); a backend may run them in one launch.
+    fn linear_many(&self, ws: &[&Self::Matrix], x: &Self::Buf, n: usize, ys: &mut [&mut Self::Buf]) -> Result<()> {
+        if ws.len() != ys.len() {
+            return Err(Error::Invalid(format!(
+                "linear_many: {} matrices and {} outputs",
+                ws.len(),
+                ys.len()
+            )));
+        }
+        for (w, y) in ws.iter().zip(ys.iter_mut()) {
+            self.linear(w, x, n, y)?;
+        }
+        Ok(())
+    }
+    /// `y[n, rows] = (silu(gate) ⊙ up) · Wᵀ` with gate, up `[n, inter]` and
+    /// W `[rows, inter]`: `swiglu` then `linear`, fused where a backend can.
+    fn swiglu_linear(
+        &self,
+        w: &Self::Matrix,
+        gate: &Self::Buf,
+        up: &Self::Buf,
+        n: usize,
+        inter: usize,
+        y: &mut Self::Buf,
+    ) -> Result<()> {
+        let mut h = self.alloc(n * inter)?; // [n, inter]
+        self.swiglu(gate, up, n * inter, &mut h)?;
+        self.linear(w, &h, n, y)
+    }
     /// `y[t] = row tokens[t] of table`.
     fn embed(&self, table: &Self::Matrix, tokens: &[u32], y: &mut Self::Buf) -> Result<()>;
 
@@ -193,6 +232,22 @@ pub trait Backend: Send + Sync + Sized + 'static {
         eps: f32,
         y: &mut Self::Buf,
     ) -> Result<()>;
+    /// The residual step of a pre-norm block: `x[..rows·dim] += y`, then
+    /// `out = rms_norm(x)·w` — exactly `add` then `rms_norm`.
+    #[allow(clippy::too_many_arguments)]
+    fn add_rms_norm(
+        &self,
+        x: &mut Self::Buf,
+        y: &Self::Buf,
+        w: &Self::Buf,
+        rows: usize,
+        dim: usize,
+        eps: f32,
+        out: &mut Self::Buf,
+    ) -> Result<()> {
+        self.add(x, y, rows * dim)?;
+        self.rms_norm(x, w, rows, dim, eps, out)
+    }
     /// `y[..len] += x[..len]`.
     fn add(&self, y: &mut Self::Buf, x: &Self::Buf, len: usize) -> Result<()>;
     /// `y[..len] += scale[r] · x` row-wise: rows of `dim`, `scale` on the host
@@ -246,4 +301,26 @@ pub trait Backend: Send + Sync + Sized + 'static {
         a: MoeArgs<'_>,
         out: &mut Self::Buf,
     ) -> Result<()>;
+
+    /// Whether `moe_hinted` would use a hint for the experts of `store`
+    /// (they stream, and prefetch is on); the model computes none otherwise.
+    fn wants_moe_hint(&self, _store: &ExpertStore) -> bool {
+        false
+    }
+
+    /// `moe`, told which experts a later layer will likely route to. The
+    /// result is `moe`'s: a hint only moves copies earlier.
+    #[allow(clippy::too_many_arguments)]
+    fn moe_hinted(
+        &self,
+        x: &Self::Buf,
+        logits: &Self::Buf,
+        bias: Option<&Self::Buf>,
+        store: &ExpertStore,
+        a: MoeArgs<'_>,
+        _hint: MoeHint<'_, Self::Buf>,
+        out: &mut Self::Buf,
+    ) -> Result<()> {
+        self.moe(x, logits, bias, store, a, out)
+    }
 }

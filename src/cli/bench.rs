@@ -33,7 +33,8 @@ pub struct BenchArgs {
     /// margin), a size (8G, 512M) or a share of the expert bytes (25%).
     #[arg(long, default_value = "auto")]
     pub expert_cache: CacheSize,
-    /// CUDA: do not prefetch the previous token's experts of the next layer.
+    /// CUDA: do not copy experts ahead of need (the previous token's experts
+    /// of the next layer in decode; the whole next layer in long prefill chunks).
     #[arg(long)]
     pub no_prefetch: bool,
     /// Untimed runs before the timed ones.

@@ -50,11 +50,18 @@ impl<B: Backend> GqaWeights<B> {
     ) -> Result<()> {
         let (b, cfg, n, pos0) = (c.b, c.cfg, c.n, c.pos0);
         let (h, kv, hd) = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim);
-        let mut q = b.alloc(n * h * hd)?;
-        let mut gate = None;
-        if self.gated {
-            let mut qg = b.alloc(n * h * 2 * hd)?;
-            b.linear(&self.q_proj, x, n, &mut qg)?;
+        // q (gated: per head `[q | gate]`), k and v in one call.
+        let mut qp = b.alloc(n * h * hd * if self.gated { 2 } else { 1 })?;
+        let mut k = b.alloc(n * kv * hd)?;
+        let mut v = b.alloc(n * kv * hd)?;
+        b.linear_many(
+            &[&self.q_proj, &self.k_proj, &self.v_proj],
+            x,
+            n,
+            &mut [&mut qp, &mut k, &mut v],
+        )?;
+        let (q, gate) = if self.gated {
+            let mut q = b.alloc(n * h * hd)?;
             let mut g = b.alloc(n * h * hd)?;
             let split = |off| Strided {
                 rows: n * h,
@@ -64,16 +71,12 @@ impl<B: Backend> GqaWeights<B> {
                 dst_off: 0,
                 dst_stride: hd,
             };
-            b.copy(&qg, &mut q, split(0))?;
-            b.copy(&qg, &mut g, split(hd))?;
-            gate = Some(g);
+            b.copy(&qp, &mut q, split(0))?;
+            b.copy(&qp, &mut g, split(hd))?;
+            (q, Some(g))
         } else {
-            b.linear(&self.q_proj, x, n, &mut q)?;
-        }
-        let mut k = b.alloc(n * kv * hd)?;
-        let mut v = b.alloc(n * kv * hd)?;
-        b.linear(&self.k_proj, x, n, &mut k)?;
-        b.linear(&self.v_proj, x, n, &mut v)?;
+            (qp, None)
+        };
         let mut qn = b.alloc(n * h * hd)?;
         let mut kn = b.alloc(n * kv * hd)?;
         b.rms_norm(&q, &self.q_norm, n * h, hd, cfg.rms_norm_eps, &mut qn)?;

@@ -4,7 +4,7 @@
 
 use super::timing::Phase;
 use super::{load_mat, Ctx};
-use crate::backend::{Backend, MoeArgs};
+use crate::backend::{Backend, MoeArgs, MoeHint};
 use crate::config::{Arch, ModelConfig};
 use crate::error::Result;
 use crate::format::packed::WeightsFile;
@@ -28,13 +28,19 @@ impl<B: Backend> Mlp<B> {
 
     /// x `[n, hidden]` → out `[n, hidden]`.
     pub fn forward(&self, b: &B, x: &B::Buf, n: usize, out: &mut B::Buf) -> Result<()> {
-        let mut g = b.alloc(n * self.inter)?;
-        let mut u = b.alloc(n * self.inter)?;
-        b.linear(&self.gate, x, n, &mut g)?;
-        b.linear(&self.up, x, n, &mut u)?;
-        let mut hbuf = b.alloc(n * self.inter)?;
-        b.swiglu(&g, &u, n * self.inter, &mut hbuf)?;
-        b.linear(&self.down, &hbuf, n, out)
+        let [mut g, mut u] = self.gate_up_bufs(b, n)?;
+        b.linear_many(&[&self.gate, &self.up], x, n, &mut [&mut g, &mut u])?;
+        self.swiglu_down(b, &g, &u, n, out)
+    }
+
+    /// Zeroed buffers for the gate and up products of `n` tokens.
+    fn gate_up_bufs(&self, b: &B, n: usize) -> Result<[B::Buf; 2]> {
+        Ok([b.alloc(n * self.inter)?, b.alloc(n * self.inter)?]) // [n, inter] each
+    }
+
+    /// out `[n, hidden]` = down(silu(g) ⊙ u) from the gate and up products.
+    fn swiglu_down(&self, b: &B, g: &B::Buf, u: &B::Buf, n: usize, out: &mut B::Buf) -> Result<()> {
+        b.swiglu_linear(&self.down, g, u, n, self.inter, out)
     }
 }
 
@@ -82,25 +88,53 @@ impl<B: Backend> MoeBlock<B> {
     }
 
     /// x `[n, hidden]` (normed) → out `[n, hidden]` (overwritten).
-    pub fn forward(&self, c: &Ctx<B>, x: &B::Buf, out: &mut B::Buf) -> Result<()> {
+    /// `next`: the next MoE layer; for one token on a backend that streams
+    /// experts, its router also runs on x, as a guess at its experts.
+    pub fn forward(&self, c: &Ctx<B>, x: &B::Buf, next: Option<&MoeBlock<B>>, out: &mut B::Buf) -> Result<()> {
         let (b, cfg, n) = (c.b, c.cfg, c.n);
         let (hid, e) = (cfg.hidden_size, cfg.num_experts);
-        let logits = c.timer.measure(b, Phase::Routing, || {
-            let mut logits = b.alloc(n * e)?; // [n, n_experts]
-            b.linear(&self.router, x, n, &mut logits)?;
-            Ok(logits)
+        let mut logits = b.alloc(n * e)?; // [n, n_experts]
+        let next = next.filter(|_| n == 1 && b.wants_moe_hint(c.store));
+        let mut hint_logits = match next {
+            Some(_) => Some(b.alloc(e)?), // [n_experts] of the next layer
+            None => None,
+        };
+        let mut gate_up = match &self.shared {
+            Some(mlp) => Some(mlp.gate_up_bufs(b, n)?),
+            None => None,
+        };
+        let mut gate_logit = match &self.shared_gate {
+            Some(_) => Some(b.alloc(n)?), // [n, 1]
+            None => None,
+        };
+        // Every product that reads x in one call: the router, the shared
+        // expert's gate and up, and its gate logit.
+        c.timer.measure(b, Phase::Routing, || {
+            let mut ws = vec![&self.router];
+            let mut ys = vec![&mut logits];
+            if let (Some(mlp), Some([g, u])) = (&self.shared, gate_up.as_mut()) {
+                ws.extend([&mlp.gate, &mlp.up]);
+                ys.extend([g, u]);
+            }
+            if let (Some(w), Some(l)) = (&self.shared_gate, gate_logit.as_mut()) {
+                ws.push(w);
+                ys.push(l);
+            }
+            if let (Some(nm), Some(l)) = (next, hint_logits.as_mut()) {
+                ws.push(&nm.router);
+                ys.push(l);
+            }
+            b.linear_many(&ws, x, n, &mut ys)
         })?;
         c.timer.measure(b, Phase::DenseFfn, || {
-            match &self.shared {
-                Some(mlp) => mlp.forward(b, x, n, out)?,
-                None => *out = b.alloc(n * hid)?,
+            match (&self.shared, &gate_up) {
+                (Some(mlp), Some([g, u])) => mlp.swiglu_down(b, g, u, n, out)?,
+                _ => *out = b.alloc(n * hid)?,
             }
-            if let Some(g) = &self.shared_gate {
+            if let Some(gl) = &gate_logit {
                 // out = sigmoid(g·x) ⊙ shared(x), then the routed experts are added.
-                let mut gl = b.alloc(n)?;
-                b.linear(g, x, n, &mut gl)?;
                 let shared = std::mem::replace(out, b.alloc(n * hid)?);
-                b.add_scaled_rows(out, &shared, &gl, n, hid, true)?;
+                b.add_scaled_rows(out, &shared, gl, n, hid, true)?;
             }
             Ok(())
         })?;
@@ -114,8 +148,15 @@ impl<B: Backend> MoeBlock<B> {
             routing: &cfg.routing,
         };
         // Routing happens inside `moe` (on the device where there is one).
-        c.timer.measure(b, Phase::Experts, || {
-            b.moe(x, &logits, self.bias.as_ref(), c.store, args, out)
+        c.timer.measure(b, Phase::Experts, || match (next, &hint_logits) {
+            (Some(nm), Some(l)) => {
+                let hint = MoeHint {
+                    layer: nm.layer,
+                    logits: l,
+                };
+                b.moe_hinted(x, &logits, self.bias.as_ref(), c.store, args, hint, out)
+            }
+            _ => b.moe(x, &logits, self.bias.as_ref(), c.store, args, out),
         })
     }
 }

@@ -51,10 +51,12 @@ impl<B: Backend> DeltaNetWeights<B> {
         let mut z = b.alloc(n * hv * dv)?;
         let mut beta = b.alloc(n * hv)?;
         let mut alpha = b.alloc(n * hv)?;
-        b.linear(&self.in_proj_qkv, x, n, &mut qkv)?;
-        b.linear(&self.in_proj_z, x, n, &mut z)?;
-        b.linear(&self.in_proj_b, x, n, &mut beta)?;
-        b.linear(&self.in_proj_a, x, n, &mut alpha)?;
+        b.linear_many(
+            &[&self.in_proj_qkv, &self.in_proj_z, &self.in_proj_b, &self.in_proj_a],
+            x,
+            n,
+            &mut [&mut qkv, &mut z, &mut beta, &mut alpha],
+        )?;
         let mut o = b.alloc(n * hv * dv)?;
         let args = DeltaArgs {
             n,

@@ -82,15 +82,17 @@ impl<B: Backend> MlaWeights<B> {
         let (dn, dr, dv, r) = (m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim, m.kv_lora_rank);
         let qd = dn + dr;
         let mut q = b.alloc(n * h * qd)?;
+        // [n, kvr | dr]; q_a (or q) and kv_a both read x: one call.
+        let mut ckv = b.alloc(n * (r + dr))?;
         match &self.q {
             QProj::Lora { q_a, norm, q_b, rank } => {
                 let mut t = b.alloc(n * rank)?;
+                b.linear_many(&[q_a, &self.kv_a], x, n, &mut [&mut t, &mut ckv])?;
                 let mut tn = b.alloc(n * rank)?;
-                b.linear(q_a, x, n, &mut t)?;
                 b.rms_norm(&t, norm, n, *rank, LORA_NORM_EPS, &mut tn)?;
                 b.linear(q_b, &tn, n, &mut q)?;
             }
-            QProj::Direct(w) => b.linear(w, x, n, &mut q)?,
+            QProj::Direct(w) => b.linear_many(&[w, &self.kv_a], x, n, &mut [&mut q, &mut ckv])?,
         }
         let rope = |heads, stride| RopeArgs {
             n_tokens: n,
@@ -105,8 +107,6 @@ impl<B: Backend> MlaWeights<B> {
         };
         b.rope(&mut q, c.inv_freq, rope(h, qd))?;
 
-        let mut ckv = b.alloc(n * (r + dr))?; // [n, kvr | dr]
-        b.linear(&self.kv_a, x, n, &mut ckv)?;
         let mut c_kv = b.alloc(n * r)?;
         b.copy(
             &ckv,

@@ -276,34 +276,51 @@ impl<B: Backend> Net<B> {
         };
         let mut x = b.alloc(n * hid)?; // [n, hidden], the residual stream
         b.embed(&self.embed, tokens, &mut x)?;
-        let mut xn = b.alloc(n * hid)?;
+        let eps = cfg.rms_norm_eps;
+        let mut xn = b.alloc(n * hid)?; // [n, hidden], the normed input of the next mixer or FFN
         let mut y = b.alloc(n * hid)?;
-        for (layer, ls) in self.layers.iter().zip(st.layers.iter_mut()) {
+        if let Some(first) = self.layers.first() {
             self.timer.measure(b, Phase::Attention, || {
-                b.rms_norm(&x, &layer.input_norm, n, hid, cfg.rms_norm_eps, &mut xn)?;
-                match (&layer.mixer, ls) {
-                    (Mixer::Gqa(w), LayerState::Kv { k, v }) => w.forward(&ctx, &xn, k, v, &mut y),
-                    (Mixer::Delta(w), LayerState::Delta { conv, ssm }) => w.forward(&ctx, &xn, conv, ssm, &mut y),
-                    (Mixer::Mla(w), LayerState::Mla { latent, kpe }) => w.forward(&ctx, &xn, latent, kpe, &mut y),
-                    _ => Err(Error::Invalid("layer state does not match the layer kind".into())),
-                }
+                b.rms_norm(&x, &first.input_norm, n, hid, eps, &mut xn)
             })?;
-            b.add(&mut x, &y, n * hid)?;
-            b.rms_norm(&x, &layer.post_norm, n, hid, cfg.rms_norm_eps, &mut xn)?;
+        }
+        for (i, (layer, ls)) in self.layers.iter().zip(st.layers.iter_mut()).enumerate() {
+            self.timer.measure(b, Phase::Attention, || match (&layer.mixer, ls) {
+                (Mixer::Gqa(w), LayerState::Kv { k, v }) => w.forward(&ctx, &xn, k, v, &mut y),
+                (Mixer::Delta(w), LayerState::Delta { conv, ssm }) => w.forward(&ctx, &xn, conv, ssm, &mut y),
+                (Mixer::Mla(w), LayerState::Mla { latent, kpe }) => w.forward(&ctx, &xn, latent, kpe, &mut y),
+                _ => Err(Error::Invalid("layer state does not match the layer kind".into())),
+            })?;
+            b.add_rms_norm(&mut x, &y, &layer.post_norm, n, hid, eps, &mut xn)?;
             match &layer.ffn {
                 Ffn::Dense(m) => self
                     .timer
                     .measure(b, Phase::DenseFfn, || m.forward(b, &xn, n, &mut y))?,
-                Ffn::Moe(m) => m.forward(&ctx, &xn, &mut y)?,
+                Ffn::Moe(m) => {
+                    // The next MoE layer, whose experts a streaming backend
+                    // can start copying early (one-token steps).
+                    let next = self.layers[i + 1..].iter().find_map(|l| match &l.ffn {
+                        Ffn::Moe(nm) => Some(nm),
+                        Ffn::Dense(_) => None,
+                    });
+                    m.forward(&ctx, &xn, next, &mut y)?
+                }
             }
-            b.add(&mut x, &y, n * hid)?;
+            // The FFN's residual add, and the next layer's input norm (a
+            // token-mixing cost, as the first layer's is).
+            match self.layers.get(i + 1) {
+                Some(next) => self.timer.measure(b, Phase::Attention, || {
+                    b.add_rms_norm(&mut x, &y, &next.input_norm, n, hid, eps, &mut xn)
+                })?,
+                None => b.add(&mut x, &y, n * hid)?,
+            }
         }
         let (first, rows) = if all { (0, n) } else { (n - 1, 1) };
         self.timer.measure(b, Phase::LmHead, || {
             let mut last = b.alloc(rows * hid)?;
             b.copy(&x, &mut last, Strided::contiguous(rows * hid, first * hid, 0))?;
             let mut normed = b.alloc(rows * hid)?;
-            b.rms_norm(&last, &self.final_norm, rows, hid, cfg.rms_norm_eps, &mut normed)?;
+            b.rms_norm(&last, &self.final_norm, rows, hid, eps, &mut normed)?;
             let mut logits = b.alloc(rows * cfg.vocab_size)?;
             b.linear(self.lm_head.as_ref().unwrap_or(&self.embed), &normed, rows, &mut logits)?;
             let mut out = vec![0.0f32; rows * cfg.vocab_size];

@@ -9,9 +9,12 @@ use std::time::Instant;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Phase {
-    /// Token mixing: GQA / GatedDeltaNet / MLA, with their norms.
+    /// Token mixing: GQA / GatedDeltaNet / MLA, with their norms (the
+    /// input norm computed together with the previous layer's residual add).
     Attention,
-    /// The router's matrix product (the logits).
+    /// The matrix products that read the MoE block's input: the router's
+    /// (the logits), with the shared expert's gate, up and gate logit in
+    /// the same call.
     Routing,
     /// The routed experts: choosing them from the logits (inside the
     /// backend's `moe`, on the device where there is one), reading and

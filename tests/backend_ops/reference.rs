@@ -57,6 +57,18 @@ pub fn linear(w: &[f64], rows: usize, cols: usize, x: &[f32], n: usize) -> Vec<f
     y
 }
 
+/// `y[n, rows] = (silu(gate) ⊙ up) · Wᵀ` with gate, up `[n, cols]`.
+pub fn swiglu_linear(w: &[f64], rows: usize, cols: usize, gate: &[f32], up: &[f32], n: usize) -> Vec<f64> {
+    let h = swiglu(gate, up); // [n, cols]
+    let mut y = vec![0.0f64; n * rows];
+    for t in 0..n {
+        for r in 0..rows {
+            y[t * rows + r] = (0..cols).map(|c| w[r * cols + c] * h[t * cols + c]).sum();
+        }
+    }
+    y
+}
+
 pub fn rms_norm(x: &[f32], w: &[f32], rows: usize, dim: usize, eps: f32) -> Vec<f64> {
     let mut y = vec![0.0f64; rows * dim];
     for r in 0..rows {

@@ -5,7 +5,7 @@
 #   tools/device/run.sh STAGE...
 # Stages: probe ops golden synth resident half quarter quarter-nopf cpu
 # golden-staging pieces quarter-staging quick quick25 kernels resident-nograph
-# quarter-nograph golden-nograph.
+# quarter-nograph golden-nograph resident-nopdl quarter-nopdl.
 # Logs go to $OUT; a short table is printed last.
 set -uo pipefail
 OUT=${OUT:-/tmp/moeflux-out}
@@ -64,6 +64,8 @@ for stage in "$@"; do
         note "synth (rc $?, $((SECONDS - t0)) s): $(du -sh "$MODEL" | cut -f1)"
         ;;
     resident) bench resident --device cuda -p 512 -n 128 -r 3 --timing ;;
+    resident-nopdl) MOEFLUX_PDL=0 bench resident-nopdl --device cuda -p 512 -n 128 -r 3 ;;
+    quarter-nopdl) MOEFLUX_PDL=0 bench quarter-nopdl --device cuda --expert-cache 25% -p 512 -n 128 -r 3 ;;
     resident-nograph) MOEFLUX_GRAPHS=0 bench resident-nograph --device cuda -p 512 -n 128 -r 3 ;;
     quarter-nograph) MOEFLUX_GRAPHS=0 bench quarter-nograph --device cuda --expert-cache 25% -p 512 -n 128 -r 3 ;;
     golden-nograph)

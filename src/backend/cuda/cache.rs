@@ -378,6 +378,62 @@ impl ExpertCache {
         Ok(())
     }
 
+    /// Start copying `experts` of `layer`, a guess at what its next step
+    /// will route to (the top-k of that layer's router run early on the
+    /// current layer's input): those already in a slot are left alone, and
+    /// a guess never takes more than a third of the slots.
+    pub fn prefetch_hint(&self, store: &ExpertStore, layer: usize, experts: &[u32]) -> Result<()> {
+        if !self.prefetch || self.resident || experts.is_empty() || experts.len() * 3 > self.n_slots {
+            return Ok(());
+        }
+        let mut want = experts.to_vec();
+        want.sort_unstable();
+        want.dedup();
+        if want.iter().any(|&e| e as usize >= self.n_experts) {
+            return Err(Error::Backend {
+                backend: "cuda",
+                msg: format!(
+                    "a prefetch hint names an expert past the {} of the model",
+                    self.n_experts
+                ),
+            });
+        }
+        let mut st = self.st.lock().map_err(|_| lock_err())?;
+        self.lookup(&mut st, store, layer, &want, true)?;
+        Ok(())
+    }
+
+    /// Whether copies ahead of need are allowed (and useful: not resident).
+    pub fn prefetching(&self) -> bool {
+        self.prefetch && !self.resident
+    }
+
+    /// After a step of `n` tokens of `layer` (each routed to `k` of the
+    /// layer's experts): when so many tokens almost surely need every
+    /// expert of the next MoE layer (expected coverage 1 − (1 − k/E)^n ≥
+    /// 95%), start copying all of that layer's experts now, so that the
+    /// copies run while this layer's experts and the next layer's attention
+    /// compute. Only when the cache holds three layers' worth (this layer,
+    /// the next, and room to spare), and never past the last layer.
+    pub fn prefetch_next_layer(&self, store: &ExpertStore, layer: usize, n: usize, k: usize) -> Result<()> {
+        if !self.prefetch || self.resident || n < 2 {
+            return Ok(());
+        }
+        let e = self.n_experts;
+        let miss_all = (1.0 - k as f64 / e as f64).powi(n.min(i32::MAX as usize) as i32);
+        if 1.0 - miss_all < 0.95 || 3 * e > self.n_slots {
+            return Ok(());
+        }
+        let next = match self.moe_layers.iter().position(|&l| l == layer) {
+            Some(i) if i + 1 < self.moe_layers.len() => self.moe_layers[i + 1],
+            _ => return Ok(()),
+        };
+        let all: Vec<u32> = (0..e as u32).collect();
+        let mut st = self.st.lock().map_err(|_| lock_err())?;
+        self.lookup(&mut st, store, next, &all, true)?;
+        Ok(())
+    }
+
     /// Slots for `experts`: hits touched, misses given victims and copied.
     fn lookup(
         &self,

@@ -78,6 +78,7 @@ kernels!(
     delta_conv,
     delta_step,
     moe_route,
+    moe_route_warp,
     moe_up,
     moe_down,
     moe_combine,
@@ -104,6 +105,9 @@ macro_rules! cuda_args {
     };
 }
 
+/// Largest grid (in blocks) launched with programmatic stream serialization.
+const PDL_MAX_BLOCKS: u64 = 1056;
+
 /// One GPU: its context, streams and kernels.
 pub(crate) struct Gpu {
     ctx: Arc<CudaContext>,
@@ -125,6 +129,12 @@ pub(crate) struct Gpu {
     /// `MOEFLUX_GRAPHS=0`.
     graphs: AtomicBool,
     segments: Mutex<Segments>,
+    /// Kernels are launched with programmatic stream serialization
+    /// (compute capability 9.0 and later; off with `MOEFLUX_PDL=0`): a
+    /// kernel's launch and prologue overlap the end of the one before it,
+    /// and every kernel waits (`griddepcontrol.wait`, `GRID_DEP` in
+    /// kernels/common.cuh) for its predecessor before it touches memory.
+    pdl: bool,
 }
 
 #[derive(Default)]
@@ -198,6 +208,7 @@ impl Gpu {
             free: Mutex::new(FreeList::default()),
             graphs: AtomicBool::new(std::env::var("MOEFLUX_GRAPHS").map_or(true, |v| v != "0")),
             segments: Mutex::new(Segments::default()),
+            pdl: cc.0 >= 9 && std::env::var("MOEFLUX_PDL").map_or(true, |v| v != "0"),
         }))
     }
 
@@ -233,24 +244,51 @@ impl Gpu {
         if let Some(s) = seg.as_mut() {
             s.begin(self.stream)?;
         }
-        // SAFETY: the caller passes arguments of the kernel's exact types
-        // (see `cuda_args!`), which live until this call returns.
-        let r = unsafe {
-            sys::cuLaunchKernel(
-                f,
-                grid.0,
-                grid.1,
-                grid.2,
-                block,
-                1,
-                1,
-                smem,
-                self.stream,
-                args.as_mut_ptr(),
-                std::ptr::null_mut(),
-            )
-        }
-        .check("kernel launch");
+        // Programmatic serialization pays where launch latency shows: a
+        // grid of about one wave or less. Larger grids launch plainly, so
+        // that their blocks, waiting early, take no slots from the kernel
+        // still running before them.
+        let r = if self.pdl && (grid.0 as u64) * (grid.1 as u64) * (grid.2 as u64) <= PDL_MAX_BLOCKS {
+            // SAFETY: an all-zero attribute value is valid; the one field
+            // read for this attribute is set below.
+            let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+            attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+            attr.value.programmaticStreamSerializationAllowed = 1;
+            let cfg = sys::CUlaunchConfig {
+                gridDimX: grid.0,
+                gridDimY: grid.1,
+                gridDimZ: grid.2,
+                blockDimX: block,
+                blockDimY: 1,
+                blockDimZ: 1,
+                sharedMemBytes: smem,
+                hStream: self.stream,
+                attrs: &mut attr,
+                numAttrs: 1,
+            };
+            // SAFETY: as for cuLaunchKernel below; `cfg` and `attr` live
+            // until the call returns.
+            unsafe { sys::cuLaunchKernelEx(&cfg, f, args.as_mut_ptr(), std::ptr::null_mut()) }.check("kernel launch")
+        } else {
+            // SAFETY: the caller passes arguments of the kernel's exact
+            // types (see `cuda_args!`), which live until this call returns.
+            unsafe {
+                sys::cuLaunchKernel(
+                    f,
+                    grid.0,
+                    grid.1,
+                    grid.2,
+                    block,
+                    1,
+                    1,
+                    smem,
+                    self.stream,
+                    args.as_mut_ptr(),
+                    std::ptr::null_mut(),
+                )
+            }
+            .check("kernel launch")
+        };
         match seg.as_mut() {
             Some(s) if r.is_ok() => s.launched(self.stream),
             Some(s) => {

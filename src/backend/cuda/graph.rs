@@ -1,10 +1,11 @@
 //! Kernel launches replayed as CUDA graphs. A small launch costs ~4 µs on
 //! a stream in the lent VM and ~1 µs as a node of a graph (tests/
-//! cuda_kernels.rs measures both), and a decode step is ~900 small
+//! cuda_kernels.rs measures both), and a decode step is ~600 small
 //! launches. So the compute stream captures launches in segments of up to
-//! [`SEGMENT`] kernels; each segment is ended and launched as one graph as
-//! soon as it is full or anything else must run on the stream (a copy, a
-//! fill, an event, a driver allocation, a wait). Segments are numbered
+//! [`SEGMENT`] kernels (shorter right after a host wait); each segment is
+//! ended and launched as one graph as soon as it is full or anything else
+//! must run on the stream (a copy, a fill, an event, a driver allocation,
+//! a wait). Segments are numbered
 //! from the last host wait, and segment i keeps its executable graph,
 //! updated in place with the next capture's parameters (positions and
 //! buffers change from one token to the next; the kernels do not), so the
@@ -18,6 +19,8 @@ use cudarc::driver::sys;
 
 /// Most launches in one graph.
 const SEGMENT: usize = 64;
+/// Launches in the first graph after a host wait (doubling up to SEGMENT).
+const FIRST_SEGMENT: usize = 8;
 
 /// Capture state of the compute stream.
 #[derive(Default)]
@@ -47,10 +50,12 @@ impl Segments {
         Ok(())
     }
 
-    /// After a launch: the segment is launched once it is full.
+    /// After a launch: the segment is launched once it is full. After a
+    /// host wait the GPU is idle, so the first segments are short (8, 16,
+    /// 32 launches) and it starts working while the host captures the rest.
     pub fn launched(&mut self, stream: sys::CUstream) -> Result<()> {
         self.launches += 1;
-        if self.launches >= SEGMENT {
+        if self.launches >= (FIRST_SEGMENT << self.seg.min(4)).min(SEGMENT) {
             self.flush(stream)?;
         }
         Ok(())

@@ -64,7 +64,7 @@ pub(crate) fn group_shift(gs: usize, cols: usize, bits: u32) -> Result<i32> {
 
 /// The `Mat` kernel argument (kernels/common.cuh).
 #[repr(C)]
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct MatArg {
     pub w: u64,
     pub s: u64,
@@ -74,7 +74,94 @@ pub(crate) struct MatArg {
     pub fmt: i32,
     pub gs_shift: i32,
     pub vec: i32,
-    pub pad: i32,
+    /// `matvec_q`: warps sharing each row group's columns (set per launch).
+    pub split: i32,
+}
+
+/// Most matrices in one `matvec_q` launch (`MQ_SET` in kernels/matvec.cu).
+const MQ_SET: usize = 4;
+
+/// The `MatSet` argument of `matvec_q` (kernels/matvec.cu): matrix i with
+/// output `y[i]` takes the blocks `[first[i], first[i + 1])`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+struct MatSet {
+    m: [MatArg; MQ_SET],
+    y: [u64; MQ_SET],
+    first: [i32; MQ_SET + 1],
+    count: i32,
+}
+
+// The kernel's struct: 4 × 48 + 4 × 8 + 5 × 4 + 4 bytes.
+const _: () = assert!(std::mem::size_of::<MatSet>() == 248);
+
+/// Warps that share each row group's columns in `matvec_q`: 4 for a short
+/// wide matrix (at most 4096 rows of at least 4096 columns: o_proj and
+/// out_proj shapes, whose few rows would leave each warp a long serial
+/// walk along its rows), else 1. A function of the matrix alone, so that
+/// a row's sum is the same in every launch that holds the matrix.
+fn split_of(m: &CudaMatrix) -> usize {
+    if m.rows <= 4096 && m.cols >= 4096 {
+        4
+    } else {
+        1
+    }
+}
+
+/// One `matvec_q` launch: `y = W·v` for each (matrix, output address) of
+/// `set` (1 to MQ_SET matrices that `staged_matvec` takes, all of the same
+/// cols), with v = x, or silu(x) ⊙ u when `u` is not 0.
+fn launch_matvec_q(gpu: &Gpu, set: &[(&CudaMatrix, u64)], x: u64, u: u64) -> Result<()> {
+    let Some((first, _)) = set.first() else {
+        return Ok(());
+    };
+    if set.len() > MQ_SET {
+        return Err(Error::Invalid(format!(
+            "{} matrices in one matvec_q launch (at most {MQ_SET})",
+            set.len()
+        )));
+    }
+    // 4 rows a warp. At least 32 rows per SM of an H100 in all: 8 warps a
+    // block and for each matrix at most 264 blocks (2 per SM) striding over
+    // its rows, so x is staged into few blocks; fewer: 2 warps a block, to
+    // spread the rows over the SMs. A short wide matrix (`split_of`) has 4
+    // warps share each row group's columns, in blocks of 8 warps.
+    let big = set.iter().map(|(m, _)| m.rows).sum::<usize>() >= 32 * 132;
+    let split = set.iter().any(|(m, _)| split_of(m) > 1);
+    let warps = if big || split { 8 } else { 2 };
+    let mut arg = MatSet {
+        m: [MatArg::default(); MQ_SET],
+        y: [0; MQ_SET],
+        first: [0; MQ_SET + 1],
+        count: set.len() as i32,
+    };
+    let mut blocks = 0usize;
+    for (i, (m, y)) in set.iter().enumerate() {
+        let ks = split_of(m);
+        arg.m[i] = MatArg {
+            split: ks as i32,
+            ..m.arg
+        };
+        arg.y[i] = *y;
+        arg.first[i] = blocks as i32;
+        // Rows per block: 4 per row group of `ks` warps.
+        let per_block = 4 * warps as usize / ks;
+        blocks += match big {
+            true => m.rows.div_ceil(per_block).min(264),
+            false => m.rows.div_ceil(per_block),
+        };
+    }
+    for f in &mut arg.first[set.len()..] {
+        *f = blocks as i32;
+    }
+    let smem = (first.cols * 4) as u32;
+    gpu.launch(
+        gpu.k.matvec_q,
+        (blocks as u32, 1, 1),
+        32 * warps,
+        smem,
+        cuda_args![arg, x, u],
+    )
 }
 
 /// A weight matrix resident on the device.
@@ -168,7 +255,7 @@ impl CudaMatrix {
             fmt,
             gs_shift,
             vec: (row_bytes % 16 == 0) as i32,
-            pad: 0,
+            split: 1,
         };
         Ok(CudaMatrix {
             arg,
@@ -179,8 +266,8 @@ impl CudaMatrix {
     }
 
     /// Whether `matvec_q` takes this matrix: quantized, rows of whole
-    /// 16-byte chunks each inside one group, x small enough for 48 KiB of
-    /// shared memory.
+    /// 16-byte chunks each inside one group, x small enough for the 48 KiB
+    /// of shared memory (less the kernel's 1 KiB of its own).
     fn staged_matvec(&self) -> bool {
         let a = &self.arg;
         let bits = match a.fmt & 7 {
@@ -190,7 +277,12 @@ impl CudaMatrix {
             _ => return false,
         };
         // Elements per 16-byte chunk: 128 / bits.
-        a.vec == 1 && (1usize << a.gs_shift) >= 128 / bits && self.cols * 4 <= 48 * 1024
+        a.vec == 1 && (1usize << a.gs_shift) >= 128 / bits && self.cols * 4 <= 47 * 1024
+    }
+
+    /// Whether one token through this matrix goes to `matvec_q`.
+    fn one_token_staged(&self, n: usize) -> bool {
+        n == 1 && self.rows > 0 && self.cols > 0 && self.staged_matvec()
     }
 
     /// `y[n, rows] = x[n, cols] · Wᵀ`.
@@ -206,23 +298,8 @@ impl CudaMatrix {
             return gpu.memset_zero(yp, n * rows * 4);
         }
         let (arg, xp, yp) = (self.arg, x.read(gpu)?, y.write(gpu, n * rows)?);
-        if n == 1 && self.staged_matvec() {
-            // 4 rows a warp. A matrix of ≥ 32 rows per SM of an H100: 8
-            // warps a block and at most 264 blocks (2 per SM) striding over
-            // the rows, so x is staged into few blocks; a smaller one: 2
-            // warps a block, to spread it over the SMs.
-            let (warps, grid) = match rows >= 32 * 132 {
-                true => (8, rows.div_ceil(32).min(264)),
-                false => (2, rows.div_ceil(8)),
-            };
-            let smem = (cols * 4) as u32;
-            gpu.launch(
-                gpu.k.matvec_q,
-                (grid as u32, 1, 1),
-                32 * warps,
-                smem,
-                cuda_args![arg, xp, yp],
-            )
+        if self.one_token_staged(n) {
+            launch_matvec_q(gpu, &[(self, yp)], xp, 0)
         } else if n == 1 {
             // 2 warps of 4 rows per block: small blocks spread a matrix of
             // few rows over every SM.
@@ -233,6 +310,70 @@ impl CudaMatrix {
             let n = n as i32;
             gpu.launch(gpu.k.gemm, (gx, gy, 1), 256, 0, cuda_args![arg, xp, yp, n])
         }
+    }
+
+    /// `ys[i][n, rows_i] = x[n, cols] · W_iᵀ`. For one token, the matrices
+    /// of `ws` that `matvec_q` takes and that have the first one's cols run
+    /// MQ_SET to a launch (each row's arithmetic is the one `linear`
+    /// does); the others run one `linear` each.
+    pub(crate) fn linear_many(
+        gpu: &Gpu,
+        ws: &[&CudaMatrix],
+        x: &CudaBuf,
+        n: usize,
+        ys: &mut [&mut CudaBuf],
+    ) -> Result<()> {
+        if ws.len() != ys.len() {
+            return Err(Error::Invalid(format!(
+                "linear_many: {} matrices and {} outputs",
+                ws.len(),
+                ys.len()
+            )));
+        }
+        let cols = ws.first().map_or(0, |w| w.cols);
+        let mut set: Vec<(&CudaMatrix, u64)> = Vec::with_capacity(MQ_SET);
+        for (w, y) in ws.iter().zip(ys.iter_mut()) {
+            if !(w.one_token_staged(n) && w.cols == cols) {
+                w.linear(gpu, x, n, y)?;
+                continue;
+            }
+            x.want(&format!("linear [{}, {cols}] input", w.rows), cols)?;
+            y.want(&format!("linear [{}, {cols}] output", w.rows), w.rows)?;
+            set.push((w, y.write(gpu, w.rows)?));
+            if set.len() == MQ_SET {
+                launch_matvec_q(gpu, &set, x.read(gpu)?, 0)?;
+                set.clear();
+            }
+        }
+        match set.is_empty() {
+            true => Ok(()),
+            false => launch_matvec_q(gpu, &set, x.read(gpu)?, 0),
+        }
+    }
+
+    /// `y[n, rows] = (silu(gate) ⊙ up) · Wᵀ` with gate, up `[n, cols]`: for
+    /// one token through a matrix `matvec_q` takes, one launch that stages
+    /// silu(gate) ⊙ up (the `swiglu` kernel's values) as its x; otherwise
+    /// `swiglu`, then `linear`.
+    pub(crate) fn swiglu_linear(
+        &self,
+        gpu: &Arc<Gpu>,
+        gate: &CudaBuf,
+        up: &CudaBuf,
+        n: usize,
+        y: &mut CudaBuf,
+    ) -> Result<()> {
+        let (rows, cols) = (self.rows, self.cols);
+        gate.want(&format!("swiglu_linear [{rows}, {cols}] gate"), n * cols)?;
+        up.want(&format!("swiglu_linear [{rows}, {cols}] up"), n * cols)?;
+        y.want(&format!("swiglu_linear [{rows}, {cols}] output"), n * rows)?;
+        if !self.one_token_staged(n) {
+            let mut h = CudaBuf::zeroed(gpu, n * cols)?; // [n, cols]
+            super::ops::swiglu(gpu, gate, up, n * cols, &mut h)?;
+            return self.linear(gpu, &h, n, y);
+        }
+        let (gp, upp, yp) = (gate.read(gpu)?, up.read(gpu)?, y.write(gpu, rows)?);
+        launch_matvec_q(gpu, &[(self, yp)], gp, upp)
     }
 
     /// `y[t] = row tokens[t]`, dequantized.

@@ -22,7 +22,7 @@ pub use cache::{CacheSize, CacheStats};
 pub use matrix::CudaMatrix;
 pub use probe::LaunchCost;
 
-use super::{AttnArgs, Backend, DeltaArgs, DeltaState, DeltaWeights, MlaArgs, MoeArgs, RopeArgs, Strided};
+use super::{AttnArgs, Backend, DeltaArgs, DeltaState, DeltaWeights, MlaArgs, MoeArgs, MoeHint, RopeArgs, Strided};
 use crate::error::{Error, Result};
 use crate::experts::ExpertStore;
 use crate::format::MatrixView;
@@ -214,6 +214,28 @@ impl Backend for CudaBackend {
         self.gpu.bind()?;
         w.linear(&self.gpu, x, n, y)
     }
+    fn linear_many(&self, ws: &[&CudaMatrix], x: &CudaBuf, n: usize, ys: &mut [&mut CudaBuf]) -> Result<()> {
+        self.gpu.bind()?;
+        CudaMatrix::linear_many(&self.gpu, ws, x, n, ys)
+    }
+    fn swiglu_linear(
+        &self,
+        w: &CudaMatrix,
+        gate: &CudaBuf,
+        up: &CudaBuf,
+        n: usize,
+        inter: usize,
+        y: &mut CudaBuf,
+    ) -> Result<()> {
+        self.gpu.bind()?;
+        if inter != w.cols {
+            return Err(Error::Invalid(format!(
+                "swiglu_linear: inputs of width {inter} for a matrix of {} columns",
+                w.cols
+            )));
+        }
+        w.swiglu_linear(&self.gpu, gate, up, n, y)
+    }
     fn embed(&self, table: &CudaMatrix, tokens: &[u32], y: &mut CudaBuf) -> Result<()> {
         self.gpu.bind()?;
         table.embed(&self.gpu, tokens, y)
@@ -235,6 +257,19 @@ impl Backend for CudaBackend {
     ) -> Result<()> {
         self.gpu.bind()?;
         ops::rms_norm(&self.gpu, x, Some(z), w, rows, dim, eps, y)
+    }
+    fn add_rms_norm(
+        &self,
+        x: &mut CudaBuf,
+        y: &CudaBuf,
+        w: &CudaBuf,
+        rows: usize,
+        dim: usize,
+        eps: f32,
+        out: &mut CudaBuf,
+    ) -> Result<()> {
+        self.gpu.bind()?;
+        ops::add_rms_norm(&self.gpu, x, y, w, rows, dim, eps, out)
     }
     fn add(&self, y: &mut CudaBuf, x: &CudaBuf, len: usize) -> Result<()> {
         self.gpu.bind()?;
@@ -317,7 +352,38 @@ impl Backend for CudaBackend {
         out: &mut CudaBuf,
     ) -> Result<()> {
         self.gpu.bind()?;
-        let io = moe::MoeIo { x, logits, bias, store };
+        let io = moe::MoeIo {
+            x,
+            logits,
+            bias,
+            store,
+            hint: None,
+        };
+        moe::moe(&self.gpu, self.cache_for(store), io, a, out)
+    }
+
+    fn wants_moe_hint(&self, store: &ExpertStore) -> bool {
+        self.cache_for(store).is_some_and(|c| c.prefetching())
+    }
+
+    fn moe_hinted(
+        &self,
+        x: &CudaBuf,
+        logits: &CudaBuf,
+        bias: Option<&CudaBuf>,
+        store: &ExpertStore,
+        a: MoeArgs<'_>,
+        hint: MoeHint<'_, CudaBuf>,
+        out: &mut CudaBuf,
+    ) -> Result<()> {
+        self.gpu.bind()?;
+        let io = moe::MoeIo {
+            x,
+            logits,
+            bias,
+            store,
+            hint: Some((hint.layer, hint.logits)),
+        };
         moe::moe(&self.gpu, self.cache_for(store), io, a, out)
     }
 }

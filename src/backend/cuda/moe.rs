@@ -41,6 +41,9 @@ const DEVICE_ROUTE_TOKENS: usize = 4;
 const STREAM_CHUNK: usize = 32;
 /// Most experts per token the router kernel takes.
 const MAX_K: usize = 64;
+/// Softmax routing over at most 32 × this many experts (and k ≤ 32) runs
+/// one warp per token (`moe_route_warp`); larger, in a block (`moe_route`).
+const ROUTE_WARP_MAX_J: usize = 32;
 /// Most groups the `noaux_tc` router kernel takes.
 const MAX_GROUPS: usize = 64;
 
@@ -115,10 +118,14 @@ pub(crate) fn expert_layout(ll: &LayerLayout, group_size: usize, hidden: usize, 
     })
 }
 
-/// Route `n` tokens on the device: ids `[n, k]` (u32) and weights `[n, k]`.
+/// Route `n` tokens on the device: ids `[n, k]` (u32) and weights `[n, k]`;
+/// with `hint` (the next MoE layer's router logits `[E]` on this layer's
+/// input), one more row of ids and weights: the guess at that layer's
+/// experts.
 fn route(
     gpu: &Arc<Gpu>,
     logits: &CudaBuf,
+    hint: Option<&CudaBuf>,
     bias: Option<&CudaBuf>,
     a: &MoeArgs,
     ids: &DevMem,
@@ -144,12 +151,20 @@ fn route(
     if let Some(b) = bias {
         b.want("router bias", e)?;
     }
+    if let Some(h) = hint {
+        h.want("router hint logits", e)?;
+    }
+    let rows = a.n + hint.is_some() as usize;
     let smem = ((2 * e + n_group) * 4) as u32;
     let bp = match bias {
         Some(b) => b.read(gpu)?,
         None => 0,
     };
-    let (lp, ip, wp) = (logits.read(gpu)?, ids.ptr(), wts.write(gpu, a.n * a.k)?);
+    let hp = match hint {
+        Some(h) => h.read(gpu)?,
+        None => 0,
+    };
+    let (lp, ip, wp) = (logits.read(gpu)?, ids.ptr(), wts.write(gpu, rows * a.k)?);
     let (ee, k, mode, norm, ng, tg) = (
         e as i32,
         a.k as i32,
@@ -158,12 +173,22 @@ fn route(
         n_group as i32,
         topk_group as i32,
     );
+    let nn = a.n as i32;
+    if mode == 0 && e <= 32 * ROUTE_WARP_MAX_J && a.k <= 32 {
+        return gpu.launch(
+            gpu.k.moe_route_warp,
+            (rows as u32, 1, 1),
+            32,
+            0,
+            cuda_args![lp, ip, wp, ee, k, norm, hp, nn],
+        );
+    }
     gpu.launch(
         gpu.k.moe_route,
-        (a.n as u32, 1, 1),
+        (rows as u32, 1, 1),
         256,
         smem,
-        cuda_args![lp, bp, ip, wp, ee, k, mode, norm, ng, tg, scale],
+        cuda_args![lp, bp, ip, wp, ee, k, mode, norm, ng, tg, scale, hp, nn],
     )
 }
 
@@ -239,6 +264,9 @@ pub(crate) struct MoeIo<'a> {
     pub logits: &'a CudaBuf,
     pub bias: Option<&'a CudaBuf>,
     pub store: &'a ExpertStore,
+    /// The next MoE layer and its router logits `[E]` on this layer's
+    /// input (one-token steps only): its likely experts are copied early.
+    pub hint: Option<(usize, &'a CudaBuf)>,
 }
 
 /// `out[t] += Σ_j w[t,j] · expert_j(x[t])` for one layer; `cache` is the
@@ -264,9 +292,14 @@ pub(crate) fn moe(gpu: &Arc<Gpu>, cache: Option<&ExpertCache>, io: MoeIo, a: Moe
     }
     let ll = io.store.layer_layout(a.layer)?;
     let el = expert_layout(ll, io.store.group_size(), a.hidden, a.inter)?;
-    let ids = DevMem::new(gpu, n * k * 4)?;
-    let wts = CudaBuf::zeroed(gpu, n * k)?;
-    route(gpu, io.logits, io.bias, &a, &ids, &wts)?;
+    // A hint is used only where it can help: one token, streaming.
+    let hint = io
+        .hint
+        .filter(|_| n == 1 && cache.is_some_and(|c| c.prefetching() && c.store_id() == io.store.id()));
+    let rows = n + hint.is_some() as usize;
+    let ids = DevMem::new(gpu, rows * k * 4)?;
+    let wts = CudaBuf::zeroed(gpu, rows * k)?;
+    route(gpu, io.logits, hint.map(|h| h.1), io.bias, &a, &ids, &wts)?;
     let h = CudaBuf::zeroed(gpu, n * k * a.inter)?; // [pairs, inter]
                                                     // `out` still reads as zeros (no shared expert): assign, do not add.
     let assign = out.take_zero(n * a.hidden) as i32;
@@ -299,7 +332,7 @@ pub(crate) fn moe(gpu: &Arc<Gpu>, cache: Option<&ExpertCache>, io: MoeIo, a: Moe
         }
         _ => {
             let d = CudaBuf::zeroed(gpu, n * k * a.hidden)?; // [pairs, hidden]
-            grouped(gpu, cache, &io, el, &ids, &h, &d, &a)?;
+            grouped(gpu, cache, &io, el, &ids, hint.map(|h| h.0), &h, &d, &a)?;
             let (dp, wp, nn) = (d.read(gpu)?, wts.read(gpu)?, n as i32);
             let grid = ((n * a.hidden).div_ceil(256).clamp(1, 8192) as u32, 1, 1);
             gpu.launch(
@@ -322,14 +355,16 @@ fn grouped(
     io: &MoeIo,
     el: ELayout,
     ids: &DevMem,
+    hint: Option<usize>,
     h: &CudaBuf,
     d: &CudaBuf,
     a: &MoeArgs,
 ) -> Result<()> {
     let (n, k) = (a.n, a.k);
-    let mut host = vec![0u32; n * k];
+    // The ids of the n tokens, then (with a hint) the next layer's guess.
+    let mut host = vec![0u32; (n + hint.is_some() as usize) * k];
     gpu.dtoh(bytemuck::cast_slice_mut(&mut host), ids.ptr())?;
-    let by = group_pairs(&host, a.n_experts)?;
+    let by = group_pairs(&host[..n * k], a.n_experts)?;
     let experts: Vec<u32> = by.keys().copied().collect();
     // Without the model's cache (a store it does not hold), a cache just
     // for this call.
@@ -380,6 +415,11 @@ fn grouped(
     }
     if n == 1 {
         cache.predict(io.store, a.layer, &experts)?;
+        if let Some(next) = hint {
+            cache.prefetch_hint(io.store, next, &host[k..])?;
+        }
+    } else {
+        cache.prefetch_next_layer(io.store, a.layer, n, k)?;
     }
     Ok(())
 }

@@ -46,18 +46,58 @@ pub(crate) fn rms_norm(
     if len == 0 {
         return Ok(());
     }
-    let block = (dim.div_ceil(32) * 32).clamp(32, 256) as u32;
     let zp = match z {
         Some(z) => z.read(gpu)?,
         None => 0,
     };
-    let (xp, wp, yp, d) = (x.read(gpu)?, w.read(gpu)?, y.write(gpu, len)?, dim as i32);
+    launch_norm(gpu, [x.read(gpu)?, 0, zp], w, rows, dim, eps, y)
+}
+
+/// `x += res`, then `y = rms_norm(x)·w`: the `add` and `rms_norm` kernels'
+/// arithmetic in one launch.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn add_rms_norm(
+    gpu: &Gpu,
+    x: &mut CudaBuf,
+    res: &CudaBuf,
+    w: &CudaBuf,
+    rows: usize,
+    dim: usize,
+    eps: f32,
+    y: &mut CudaBuf,
+) -> Result<()> {
+    let len = rows * dim;
+    x.want("add_rms_norm residual", len)?;
+    res.want("add_rms_norm input", len)?;
+    y.want("add_rms_norm output", len)?;
+    w.want("add_rms_norm weight", dim)?;
+    if len == 0 {
+        return Ok(());
+    }
+    launch_norm(gpu, [x.read(gpu)?, res.read(gpu)?, 0], w, rows, dim, eps, y)
+}
+
+/// The `rms_norm` kernel on checked buffers; `xrz` holds the addresses of
+/// x, the residual input and the gate (0: absent).
+fn launch_norm(
+    gpu: &Gpu,
+    xrz: [u64; 3],
+    w: &CudaBuf,
+    rows: usize,
+    dim: usize,
+    eps: f32,
+    y: &mut CudaBuf,
+) -> Result<()> {
+    // The block size sets the reduction order: one rule for every variant.
+    let block = (dim.div_ceil(32) * 32).clamp(32, 256) as u32;
+    let [xp, rp, zp] = xrz;
+    let (wp, yp, d) = (w.read(gpu)?, y.write(gpu, rows * dim)?, dim as i32);
     gpu.launch(
         gpu.k.rms_norm,
         (rows as u32, 1, 1),
         block,
         0,
-        cuda_args![xp, wp, zp, yp, d, eps],
+        cuda_args![xp, rp, wp, zp, yp, d, eps],
     )
 }
 
@@ -66,7 +106,7 @@ pub(crate) fn add(gpu: &Gpu, y: &mut CudaBuf, x: &CudaBuf, len: usize) -> Result
     x.want("add input", len)?;
     if y.take_zero(len) {
         let (yp, xp) = (y.write(gpu, len)?, x.read(gpu)?);
-        return gpu.dtod(yp, xp, 4 * len);
+        return copy_words(gpu, yp, xp, len);
     }
     let (yp, xp, l) = (y.read(gpu)?, x.read(gpu)?, len as i64);
     gpu.launch(gpu.k.add, grid_for(len), 256, 0, cuda_args![yp, xp, l])
@@ -115,6 +155,27 @@ pub(crate) fn sigmoid_mul(gpu: &Gpu, x: &mut CudaBuf, gate: &CudaBuf, len: usize
     gpu.launch(gpu.k.sigmoid_mul, grid_for(len), 256, 0, cuda_args![xp, gp, l])
 }
 
+/// Floats from which a contiguous copy goes to the copy engine
+/// (`cuMemcpyDtoDAsync`); smaller ones run as a kernel, which a CUDA graph
+/// segment can hold (a driver copy ends the segment: two KV-cache appends
+/// per attention layer would cut each decode token's graph apart).
+const DTOD_MIN: usize = 1 << 20;
+
+/// `len` floats from `src` to `dst` (device addresses, no overlap).
+fn copy_words(gpu: &Gpu, dst: u64, src: u64, len: usize) -> Result<()> {
+    if len >= DTOD_MIN {
+        return gpu.dtod(dst, src, 4 * len);
+    }
+    let (rows, width, zero) = (1i32, len as i32, 0i64);
+    gpu.launch(
+        gpu.k.copy_strided,
+        grid_for(len),
+        256,
+        0,
+        cuda_args![src, dst, rows, width, zero, zero, zero, zero],
+    )
+}
+
 pub(crate) fn copy(gpu: &Gpu, src: &CudaBuf, dst: &mut CudaBuf, s: Strided) -> Result<()> {
     if s.rows == 0 || s.width == 0 {
         return Ok(());
@@ -130,10 +191,11 @@ pub(crate) fn copy(gpu: &Gpu, src: &CudaBuf, dst: &mut CudaBuf, s: Strided) -> R
         dst.read(gpu)?
     };
     if contiguous {
-        return gpu.dtod(
+        return copy_words(
+            gpu,
             dp + 4 * s.dst_off as u64,
             sp + 4 * s.src_off as u64,
-            4 * s.rows * s.width,
+            s.rows * s.width,
         );
     }
     let (rows, width) = (s.rows as i32, s.width as i32);

@@ -9,6 +9,7 @@
 extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32)
     attention(const float* q, const float* k, const float* v, float* out, int pos0, int H, int Hkv, int hd, int vd,
               float scale) {
+    GRID_DEP();
     __shared__ float sm[ATT_WARPS], sl[ATT_WARPS];
     __shared__ float so[ATT_WARPS][ATT_MAXD * 32];
     const int h = blockIdx.x, t = blockIdx.y;
@@ -74,6 +75,7 @@ extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32)
 extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32)
     mla_attention(const float* q, const float* latent, const float* kpe, const float* kvb, float* out, int pos0,
                   int H, int dn, int dr, int dv, int r, float scale) {
+    GRID_DEP();
     extern __shared__ float shm[];
     float* q_lat = shm;                 // [r]
     float* o_part = shm + r;            // [ATT_WARPS][r]

@@ -8,6 +8,17 @@ typedef unsigned long long u64;
 typedef long long i64;
 
 #define FULL_MASK 0xffffffffu
+
+// The first statement of every kernel. With programmatic dependent launch
+// (compute capability 9.0+, cuda/driver.rs) a kernel may start while the
+// one before it on the stream is finishing: wait here until that one is
+// complete and its writes visible, then let the next kernel launch early
+// in turn. Nothing may touch global memory before this line.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define GRID_DEP() asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory")
+#else
+#define GRID_DEP()
+#endif
 #define NEG_INF (-__int_as_float(0x7f800000))
 
 __device__ __forceinline__ float bf16f(u16 h) { return __uint_as_float(((u32)h) << 16); }
@@ -82,7 +93,8 @@ __device__ float block_max(float v, float* sh) {
 // 16-byte aligned and is a multiple of 16 bytes long.
 struct Mat {
     u64 w, s, b;
-    int rows, cols, fmt, gs_shift, vec, pad;
+    int rows, cols, fmt, gs_shift, vec;
+    int split;  // matvec_q: warps that share each row group's columns (1, 2, 4, 8)
 };
 
 // One weight row, as the dot-product loops see it.

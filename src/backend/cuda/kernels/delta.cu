@@ -7,6 +7,7 @@
 // (after SiLU); conv_w [C, K]; state [K−1, C] (oldest first), updated.
 extern "C" __global__ void delta_conv(const float* qkv, const float* conv_w, float* state, float* x, int n, int C,
                                       int K) {
+    GRID_DEP();
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C) return;
     float hist[DELTA_MAXK];
@@ -49,6 +50,7 @@ __device__ __forceinline__ float softplus_f(float x) { return x > 20.0f ? x : lo
 extern "C" __global__ void __launch_bounds__(128)
     delta_step(const float* x, const float* a_in, const float* b_in, const float* a_log, const float* dt_bias,
                float* ssm, float* out, int n, int Hk, int Hv, int Dk, int Dv) {
+    GRID_DEP();
     const int h = blockIdx.x;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int row0 = (blockIdx.y * 4 + warp) * DELTA_RPW;

@@ -1,13 +1,21 @@
 // Norms, element-wise ops, strided copies and RoPE.
 
 // y[r] = x[r] / sqrt(mean(x[r]²) + eps) · w, one block per row; with `z`
-// (not null) the gated form, times silu(z[r]).
-extern "C" __global__ void rms_norm(const float* x, const float* w, const float* z, float* y, int dim, float eps) {
+// (not null) the gated form, times silu(z[r]). With `res` (not null), x is
+// the residual stream and first takes x[r] += res[r] (the `add` kernel's
+// sum): a block's residual add and the next norm in one launch.
+extern "C" __global__ void rms_norm(float* x, const float* res, const float* w, const float* z, float* y, int dim,
+                                    float eps) {
+    GRID_DEP();
     __shared__ float sh[32];
     const i64 base = (i64)blockIdx.x * dim;
     float ss = 0.0f;
     for (int i = threadIdx.x; i < dim; i += blockDim.x) {
-        const float v = x[base + i];
+        float v = x[base + i];
+        if (res) {
+            v += res[base + i];
+            x[base + i] = v;
+        }
         ss = fmaf(v, v, ss);
     }
     ss = block_sum(ss, sh);
@@ -23,6 +31,7 @@ extern "C" __global__ void rms_norm(const float* x, const float* w, const float*
     for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < (len); i += (i64)gridDim.x * blockDim.x)
 
 extern "C" __global__ void add(float* y, const float* x, i64 len) {
+    GRID_DEP();
     GRID_LOOP(i, len) y[i] += x[i];
 }
 
@@ -30,6 +39,7 @@ extern "C" __global__ void add(float* y, const float* x, i64 len) {
 // with `assign`, y (known to be zero) is not read: y = s_r · x.
 extern "C" __global__ void add_scaled_rows(float* y, const float* x, const float* scale, i64 len, int dim, int sig,
                                            int assign) {
+    GRID_DEP();
     GRID_LOOP(i, len) {
         float s = scale[i / dim];
         if (sig) s = sigmoid_f(s);
@@ -38,16 +48,19 @@ extern "C" __global__ void add_scaled_rows(float* y, const float* x, const float
 }
 
 extern "C" __global__ void swiglu(const float* g, const float* u, float* y, i64 len) {
+    GRID_DEP();
     GRID_LOOP(i, len) y[i] = silu_f(g[i]) * u[i];
 }
 
 extern "C" __global__ void sigmoid_mul(float* x, const float* g, i64 len) {
+    GRID_DEP();
     GRID_LOOP(i, len) x[i] *= sigmoid_f(g[i]);
 }
 
 // dst[dst_off + r·dst_stride + i] = src[src_off + r·src_stride + i].
 extern "C" __global__ void copy_strided(const float* src, float* dst, int rows, int width, i64 src_off,
                                         i64 src_stride, i64 dst_off, i64 dst_stride) {
+    GRID_DEP();
     GRID_LOOP(i, (i64)rows * width) {
         const i64 r = i / width, c = i % width;
         dst[dst_off + r * dst_stride + c] = src[src_off + r * src_stride + c];
@@ -59,6 +72,7 @@ extern "C" __global__ void copy_strided(const float* src, float* dst, int rows, 
 extern "C" __global__ void rope(float* x, const float* inv_freq, int n_tokens, int n_heads, int head_stride,
                                 int token_stride, int rot_off, int rot_dim, int pos0, int interleaved,
                                 float mscale) {
+    GRID_DEP();
     const int half = rot_dim / 2;
     GRID_LOOP(i, (i64)n_tokens * n_heads * half) {
         const int j = (int)(i % half);

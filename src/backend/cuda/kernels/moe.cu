@@ -40,9 +40,13 @@ __device__ int block_argmax(const float* v, int n, float* sh_v, int* sh_i) {
 // selection on score + bias by groups (group score = sum of its top 2),
 // keep `topk_group` groups (the others' experts count as 0), top-k; the
 // weights are the unbiased scores, over their sum + 1e-20 if `norm`, times
-// `scale`. ids, wts [n, k]. Dynamic shared memory: 2E + n_group floats.
+// `scale`. ids, wts [n, k]; with `hint` (another layer's logits [E]),
+// block n routes those into row n. Dynamic shared memory: 2E + n_group
+// floats.
 extern "C" __global__ void moe_route(const float* logits, const float* bias, u32* ids, float* wts, int E, int k,
-                                     int mode, int norm, int n_group, int topk_group, float scale) {
+                                     int mode, int norm, int n_group, int topk_group, float scale,
+                                     const float* hint, int n) {
+    GRID_DEP();
     extern __shared__ float shm[];
     float* p = shm;       // [E] probabilities / scores
     float* v = shm + E;   // [E] what selection looks at
@@ -50,7 +54,7 @@ extern "C" __global__ void moe_route(const float* logits, const float* bias, u32
     __shared__ float sh[32], sh_v[32];
     __shared__ int sh_i[32], sel[ROUTE_MAXK];
     __shared__ int keep[64];
-    const float* l = logits + (i64)blockIdx.x * E;
+    const float* l = (int)blockIdx.x < n ? logits + (i64)blockIdx.x * E : hint;
     if (mode == 0) {
         float mx = NEG_INF;
         for (int i = threadIdx.x; i < E; i += blockDim.x) mx = fmaxf(mx, l[i]);
@@ -129,6 +133,73 @@ extern "C" __global__ void moe_route(const float* logits, const float* bias, u32
     }
 }
 
+// Softmax routing (mode 0 of moe_route) for E ≤ 32·J and k ≤ 32, one warp
+// per token: lane l holds experts l, l + 32, ... in registers, and each of
+// the k rounds is a warp argmax (ties to the lower index, as
+// block_argmax): no shared memory, no barrier. The weights are summed in
+// selection order, as in moe_route. Grid rows, 32 threads.
+template <int J>
+__device__ __forceinline__ void route_warp_t(const float* l, u32* ids, float* wts, int E, int k, int norm) {
+    const int lane = threadIdx.x & 31;
+    float p[J];
+    float mx = NEG_INF;
+#pragma unroll
+    for (int j = 0; j < J; j++) {
+        const int i = lane + 32 * j;
+        p[j] = i < E ? l[i] : NEG_INF;
+        mx = fmaxf(mx, p[j]);
+    }
+    mx = warp_max(mx);
+    float s = 0.0f;
+#pragma unroll
+    for (int j = 0; j < J; j++) {
+        const int i = lane + 32 * j;
+        p[j] = i < E ? expf(p[j] - mx) : 0.0f;
+        s += p[j];
+    }
+    s = warp_sum(s);
+#pragma unroll
+    for (int j = 0; j < J; j++) p[j] = lane + 32 * j < E ? p[j] / s : NEG_INF;
+    float sum = 0.0f, mine = 0.0f;
+    int my_id = 0;
+    for (int r = 0; r < k; r++) {
+        float best = NEG_INF;
+        int bi = 0x7fffffff;
+#pragma unroll
+        for (int j = 0; j < J; j++)
+            if (p[j] > best) {
+                best = p[j];
+                bi = lane + 32 * j;
+            }
+        warp_argmax(best, bi);
+#pragma unroll
+        for (int j = 0; j < J; j++)
+            if (lane + 32 * j == bi) p[j] = NEG_INF;
+        if (lane == r) {
+            mine = best;
+            my_id = bi;
+        }
+        sum += best;
+    }
+    if (lane < k) {
+        ids[(i64)blockIdx.x * k + lane] = (u32)my_id;
+        wts[(i64)blockIdx.x * k + lane] = norm ? mine / sum : mine;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(32)
+    moe_route_warp(const float* logits, u32* ids, float* wts, int E, int k, int norm, const float* hint, int n) {
+    GRID_DEP();
+    const float* l = (int)blockIdx.x < n ? logits + (i64)blockIdx.x * E : hint;
+    if (E <= 256) {
+        route_warp_t<8>(l, ids, wts, E, k, norm);
+    } else if (E <= 512) {
+        route_warp_t<16>(l, ids, wts, E, k, norm);
+    } else {
+        route_warp_t<32>(l, ids, wts, E, k, norm);
+    }
+}
+
 // Byte offsets of the nine components inside one expert (gate, up, down ×
 // weight, scales, biases), the weight format, log2 of the group size, and
 // whether rows are 16-byte aligned. Kept in step with cuda/moe.rs.
@@ -172,79 +243,181 @@ __device__ __forceinline__ int group_pair(const Group& G, const int* pairs, int 
     return pairs ? pairs[G.start + i] : G.start + i;
 }
 
-// h[p] = silu(gate·x[t(p)]) ⊙ up·x[t(p)] for the group's pairs, one at a
-// time: each warp takes MV_R/2 rows of gate and the same rows of up.
-// Grid (inter/(8·MV_R/2), groups), 256 threads.
+#define MOE_MT 4  // tokens per tile in moe_up / moe_down (MOE_MT·MV_R accumulators a lane)
+
+// How a warp's lanes share a group's tokens. A row of at most 16 (8)
+// 16-byte chunks leaves lanes 16..31 (8..31) idle in rows_dot; 2 (4)
+// sets of lanes then take different tokens, each set running the chunks
+// as a whole warp does (`vlane` = its lane there).
+struct LaneSets {
+    int n;      // sets
+    int size;   // lanes per set: 32, 16 or 8
+    int set;    // this lane's set
+    int vlane;  // its place within the set
+};
+
+template <int FMT>
+__device__ __forceinline__ LaneSets lane_sets(int vec, int cols) {
+    LaneSets s;
+    s.size = 32;
+    if (vec) {
+        const int chunks = cols / chunk_elems<FMT>();
+        while (s.size > 8 && 2 * chunks <= s.size) s.size >>= 1;
+    }
+    const int lane = threadIdx.x & 31;
+    s.n = 32 / s.size;
+    s.set = lane / s.size;
+    s.vlane = lane % s.size;
+    return s;
+}
+
+// warp_sum within a set of `size` lanes. A set stands for a warp whose
+// lanes past the set hold +0, which warp_sum's first steps add; v + 0 is
+// never -0, so one add stands for them all, and then the same tree runs:
+// bit for bit warp_sum. Every lane runs every shuffle (no divergent
+// collectives); the steps that cross sets are not added.
+__device__ __forceinline__ float set_sum(float v, int size) {
+    if (size < 32) v += 0.0f;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float u = __shfl_xor_sync(FULL_MASK, v, o);
+        if (o < size) v += u;
+    }
+    return v;
+}
+
+// One warp's part of moe_up or moe_down: its rows, and where a pair's
+// input and output are.
+struct ExpertWarp {
+    Row rows[MV_R];
+    bool live[MV_R];
+    int r0;  // first output row
+    int cols, gs_shift, vec;
+    LaneSets ls;
+    const float* in;  // pair p's input: in + (p / div)·cols
+    int div;
+    float* out;  // pair p's output: out + p·out_cols + r0
+    int out_cols;
+};
+
+// Tokens i0 .. i0 + n·T of the group through the warp's rows: set s takes
+// i0 + s·T .. + T; a token past the group reads token i0's input and is
+// not written. UP: rows 0..MV_R/2 are gate and the rest the same rows of
+// up, out = silu(gate)·up; else out = each row's dot.
+template <int FMT, bool F16S, int T, bool UP>
+__device__ __forceinline__ void expert_tile(const ExpertWarp& w, const Group& G, const int* pairs, int i0) {
+    const float* xs[T];
+    int ps[T];
+#pragma unroll
+    for (int t = 0; t < T; t++) {
+        const int i = i0 + w.ls.set * T + t;
+        ps[t] = i < G.count ? group_pair(G, pairs, i) : -1;
+        const int src = ps[t] >= 0 ? ps[t] : group_pair(G, pairs, i0);
+        xs[t] = w.in + (i64)(src / w.div) * w.cols;
+    }
+    float acc[T][MV_R];
+#pragma unroll
+    for (int t = 0; t < T; t++)
+#pragma unroll
+        for (int r = 0; r < MV_R; r++) acc[t][r] = 0.0f;
+    rows_dot_tok<FMT, F16S, T>(w.rows, w.live, w.cols, w.gs_shift, w.vec, w.ls.vlane, xs, acc);
+    const int HR = UP ? MV_R / 2 : MV_R;
+#pragma unroll
+    for (int t = 0; t < T; t++)
+#pragma unroll
+        for (int r = 0; r < HR; r++) {
+            float v = set_sum(acc[t][r], w.ls.size);
+            if (UP) v = silu_f(v) * set_sum(acc[t][UP ? HR + r : r], w.ls.size);
+            if (w.ls.vlane == 0 && w.live[r] && ps[t] >= 0) w.out[(i64)ps[t] * w.out_cols + w.r0 + r] = v;
+        }
+}
+
+// All of the group's tokens in tiles of MOE_MT per set, the last in 2 or
+// 1 (3 left: an MOE_MT tile with a slot to spare dequantizes once, 2 + 1
+// twice).
+template <int FMT, bool F16S, bool UP>
+__device__ __forceinline__ void expert_group(const ExpertWarp& w, const Group& G, const int* pairs) {
+    const int n = w.ls.n;
+    for (int i = 0; i < G.count;) {
+        const int per = (G.count - i + n - 1) / n;  // tokens left for each set
+        if (per >= 3) {
+            expert_tile<FMT, F16S, MOE_MT, UP>(w, G, pairs, i);
+            i += n * MOE_MT;
+        } else if (per == 2) {
+            expert_tile<FMT, F16S, 2, UP>(w, G, pairs, i);
+            i += n * 2;
+        } else {
+            expert_tile<FMT, F16S, 1, UP>(w, G, pairs, i);
+            i += n;
+        }
+    }
+}
+
+// h[p] = silu(gate·x[t(p)]) ⊙ up·x[t(p)] for the group's pairs, in tiles
+// (expert_group): each warp takes MV_R/2 rows of gate and the same rows
+// of up. Grid (inter/(8·MV_R/2), groups), 256 threads.
 template <int FMT, bool F16S>
 __device__ __forceinline__ void moe_up_t(const ELayout& L, const float* x, float* h, const Group& G,
                                          const int* pairs, int k, int hidden, int inter) {
     const int HR = MV_R / 2;
-    const int lane = threadIdx.x & 31;
-    const int r0 = ((blockIdx.x * blockDim.x + threadIdx.x) >> 5) * HR;
-    if (r0 >= inter) return;
-    Row rows[MV_R];
-    bool live[MV_R];
+    ExpertWarp w;
+    w.r0 = ((blockIdx.x * blockDim.x + threadIdx.x) >> 5) * HR;
+    if (w.r0 >= inter) return;
 #pragma unroll
     for (int r = 0; r < HR; r++) {
-        live[r] = live[HR + r] = r0 + r < inter;
-        const int rr = live[r] ? r0 + r : r0;
-        rows[r] = expert_row(G.base, L, 0, rr, hidden);
-        rows[HR + r] = expert_row(G.base, L, 1, rr, hidden);
+        w.live[r] = w.live[HR + r] = w.r0 + r < inter;
+        const int rr = w.live[r] ? w.r0 + r : w.r0;
+        w.rows[r] = expert_row(G.base, L, 0, rr, hidden);
+        w.rows[HR + r] = expert_row(G.base, L, 1, rr, hidden);
     }
-    for (int i = 0; i < G.count; i++) {
-        const int p = group_pair(G, pairs, i);
-        float acc[MV_R];
-#pragma unroll
-        for (int r = 0; r < MV_R; r++) acc[r] = 0.0f;
-        rows_dot<FMT, F16S>(rows, live, hidden, L.gs_shift, L.vec, x + (i64)(p / k) * hidden, acc);
-#pragma unroll
-        for (int r = 0; r < HR; r++) {
-            const float gv = warp_sum(acc[r]);
-            const float uv = warp_sum(acc[HR + r]);
-            if (lane == 0 && live[r]) h[(i64)p * inter + r0 + r] = silu_f(gv) * uv;
-        }
-    }
+    w.cols = hidden;
+    w.gs_shift = L.gs_shift;
+    w.vec = L.vec;
+    w.ls = lane_sets<FMT>(L.vec, hidden);
+    w.in = x;
+    w.div = k;
+    w.out = h;
+    w.out_cols = inter;
+    expert_group<FMT, F16S, true>(w, G, pairs);
 }
 
 extern "C" __global__ void __launch_bounds__(256)
     moe_up(ELayout L, const float* x, float* h, const u64* grp_ptr, const int* grp_start, const int* grp_count,
            const int* pairs, const u32* ids, const u64* table, int k, int hidden, int inter) {
+    GRID_DEP();
     const Group G = moe_group(blockIdx.y, grp_ptr, grp_start, grp_count, ids, table);
     FOR_FMT(L.fmt, (moe_up_t<F, S>(L, x, h, G, ids ? (const int*)0 : pairs, k, hidden, inter)));
 }
 
-// d[p] = down·h[p] for the group's pairs: each warp takes MV_R rows of
-// down. Grid (hidden/(8·MV_R), groups), 256 threads.
+// d[p] = down·h[p] for the group's pairs, in tiles (expert_group): each
+// warp takes MV_R rows of down. Grid (hidden/(8·MV_R), groups), 256
+// threads.
 template <int FMT, bool F16S>
 __device__ __forceinline__ void moe_down_t(const ELayout& L, const float* h, float* d, const Group& G,
                                            const int* pairs, int hidden, int inter) {
-    const int lane = threadIdx.x & 31;
-    const int r0 = ((blockIdx.x * blockDim.x + threadIdx.x) >> 5) * MV_R;
-    if (r0 >= hidden) return;
-    Row rows[MV_R];
-    bool live[MV_R];
+    ExpertWarp w;
+    w.r0 = ((blockIdx.x * blockDim.x + threadIdx.x) >> 5) * MV_R;
+    if (w.r0 >= hidden) return;
 #pragma unroll
     for (int r = 0; r < MV_R; r++) {
-        live[r] = r0 + r < hidden;
-        rows[r] = expert_row(G.base, L, 2, live[r] ? r0 + r : r0, inter);
+        w.live[r] = w.r0 + r < hidden;
+        w.rows[r] = expert_row(G.base, L, 2, w.live[r] ? w.r0 + r : w.r0, inter);
     }
-    for (int i = 0; i < G.count; i++) {
-        const int p = group_pair(G, pairs, i);
-        float acc[MV_R];
-#pragma unroll
-        for (int r = 0; r < MV_R; r++) acc[r] = 0.0f;
-        rows_dot<FMT, F16S>(rows, live, inter, L.gs_shift, L.vec, h + (i64)p * inter, acc);
-#pragma unroll
-        for (int r = 0; r < MV_R; r++) {
-            const float v = warp_sum(acc[r]);
-            if (lane == 0 && live[r]) d[(i64)p * hidden + r0 + r] = v;
-        }
-    }
+    w.cols = inter;
+    w.gs_shift = L.gs_shift;
+    w.vec = L.vec;
+    w.ls = lane_sets<FMT>(L.vec, inter);
+    w.in = h;
+    w.div = 1;
+    w.out = d;
+    w.out_cols = hidden;
+    expert_group<FMT, F16S, false>(w, G, pairs);
 }
 
 extern "C" __global__ void __launch_bounds__(256)
     moe_down(ELayout L, const float* h, float* d, const u64* grp_ptr, const int* grp_start, const int* grp_count,
              const int* pairs, const u32* ids, const u64* table, int hidden, int inter) {
+    GRID_DEP();
     const Group G = moe_group(blockIdx.y, grp_ptr, grp_start, grp_count, ids, table);
     FOR_FMT(L.fmt, (moe_down_t<F, S>(L, h, d, G, ids ? (const int*)0 : pairs, hidden, inter)));
 }
@@ -253,6 +426,7 @@ extern "C" __global__ void __launch_bounds__(256)
 // known to be zero and is not read).
 extern "C" __global__ void moe_combine(float* out, const float* d, const float* wts, int n, int k, int hidden,
                                        int assign) {
+    GRID_DEP();
     GRID_LOOP(i, (i64)n * hidden) {
         const i64 t = i / hidden, c = i % hidden;
         float a = 0.0f;
@@ -308,5 +482,6 @@ __device__ __forceinline__ void moe_down_combine_t(const ELayout& L, const float
 extern "C" __global__ void __launch_bounds__(256)
     moe_down_combine(ELayout L, const float* h, float* out, const float* wts, const u32* ids, const u64* table, int k,
                      int hidden, int inter, int assign) {
+    GRID_DEP();
     FOR_FMT(L.fmt, (moe_down_combine_t<F, S>(L, h, out, wts, ids, table, k, hidden, inter, assign)));
 }
