@@ -88,6 +88,26 @@ pub fn check_linear<B: Backend>(b: &B) {
             );
         }
     }
+    // Several CUDA gemm tiles (128 rows × 64 tokens) each way, ragged on
+    // every edge (the last column step of 1000 is a quarter full).
+    let big = [
+        quant_matrix(&mut rng, 300, 1024, 4, 64, false),
+        float_matrix(&mut rng, 300, 1000, Dtype::F32),
+    ];
+    for (view, dense) in &big {
+        let (rows, cols, n) = (view.rows, view.cols, 150);
+        let m = b.matrix(view).expect("matrix");
+        let x = rng.vec(n * cols, 1.0);
+        let mut y = b.alloc(n * rows).expect("alloc");
+        b.linear(&m, &up(b, &x), n, &mut y).expect("linear");
+        let want = reference::linear(dense, rows, cols, &x, n);
+        close(
+            &format!("linear [{rows}, {cols}] n={n}"),
+            &run(b, &y, n * rows),
+            &want,
+            2e-6,
+        );
+    }
 }
 
 pub fn check_embed<B: Backend>(b: &B) {

@@ -5,7 +5,7 @@
 #   tools/device/run.sh STAGE...
 # Stages: probe ops golden synth resident half quarter quarter-nopf cpu
 # golden-staging pieces quarter-staging quick quick25 kernels resident-nograph
-# quarter-nograph golden-nograph resident-nopdl quarter-nopdl.
+# quarter-nograph golden-nograph resident-nopdl quarter-nopdl profile.
 # Logs go to $OUT; a short table is printed last.
 set -uo pipefail
 OUT=${OUT:-/tmp/moeflux-out}
@@ -97,6 +97,15 @@ for stage in "$@"; do
         "$BIN/cuda_kernels" --test-threads=1 --nocapture >"$OUT/kernels.log" 2>&1
         note "cuda_kernels (rc $?, $((SECONDS - t0)) s): $(grep -E '^test result' "$OUT/kernels.log")"
         grep -E "^\||copy:|launch:|panicked" "$OUT/kernels.log" | tee -a "$SUMMARY"
+        ;;
+    profile)
+        # Per-kernel GPU time of two resident decode tokens (Nsight Compute,
+        # one pass per kernel: durations, not throughput of the whole run).
+        t0=$SECONDS
+        ncu --csv --metrics gpu__time_duration.sum --launch-skip 9000 --launch-count 1148 \
+            "$BIN/moeflux" bench --model "$MODEL" --device cuda -p 16 -n 24 -r 1 >"$OUT/ncu.csv" 2>"$OUT/ncu.err"
+        note "ncu (rc $?, $((SECONDS - t0)) s)"
+        python3 tools/device/ncu_summary.py "$OUT/ncu.csv" | tee -a "$SUMMARY"
         ;;
     quick) bench quick --device cuda -p 64 -n 16 -r 1 ;;
     quick25) bench quick25 --device cuda --expert-cache 25% -p 64 -n 16 -r 1 ;;

@@ -80,6 +80,7 @@ kernels!(
     moe_route,
     moe_route_warp,
     moe_up,
+    moe_up_routed,
     moe_down,
     moe_combine,
     moe_down_combine,

@@ -62,6 +62,11 @@ pub(crate) fn group_shift(gs: usize, cols: usize, bits: u32) -> Result<i32> {
     Ok(gs.trailing_zeros() as i32)
 }
 
+/// The output tile of the `gemm` kernel: weight rows × tokens (`GM_BM`,
+/// `GM_BN` in kernels/matvec.cu).
+const GEMM_ROWS: usize = 128;
+const GEMM_TOKENS: usize = 64;
+
 /// The `Mat` kernel argument (kernels/common.cuh).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
@@ -306,7 +311,8 @@ impl CudaMatrix {
             let grid = rows.div_ceil(8) as u32;
             gpu.launch(gpu.k.matvec, (grid, 1, 1), 64, 0, cuda_args![arg, xp, yp])
         } else {
-            let (gx, gy) = (rows.div_ceil(64) as u32, n.div_ceil(64) as u32);
+            // Tiles of GEMM_ROWS × GEMM_TOKENS outputs.
+            let (gx, gy) = (rows.div_ceil(GEMM_ROWS) as u32, n.div_ceil(GEMM_TOKENS) as u32);
             let n = n as i32;
             gpu.launch(gpu.k.gemm, (gx, gy, 1), 256, 0, cuda_args![arg, xp, yp, n])
         }

@@ -203,6 +203,40 @@ struct Groups {
     table: u64,
 }
 
+/// Tokens per tile of the grouped expert kernels (`MOE_MT` in kernels/moe.cu).
+const MOE_MT: usize = 4;
+/// Most dynamic shared memory a block takes without opting in.
+const MAX_SMEM: usize = 48 * 1024;
+
+/// The `stage` argument of `moe_up` / `moe_down` and its dynamic shared
+/// memory: the inputs of one tile (`MOE_MT` tokens per lane set, kernels/moe.cu
+/// `lane_sets`) of `cols` floats each, staged per block. x stays in global
+/// memory (0, 0) for device routing (one pair per group), rows that are not
+/// 16-byte chunks, `cols` not a multiple of 32, or a tile over 48 KiB.
+fn stage_smem(el: &ELayout, g: &Groups, cols: usize) -> (i32, u32) {
+    if g.ids != 0 || el.vec == 0 || cols % 32 != 0 {
+        return (0, 0);
+    }
+    // Elements in one 16-byte chunk of a row.
+    let chunk = match super::matrix::format_of(el.fmt) {
+        Format::F32 => 4,
+        Format::Bf16 | Format::F16 => 8,
+        Format::Q2 => 64,
+        Format::Q4 => 32,
+        Format::Q8 => 16,
+    };
+    let chunks = cols / chunk;
+    let mut size = 32;
+    while size > 8 && 2 * chunks <= size {
+        size /= 2;
+    }
+    let bytes = 32 / size * MOE_MT * cols * 4;
+    match bytes <= MAX_SMEM {
+        true => (1, bytes as u32),
+        false => (0, 0),
+    }
+}
+
 /// gate/up of every pair of the groups into h.
 fn launch_up(gpu: &Gpu, el: ELayout, x: &CudaBuf, h: &CudaBuf, g: &Groups, a: &MoeArgs) -> Result<()> {
     if g.n > MAX_GRID_Y {
@@ -214,14 +248,15 @@ fn launch_up(gpu: &Gpu, el: ELayout, x: &CudaBuf, h: &CudaBuf, g: &Groups, a: &M
     let (hid, inter) = (a.hidden as i32, a.inter as i32);
     let (xp, hp) = (x.read(gpu)?, h.write(gpu, h.len())?);
     let (gp, gs, gc, pp, ip, tp, k) = (g.ptrs, g.starts, g.counts, g.pairs, g.ids, g.table, a.k as i32);
+    let (stage, smem) = stage_smem(&el, g, a.hidden);
     // 8 warps × 2 rows of gate and of up per block.
     let grid = (a.inter.div_ceil(16) as u32, g.n as u32, 1);
     gpu.launch(
         gpu.k.moe_up,
         grid,
         256,
-        0,
-        cuda_args![el, xp, hp, gp, gs, gc, pp, ip, tp, k, hid, inter],
+        smem,
+        cuda_args![el, xp, hp, gp, gs, gc, pp, ip, tp, k, hid, inter, stage],
     )
 }
 
@@ -231,14 +266,15 @@ fn run_experts(gpu: &Gpu, el: ELayout, x: &CudaBuf, h: &CudaBuf, d: &CudaBuf, g:
     let (hid, inter) = (a.hidden as i32, a.inter as i32);
     let (hp, dp) = (h.read(gpu)?, d.write(gpu, d.len())?);
     let (gp, gs, gc, pp, ip, tp) = (g.ptrs, g.starts, g.counts, g.pairs, g.ids, g.table);
+    let (stage, smem) = stage_smem(&el, g, a.inter);
     // 8 warps × 4 rows of down per block.
     let grid = (a.hidden.div_ceil(32) as u32, g.n as u32, 1);
     gpu.launch(
         gpu.k.moe_down,
         grid,
         256,
-        0,
-        cuda_args![el, hp, dp, gp, gs, gc, pp, ip, tp, hid, inter],
+        smem,
+        cuda_args![el, hp, dp, gp, gs, gc, pp, ip, tp, hid, inter, stage],
     )
 }
 
@@ -309,17 +345,17 @@ pub(crate) fn moe(gpu: &Arc<Gpu>, cache: Option<&ExpertCache>, io: MoeIo, a: Moe
     match table {
         Some(t) if n <= DEVICE_ROUTE_TOKENS => {
             // All on the device: gate/up per pair, then down + combine per token.
-            let g = Groups {
-                n: n * k,
-                ptrs: 0,
-                starts: 0,
-                counts: 0,
-                pairs: 0,
-                ids: ids.ptr(),
-                table: t,
-            };
-            launch_up(gpu, el, io.x, &h, &g, &a)?;
-            let (hp, wp, ip) = (h.read(gpu)?, wts.read(gpu)?, ids.ptr());
+            let (xp, hw, ip) = (io.x.read(gpu)?, h.write(gpu, h.len())?, ids.ptr());
+            // 8 warps × 2 rows of gate and of up per block, one pair per block row.
+            let up_grid = (a.inter.div_ceil(16) as u32, (n * k) as u32, 1);
+            gpu.launch(
+                gpu.k.moe_up_routed,
+                up_grid,
+                256,
+                0,
+                cuda_args![el, xp, hw, ip, t, kk, hid, inter],
+            )?;
+            let (hp, wp) = (h.read(gpu)?, wts.read(gpu)?);
             // One block per 4 rows of a token; its warps split the pairs.
             let grid = (a.hidden.div_ceil(4) as u32, n as u32, 1);
             gpu.launch(

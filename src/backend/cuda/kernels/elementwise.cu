@@ -1,16 +1,62 @@
 // Norms, element-wise ops, strided copies and RoPE.
 
+#define NORM_PER 16  // values a thread keeps in registers (dim ≤ 16 · block)
+
 // y[r] = x[r] / sqrt(mean(x[r]²) + eps) · w, one block per row; with `z`
 // (not null) the gated form, times silu(z[r]). With `res` (not null), x is
 // the residual stream and first takes x[r] += res[r] (the `add` kernel's
-// sum): a block's residual add and the next norm in one launch.
-extern "C" __global__ void rms_norm(float* x, const float* res, const float* w, const float* z, float* y, int dim,
-                                    float eps) {
+// sum): a block's residual add and the next norm in one launch. Each
+// thread loads all of its elements at once and keeps them in registers
+// (the pointers never alias: the host passes distinct buffers), so a
+// short row costs one memory round trip, not one per element; a thread's
+// sum of squares runs over its elements in order either way.
+extern "C" __global__ void __launch_bounds__(256)
+    rms_norm(float* __restrict__ x, const float* __restrict__ res, const float* __restrict__ w,
+             const float* __restrict__ z, float* __restrict__ y, int dim, float eps) {
     GRID_DEP();
     __shared__ float sh[32];
     const i64 base = (i64)blockIdx.x * dim;
+    const int tid = threadIdx.x, nt = blockDim.x;
+    if (dim <= NORM_PER * nt) {
+        x += base;
+        y += base;
+        if (res) res += base;
+        if (z) z += base;
+        float v[NORM_PER];
+#pragma unroll
+        for (int j = 0; j < NORM_PER; j++) {
+            const int i = tid + j * nt;
+            v[j] = i < dim ? x[i] : 0.0f;
+        }
+        if (res) {
+#pragma unroll
+            for (int j = 0; j < NORM_PER; j++) {
+                const int i = tid + j * nt;
+                if (i < dim) {
+                    v[j] += res[i];
+                    x[i] = v[j];
+                }
+            }
+        }
+        float ss = 0.0f;
+#pragma unroll
+        for (int j = 0; j < NORM_PER; j++)
+            if (tid + j * nt < dim) ss = fmaf(v[j], v[j], ss);
+        ss = block_sum(ss, sh);
+        const float inv = 1.0f / sqrtf(ss / (float)dim + eps);
+#pragma unroll
+        for (int j = 0; j < NORM_PER; j++) {
+            const int i = tid + j * nt;
+            if (i < dim) {
+                float o = v[j] * inv * w[i];
+                if (z) o *= silu_f(z[i]);
+                y[i] = o;
+            }
+        }
+        return;
+    }
     float ss = 0.0f;
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+    for (int i = tid; i < dim; i += nt) {
         float v = x[base + i];
         if (res) {
             v += res[base + i];
@@ -20,7 +66,7 @@ extern "C" __global__ void rms_norm(float* x, const float* res, const float* w, 
     }
     ss = block_sum(ss, sh);
     const float inv = 1.0f / sqrtf(ss / (float)dim + eps);
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+    for (int i = tid; i < dim; i += nt) {
         float v = x[base + i] * inv * w[i];
         if (z) v *= silu_f(z[base + i]);
         y[base + i] = v;

@@ -291,7 +291,8 @@ __device__ __forceinline__ float set_sum(float v, int size) {
 struct ExpertWarp {
     Row rows[MV_R];
     bool live[MV_R];
-    int r0;  // first output row
+    bool active;  // some row inside the matrix (else it only helps stage x)
+    int r0;       // first output row
     int cols, gs_shift, vec;
     LaneSets ls;
     const float* in;  // pair p's input: in + (p / div)·cols
@@ -300,27 +301,105 @@ struct ExpertWarp {
     int out_cols;
 };
 
+// x of a tile's tokens staged in shared memory by stage_tile: the lane's
+// token t at float4 first + t·stride, its float4 p at xswz<F4>(p).
+template <int F4>
+struct XShared {
+    const float4* xs;
+    int first, stride;
+    __device__ __forceinline__ float4 f4(int t, int p) const { return xs[first + t * stride + xswz<F4>(p)]; }
+};
+
+// *dst = *src, 16 bytes from global to shared memory; from sm_80 an
+// asynchronous copy that holds no registers, complete after stage_wait.
+__device__ __forceinline__ void stage16(float4* dst, const float4* src) {
+#if __CUDA_ARCH__ >= 800
+    asm volatile(
+        "{\n\t.reg .u64 d;\n\tcvta.to.shared.u64 d, %0;\n\tcp.async.cg.shared.global [d], [%1], 16;\n\t}" ::"l"(dst),
+        "l"(src)
+        : "memory");
+#else
+    *dst = __ldg(src);
+#endif
+}
+
+__device__ __forceinline__ void stage_wait() {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_all;" ::: "memory");
+#endif
+}
+
+// Issues the copy of the inputs of the group's tokens i0 .. i0 + slots
+// into xs [slots, cols/4] (slot q: token i0 + q, zeros past the group),
+// float4 p of a slot at xswz<F4>(p): the 8 lanes of a 128-byte phase of
+// an XShared read (one offset of 8 consecutive chunks of one token) hit 8
+// different bank groups. Starts with a barrier (the tile before has been
+// read); every thread of the block runs it, then stage_wait and a barrier.
+// slots ≤ 32.
+template <int F4>
+__device__ __forceinline__ void stage_tile(float4* xs, const ExpertWarp& w, const Group& G, const int* pairs, int i0,
+                                           int slots) {
+    const int lane = threadIdx.x & 31, c4 = w.cols >> 2;
+    // Lane q finds slot q's input row (-1: past the group).
+    const int mine = lane < slots && i0 + lane < G.count ? group_pair(G, pairs, i0 + lane) / w.div : -1;
+    __syncthreads();
+    for (int q = 0; q < slots; q++) {
+        const int row = __shfl_sync(FULL_MASK, mine, q);
+        float4* dst = xs + q * c4;
+        if (row < 0) {
+            float4 z;
+            z.x = z.y = z.z = z.w = 0.0f;
+            for (int p = threadIdx.x; p < c4; p += blockDim.x) dst[xswz<F4>(p)] = z;
+        } else {
+            const float4* src = (const float4*)(w.in + (i64)row * w.cols);
+            for (int p = threadIdx.x; p < c4; p += blockDim.x) stage16(dst + xswz<F4>(p), src + p);
+        }
+    }
+}
+
 // Tokens i0 .. i0 + n·T of the group through the warp's rows: set s takes
-// i0 + s·T .. + T; a token past the group reads token i0's input and is
-// not written. UP: rows 0..MV_R/2 are gate and the rest the same rows of
-// up, out = silu(gate)·up; else out = each row's dot.
-template <int FMT, bool F16S, int T, bool UP>
-__device__ __forceinline__ void expert_tile(const ExpertWarp& w, const Group& G, const int* pairs, int i0) {
+// i0 + s·T .. + T; a token past the group is not written (it reads token
+// i0's input, or zeros when staged). UP: rows 0..MV_R/2 are gate and the
+// rest the same rows of up, out = silu(gate)·up; else out = each row's
+// dot. SH: x read from the block's shared copy of the tile (stage_tile;
+// every warp of the block runs every tile), each lane's first weight
+// chunk loaded while it is copied; else from global memory.
+template <int FMT, bool F16S, int T, bool UP, bool SH>
+__device__ __forceinline__ void expert_tile(const ExpertWarp& w, const Group& G, const int* pairs, int i0,
+                                            float4* xsh) {
     const float* xs[T];
     int ps[T];
 #pragma unroll
     for (int t = 0; t < T; t++) {
         const int i = i0 + w.ls.set * T + t;
         ps[t] = i < G.count ? group_pair(G, pairs, i) : -1;
-        const int src = ps[t] >= 0 ? ps[t] : group_pair(G, pairs, i0);
-        xs[t] = w.in + (i64)(src / w.div) * w.cols;
+        xs[t] = w.in;
+        if (!SH) {
+            const int src = ps[t] >= 0 ? ps[t] : group_pair(G, pairs, i0);
+            xs[t] += (i64)(src / w.div) * w.cols;
+        }
     }
     float acc[T][MV_R];
 #pragma unroll
     for (int t = 0; t < T; t++)
 #pragma unroll
         for (int r = 0; r < MV_R; r++) acc[t][r] = 0.0f;
-    rows_dot_tok<FMT, F16S, T>(w.rows, w.live, w.cols, w.gs_shift, w.vec, w.ls.vlane, xs, acc);
+    if (SH) {
+        constexpr int F4 = chunk_elems<FMT>() / 4;
+        stage_tile<F4>(xsh, w, G, pairs, i0, w.ls.n * T);
+        uint4 wv[MV_R];
+        if (w.active && w.ls.vlane < w.cols / chunk_elems<FMT>()) load_chunk(w.rows, w.live, w.ls.vlane, wv);
+        stage_wait();
+        __syncthreads();
+        if (!w.active) return;
+        XShared<F4> x;
+        x.xs = xsh;
+        x.stride = w.cols >> 2;
+        x.first = w.ls.set * T * x.stride;
+        rows_chunks_tok<FMT, F16S, T>(w.rows, w.live, w.cols, w.gs_shift, w.ls.vlane, x, true, wv, acc);
+    } else {
+        rows_dot_tok<FMT, F16S, T>(w.rows, w.live, w.cols, w.gs_shift, w.vec, w.ls.vlane, xs, acc);
+    }
     const int HR = UP ? MV_R / 2 : MV_R;
 #pragma unroll
     for (int t = 0; t < T; t++)
@@ -334,23 +413,43 @@ __device__ __forceinline__ void expert_tile(const ExpertWarp& w, const Group& G,
 
 // All of the group's tokens in tiles of MOE_MT per set, the last in 2 or
 // 1 (3 left: an MOE_MT tile with a slot to spare dequantizes once, 2 + 1
-// twice).
-template <int FMT, bool F16S, bool UP>
-__device__ __forceinline__ void expert_group(const ExpertWarp& w, const Group& G, const int* pairs) {
+// twice). The tiles depend on the group alone, the same in every warp.
+template <int FMT, bool F16S, bool UP, bool SH>
+__device__ __forceinline__ void expert_group(const ExpertWarp& w, const Group& G, const int* pairs, float4* xsh) {
     const int n = w.ls.n;
     for (int i = 0; i < G.count;) {
         const int per = (G.count - i + n - 1) / n;  // tokens left for each set
         if (per >= 3) {
-            expert_tile<FMT, F16S, MOE_MT, UP>(w, G, pairs, i);
+            expert_tile<FMT, F16S, MOE_MT, UP, SH>(w, G, pairs, i, xsh);
             i += n * MOE_MT;
         } else if (per == 2) {
-            expert_tile<FMT, F16S, 2, UP>(w, G, pairs, i);
+            expert_tile<FMT, F16S, 2, UP, SH>(w, G, pairs, i, xsh);
             i += n * 2;
         } else {
-            expert_tile<FMT, F16S, 1, UP>(w, G, pairs, i);
+            expert_tile<FMT, F16S, 1, UP, SH>(w, G, pairs, i, xsh);
             i += n;
         }
     }
+}
+
+// The group's tokens through the warp's rows, with x staged per tile in
+// `xsh` (not null: the block's dynamic shared memory) or read from global
+// memory (a warp past the last row then has nothing to do).
+template <int FMT, bool F16S, bool UP>
+__device__ __forceinline__ void expert_run(const ExpertWarp& w, const Group& G, const int* pairs, float4* xsh) {
+    if (xsh) {
+        expert_group<FMT, F16S, UP, true>(w, G, pairs, xsh);
+    } else if (w.active) {
+        expert_group<FMT, F16S, UP, false>(w, G, pairs, xsh);
+    }
+}
+
+// Where moe_up / moe_down read x: the block's dynamic shared memory when
+// the launch provides it (`stage`: MOE_MT·sets·cols floats, vec rows,
+// cols a multiple of 32) and the group has tokens to share, else global
+// memory (device routing: one pair per group).
+__device__ __forceinline__ float4* stage_buf(float4* shm, int stage, const u32* ids, const Group& G) {
+    return stage && !ids && G.count >= 2 ? shm : (float4*)0;
 }
 
 // h[p] = silu(gate·x[t(p)]) ⊙ up·x[t(p)] for the group's pairs, in tiles
@@ -358,11 +457,11 @@ __device__ __forceinline__ void expert_group(const ExpertWarp& w, const Group& G
 // of up. Grid (inter/(8·MV_R/2), groups), 256 threads.
 template <int FMT, bool F16S>
 __device__ __forceinline__ void moe_up_t(const ELayout& L, const float* x, float* h, const Group& G,
-                                         const int* pairs, int k, int hidden, int inter) {
+                                         const int* pairs, int k, int hidden, int inter, float4* xsh) {
     const int HR = MV_R / 2;
     ExpertWarp w;
     w.r0 = ((blockIdx.x * blockDim.x + threadIdx.x) >> 5) * HR;
-    if (w.r0 >= inter) return;
+    w.active = w.r0 < inter;
 #pragma unroll
     for (int r = 0; r < HR; r++) {
         w.live[r] = w.live[HR + r] = w.r0 + r < inter;
@@ -378,15 +477,17 @@ __device__ __forceinline__ void moe_up_t(const ELayout& L, const float* x, float
     w.div = k;
     w.out = h;
     w.out_cols = inter;
-    expert_group<FMT, F16S, true>(w, G, pairs);
+    expert_run<FMT, F16S, true>(w, G, pairs, xsh);
 }
 
 extern "C" __global__ void __launch_bounds__(256)
     moe_up(ELayout L, const float* x, float* h, const u64* grp_ptr, const int* grp_start, const int* grp_count,
-           const int* pairs, const u32* ids, const u64* table, int k, int hidden, int inter) {
+           const int* pairs, const u32* ids, const u64* table, int k, int hidden, int inter, int stage) {
     GRID_DEP();
+    extern __shared__ float4 moe_xs[];
     const Group G = moe_group(blockIdx.y, grp_ptr, grp_start, grp_count, ids, table);
-    FOR_FMT(L.fmt, (moe_up_t<F, S>(L, x, h, G, ids ? (const int*)0 : pairs, k, hidden, inter)));
+    float4* xsh = stage_buf(moe_xs, stage, ids, G);
+    FOR_FMT(L.fmt, (moe_up_t<F, S>(L, x, h, G, ids ? (const int*)0 : pairs, k, hidden, inter, xsh)));
 }
 
 // d[p] = down·h[p] for the group's pairs, in tiles (expert_group): each
@@ -394,10 +495,10 @@ extern "C" __global__ void __launch_bounds__(256)
 // threads.
 template <int FMT, bool F16S>
 __device__ __forceinline__ void moe_down_t(const ELayout& L, const float* h, float* d, const Group& G,
-                                           const int* pairs, int hidden, int inter) {
+                                           const int* pairs, int hidden, int inter, float4* xsh) {
     ExpertWarp w;
     w.r0 = ((blockIdx.x * blockDim.x + threadIdx.x) >> 5) * MV_R;
-    if (w.r0 >= hidden) return;
+    w.active = w.r0 < hidden;
 #pragma unroll
     for (int r = 0; r < MV_R; r++) {
         w.live[r] = w.r0 + r < hidden;
@@ -411,15 +512,17 @@ __device__ __forceinline__ void moe_down_t(const ELayout& L, const float* h, flo
     w.div = 1;
     w.out = d;
     w.out_cols = hidden;
-    expert_group<FMT, F16S, false>(w, G, pairs);
+    expert_run<FMT, F16S, false>(w, G, pairs, xsh);
 }
 
 extern "C" __global__ void __launch_bounds__(256)
     moe_down(ELayout L, const float* h, float* d, const u64* grp_ptr, const int* grp_start, const int* grp_count,
-             const int* pairs, const u32* ids, const u64* table, int hidden, int inter) {
+             const int* pairs, const u32* ids, const u64* table, int hidden, int inter, int stage) {
     GRID_DEP();
+    extern __shared__ float4 moe_xs[];
     const Group G = moe_group(blockIdx.y, grp_ptr, grp_start, grp_count, ids, table);
-    FOR_FMT(L.fmt, (moe_down_t<F, S>(L, h, d, G, ids ? (const int*)0 : pairs, hidden, inter)));
+    float4* xsh = stage_buf(moe_xs, stage, ids, G);
+    FOR_FMT(L.fmt, (moe_down_t<F, S>(L, h, d, G, ids ? (const int*)0 : pairs, hidden, inter, xsh)));
 }
 
 // out[t] += Σ_j wts[t, j]·d[t·k + j], j in order (with `assign`, out is
@@ -484,4 +587,46 @@ extern "C" __global__ void __launch_bounds__(256)
                      int hidden, int inter, int assign) {
     GRID_DEP();
     FOR_FMT(L.fmt, (moe_down_combine_t<F, S>(L, h, out, wts, ids, table, k, hidden, inter, assign)));
+}
+
+// moe_up for device routing (decode: one pair per block row, ids and the
+// resident table on the device): the arithmetic of moe_up's one-token
+// tile (rows_dot), in a kernel that carries none of the multi-token
+// paths, so that it needs few enough registers for two blocks per SM.
+// Grid (inter/(8·MV_R/2), pairs), 256 threads.
+template <int FMT, bool F16S>
+__device__ __forceinline__ void moe_up_routed_t(const ELayout& L, const float* x, float* h, const u32* ids,
+                                                const u64* table, int k, int hidden, int inter) {
+    const int HR = MV_R / 2;
+    const int lane = threadIdx.x & 31;
+    const int r0 = ((blockIdx.x * blockDim.x + threadIdx.x) >> 5) * HR;
+    if (r0 >= inter) return;
+    const int p = blockIdx.y;
+    const char* base = (const char*)table[ids[p]];
+    Row rows[MV_R];
+    bool live[MV_R];
+#pragma unroll
+    for (int r = 0; r < HR; r++) {
+        live[r] = live[HR + r] = r0 + r < inter;
+        const int rr = live[r] ? r0 + r : r0;
+        rows[r] = expert_row(base, L, 0, rr, hidden);
+        rows[HR + r] = expert_row(base, L, 1, rr, hidden);
+    }
+    float acc[MV_R];
+#pragma unroll
+    for (int r = 0; r < MV_R; r++) acc[r] = 0.0f;
+    rows_dot<FMT, F16S>(rows, live, hidden, L.gs_shift, L.vec, x + (i64)(p / k) * hidden, acc);
+#pragma unroll
+    for (int r = 0; r < HR; r++) {
+        const float gv = warp_sum(acc[r]);
+        const float uv = warp_sum(acc[HR + r]);
+        if (lane == 0 && live[r]) h[(i64)p * inter + r0 + r] = silu_f(gv) * uv;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256, 2)
+    moe_up_routed(ELayout L, const float* x, float* h, const u32* ids, const u64* table, int k, int hidden,
+                  int inter) {
+    GRID_DEP();
+    FOR_FMT(L.fmt, (moe_up_routed_t<F, S>(L, x, h, ids, table, k, hidden, inter)));
 }
