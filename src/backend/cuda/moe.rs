@@ -199,8 +199,6 @@ struct Groups {
     starts: u64,
     counts: u64,
     pairs: u64,
-    ids: u64,
-    table: u64,
 }
 
 /// Tokens per tile of the grouped expert kernels (`MOE_MT` in kernels/moe.cu).
@@ -211,10 +209,11 @@ const MAX_SMEM: usize = 48 * 1024;
 /// The `stage` argument of `moe_up` / `moe_down` and its dynamic shared
 /// memory: the inputs of one tile (`MOE_MT` tokens per lane set, kernels/moe.cu
 /// `lane_sets`) of `cols` floats each, staged per block. x stays in global
-/// memory (0, 0) for device routing (one pair per group), rows that are not
-/// 16-byte chunks, `cols` not a multiple of 32, or a tile over 48 KiB.
-fn stage_smem(el: &ELayout, g: &Groups, cols: usize) -> (i32, u32) {
-    if g.ids != 0 || el.vec == 0 || cols % 32 != 0 {
+/// memory (0, 0) for rows that are not 16-byte chunks, `cols` not a
+/// multiple of 32, or a tile over 48 KiB (and, in the kernel, for a group
+/// of one pair).
+fn stage_smem(el: &ELayout, cols: usize) -> (i32, u32) {
+    if el.vec == 0 || cols % 32 != 0 {
         return (0, 0);
     }
     // Elements in one 16-byte chunk of a row.
@@ -247,8 +246,8 @@ fn launch_up(gpu: &Gpu, el: ELayout, x: &CudaBuf, h: &CudaBuf, g: &Groups, a: &M
     }
     let (hid, inter) = (a.hidden as i32, a.inter as i32);
     let (xp, hp) = (x.read(gpu)?, h.write(gpu, h.len())?);
-    let (gp, gs, gc, pp, ip, tp, k) = (g.ptrs, g.starts, g.counts, g.pairs, g.ids, g.table, a.k as i32);
-    let (stage, smem) = stage_smem(&el, g, a.hidden);
+    let (gp, gs, gc, pp, k) = (g.ptrs, g.starts, g.counts, g.pairs, a.k as i32);
+    let (stage, smem) = stage_smem(&el, a.hidden);
     // 8 warps × 2 rows of gate and of up per block.
     let grid = (a.inter.div_ceil(16) as u32, g.n as u32, 1);
     gpu.launch(
@@ -256,7 +255,7 @@ fn launch_up(gpu: &Gpu, el: ELayout, x: &CudaBuf, h: &CudaBuf, g: &Groups, a: &M
         grid,
         256,
         smem,
-        cuda_args![el, xp, hp, gp, gs, gc, pp, ip, tp, k, hid, inter, stage],
+        cuda_args![el, xp, hp, gp, gs, gc, pp, k, hid, inter, stage],
     )
 }
 
@@ -265,8 +264,8 @@ fn run_experts(gpu: &Gpu, el: ELayout, x: &CudaBuf, h: &CudaBuf, d: &CudaBuf, g:
     launch_up(gpu, el, x, h, g, a)?;
     let (hid, inter) = (a.hidden as i32, a.inter as i32);
     let (hp, dp) = (h.read(gpu)?, d.write(gpu, d.len())?);
-    let (gp, gs, gc, pp, ip, tp) = (g.ptrs, g.starts, g.counts, g.pairs, g.ids, g.table);
-    let (stage, smem) = stage_smem(&el, g, a.inter);
+    let (gp, gs, gc, pp) = (g.ptrs, g.starts, g.counts, g.pairs);
+    let (stage, smem) = stage_smem(&el, a.inter);
     // 8 warps × 4 rows of down per block.
     let grid = (a.hidden.div_ceil(32) as u32, g.n as u32, 1);
     gpu.launch(
@@ -274,7 +273,7 @@ fn run_experts(gpu: &Gpu, el: ELayout, x: &CudaBuf, h: &CudaBuf, d: &CudaBuf, g:
         grid,
         256,
         smem,
-        cuda_args![el, hp, dp, gp, gs, gc, pp, ip, tp, hid, inter, stage],
+        cuda_args![el, hp, dp, gp, gs, gc, pp, hid, inter, stage],
     )
 }
 
@@ -443,8 +442,6 @@ fn grouped(
             starts: base + 8 * groups as u64,
             counts: base + 12 * groups as u64,
             pairs: base + 16 * groups as u64,
-            ids: 0,
-            table: 0,
         };
         run_experts(gpu, el, io.x, h, d, &g, a)?;
         cache.release(a.layer, chunk)?;

@@ -1,11 +1,12 @@
 // Routed experts on the device: the router (top-k over the router logits),
 // the grouped expert matrix products, and the weighted combine.
 //
-// A "pair" p = t·k + j is token t's j-th expert. The expert kernels take
-// groups of pairs that share an expert: either one group per pair with the
-// expert found through `table[ids[p]]` (all experts resident: no host
-// round trip), or groups made on the host (`grp_*`, `pairs`). Each pair's
-// arithmetic is the same either way, so results do not depend on which.
+// A "pair" p = t·k + j is token t's j-th expert. With every expert
+// resident and few tokens, moe_up_routed and moe_down_combine find each
+// pair's expert through `table[ids[p]]` (no host round trip); otherwise
+// moe_up and moe_down take groups of pairs that share an expert, made on
+// the host (`grp_*`, `pairs`). Each pair's arithmetic is the same either
+// way, so results do not depend on which.
 
 // The index of the largest of v[0..n) over the block (ties: the lower
 // index); sh_v / sh_i hold 32 entries.
@@ -210,21 +211,14 @@ struct ELayout {
 
 struct Group {
     const char* base;  // the expert's bytes
-    int start, count;  // its pairs: pairs[start .. start + count] (or `start` alone)
+    int start, count;  // its pairs: pairs[start .. start + count]
 };
 
-__device__ __forceinline__ Group moe_group(int g, const u64* grp_ptr, const int* grp_start, const int* grp_count,
-                                           const u32* ids, const u64* table) {
+__device__ __forceinline__ Group moe_group(int g, const u64* grp_ptr, const int* grp_start, const int* grp_count) {
     Group G;
-    if (ids) {
-        G.base = (const char*)table[ids[g]];
-        G.start = g;
-        G.count = 1;
-    } else {
-        G.base = (const char*)grp_ptr[g];
-        G.start = grp_start[g];
-        G.count = grp_count[g];
-    }
+    G.base = (const char*)grp_ptr[g];
+    G.start = grp_start[g];
+    G.count = grp_count[g];
     return G;
 }
 
@@ -240,7 +234,7 @@ __device__ __forceinline__ Row expert_row(const char* base, const ELayout& L, in
 
 // The pair of a group's i-th token.
 __device__ __forceinline__ int group_pair(const Group& G, const int* pairs, int i) {
-    return pairs ? pairs[G.start + i] : G.start + i;
+    return pairs[G.start + i];
 }
 
 #define MOE_MT 4  // tokens per tile in moe_up / moe_down (MOE_MT·MV_R accumulators a lane)
@@ -447,9 +441,9 @@ __device__ __forceinline__ void expert_run(const ExpertWarp& w, const Group& G, 
 // Where moe_up / moe_down read x: the block's dynamic shared memory when
 // the launch provides it (`stage`: MOE_MT·sets·cols floats, vec rows,
 // cols a multiple of 32) and the group has tokens to share, else global
-// memory (device routing: one pair per group).
-__device__ __forceinline__ float4* stage_buf(float4* shm, int stage, const u32* ids, const Group& G) {
-    return stage && !ids && G.count >= 2 ? shm : (float4*)0;
+// memory (a group of one pair).
+__device__ __forceinline__ float4* stage_buf(float4* shm, int stage, const Group& G) {
+    return stage && G.count >= 2 ? shm : (float4*)0;
 }
 
 // h[p] = silu(gate·x[t(p)]) ⊙ up·x[t(p)] for the group's pairs, in tiles
@@ -482,12 +476,12 @@ __device__ __forceinline__ void moe_up_t(const ELayout& L, const float* x, float
 
 extern "C" __global__ void __launch_bounds__(256)
     moe_up(ELayout L, const float* x, float* h, const u64* grp_ptr, const int* grp_start, const int* grp_count,
-           const int* pairs, const u32* ids, const u64* table, int k, int hidden, int inter, int stage) {
+           const int* pairs, int k, int hidden, int inter, int stage) {
     GRID_DEP();
     extern __shared__ float4 moe_xs[];
-    const Group G = moe_group(blockIdx.y, grp_ptr, grp_start, grp_count, ids, table);
-    float4* xsh = stage_buf(moe_xs, stage, ids, G);
-    FOR_FMT(L.fmt, (moe_up_t<F, S>(L, x, h, G, ids ? (const int*)0 : pairs, k, hidden, inter, xsh)));
+    const Group G = moe_group(blockIdx.y, grp_ptr, grp_start, grp_count);
+    float4* xsh = stage_buf(moe_xs, stage, G);
+    FOR_FMT(L.fmt, (moe_up_t<F, S>(L, x, h, G, pairs, k, hidden, inter, xsh)));
 }
 
 // d[p] = down·h[p] for the group's pairs, in tiles (expert_group): each
@@ -517,12 +511,12 @@ __device__ __forceinline__ void moe_down_t(const ELayout& L, const float* h, flo
 
 extern "C" __global__ void __launch_bounds__(256)
     moe_down(ELayout L, const float* h, float* d, const u64* grp_ptr, const int* grp_start, const int* grp_count,
-             const int* pairs, const u32* ids, const u64* table, int hidden, int inter, int stage) {
+             const int* pairs, int hidden, int inter, int stage) {
     GRID_DEP();
     extern __shared__ float4 moe_xs[];
-    const Group G = moe_group(blockIdx.y, grp_ptr, grp_start, grp_count, ids, table);
-    float4* xsh = stage_buf(moe_xs, stage, ids, G);
-    FOR_FMT(L.fmt, (moe_down_t<F, S>(L, h, d, G, ids ? (const int*)0 : pairs, hidden, inter, xsh)));
+    const Group G = moe_group(blockIdx.y, grp_ptr, grp_start, grp_count);
+    float4* xsh = stage_buf(moe_xs, stage, G);
+    FOR_FMT(L.fmt, (moe_down_t<F, S>(L, h, d, G, pairs, hidden, inter, xsh)));
 }
 
 // out[t] += Σ_j wts[t, j]·d[t·k + j], j in order (with `assign`, out is
