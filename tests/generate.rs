@@ -49,15 +49,20 @@ fn csv(ids: &[u32]) -> String {
 }
 
 /// Greedy decoding from `greedy.prompt` gives transformers' `greedy.tokens`
-/// (the fixtures' generation_config.json says `do_sample: false`, so no
-/// sampling flag is passed), and the streamed text is the decode of them.
+/// (greedy and without penalties, whatever the fixture's
+/// generation_config.json says: the trained demo model's samples), and the
+/// streamed text is the decode of them.
 fn greedy(name: &str, flags: &[&str]) {
     let tmp = tempfile::tempdir().unwrap();
     let dst = tmp.path().join("packed");
     convert(name, &dst, flags);
     let r = reference(name);
     let n = r.greedy_tokens.len().to_string();
-    let j = run_json(&dst, &["--prompt-ids", &csv(&r.greedy_prompt), "-n", &n]);
+    let greedy = ["--temperature", "0", "--repeat-penalty", "1"];
+    let j = run_json(
+        &dst,
+        &[&greedy[..], &["--prompt-ids", &csv(&r.greedy_prompt), "-n", &n]].concat(),
+    );
     assert_eq!(ids(&j["prompt_tokens"]), r.greedy_prompt, "{name}: prompt echoed");
     assert_eq!(
         ids(&j["tokens"]),

@@ -90,39 +90,40 @@ pub fn argmax(v: &[f32]) -> usize {
     best
 }
 
-/// One `#[test]` per golden fixture, each calling `$check(name, convert
-/// flags)`: bf16 and fp8 sources are converted with `--bits 16` (the
-/// reference ran on exactly those weights), MLX ones repacked as they are.
+pub mod trials;
+
+/// Calls `$m!(ARGS name, fixture, flags)` for every golden fixture: bf16
+/// and fp8 sources are converted with `--bits 16` (the reference ran on
+/// exactly those weights), MLX ones repacked as they are.
+#[macro_export]
+macro_rules! for_each_golden_fixture {
+    ($($m:ident)::+ !($($args:tt)*)) => {
+        $($m)::+!($($args)* qwen3_moe_bf16, "qwen3_moe", &["--bits", "16"]);
+        $($m)::+!($($args)* qwen3_moe_mlx_4bit, "qwen3_moe_mlx4", &[]);
+        $($m)::+!($($args)* qwen3_next_bf16_sharded, "qwen3_next", &["--bits", "16"]);
+        $($m)::+!($($args)* qwen3_5_moe_bf16_nested, "qwen3_5_moe", &["--bits", "16"]);
+        $($m)::+!($($args)* qwen3_5_moe_mlx_4bit, "qwen3_5_moe_mlx4", &[]);
+        $($m)::+!($($args)* deepseek_v3_bf16, "deepseek_v3", &["--bits", "16"]);
+        $($m)::+!($($args)* deepseek_v3_fp8, "deepseek_v3_fp8", &["--bits", "16"]);
+        $($m)::+!($($args)* demo_kjv_trained_bf16, "demo_kjv", &["--bits", "16"]);
+    };
+}
+
+/// One `#[test]` per golden fixture, each calling `$check(fixture, flags)`.
 #[macro_export]
 macro_rules! golden_fixture_tests {
     ($check:path) => {
+        $crate::for_each_golden_fixture!($crate::golden_test!($check,));
+    };
+}
+
+/// A `#[test]` named `$name` calling `$check($fixture, $flags)`.
+#[macro_export]
+macro_rules! golden_test {
+    ($check:path, $name:ident, $fixture:expr, $flags:expr) => {
         #[test]
-        fn qwen3_moe_bf16() {
-            $check("qwen3_moe", &["--bits", "16"]);
-        }
-        #[test]
-        fn qwen3_moe_mlx_4bit() {
-            $check("qwen3_moe_mlx4", &[]);
-        }
-        #[test]
-        fn qwen3_next_bf16_sharded() {
-            $check("qwen3_next", &["--bits", "16"]);
-        }
-        #[test]
-        fn qwen3_5_moe_bf16_nested() {
-            $check("qwen3_5_moe", &["--bits", "16"]);
-        }
-        #[test]
-        fn qwen3_5_moe_mlx_4bit() {
-            $check("qwen3_5_moe_mlx4", &[]);
-        }
-        #[test]
-        fn deepseek_v3_bf16() {
-            $check("deepseek_v3", &["--bits", "16"]);
-        }
-        #[test]
-        fn deepseek_v3_fp8() {
-            $check("deepseek_v3_fp8", &["--bits", "16"]);
+        fn $name() {
+            $check($fixture, $flags);
         }
     };
 }
