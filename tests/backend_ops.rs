@@ -1,14 +1,15 @@
 //! Every op of the `Backend` trait, run on fresh random inputs and
 //! compared with a naive reference (`backend_ops/reference.rs`), in the
 //! manner of llama.cpp's test-backend-ops. A backend is put under test
-//! with one line at the bottom: `backend_ops_tests!(name, backend);` with
-//! an `Option<&Backend>` (None: the tests print that they skipped, e.g. on
-//! a machine without a GPU).
+//! with one loop in `main` over `checks::<B>()` (a `libtest-mimic` harness:
+//! on a machine without a GPU the CUDA trials are counted as ignored).
 
 #[path = "backend_ops/fused.rs"]
 mod fused;
 #[path = "backend_ops/reference.rs"]
 mod reference;
+#[path = "common/trials.rs"]
+mod trials;
 #[path = "backend_ops/util.rs"]
 mod util;
 
@@ -477,115 +478,44 @@ pub fn check_moe<B: Backend>(b: &B) {
     }
 }
 
-/// One `#[test]` per op for a backend.
-macro_rules! backend_ops_tests {
-    ($name:ident, $make:expr) => {
-        mod $name {
-            use super::*;
-            #[test]
-            fn linear() {
-                match $make {
-                    Some(b) => check_linear(b),
-                    None => eprintln!("skipped: no CUDA device"),
-                }
-            }
-            #[test]
-            fn linear_many() {
-                match $make {
-                    Some(b) => check_linear_many(b),
-                    None => eprintln!("skipped: no CUDA device"),
-                }
-            }
-            #[test]
-            fn swiglu_linear() {
-                match $make {
-                    Some(b) => check_swiglu_linear(b),
-                    None => eprintln!("skipped: no CUDA device"),
-                }
-            }
-            #[test]
-            fn add_rms_norm() {
-                match $make {
-                    Some(b) => check_add_rms_norm(b),
-                    None => eprintln!("skipped: no CUDA device"),
-                }
-            }
-            #[test]
-            fn embed() {
-                match $make {
-                    Some(b) => check_embed(b),
-                    None => eprintln!("skipped: no CUDA device"),
-                }
-            }
-            #[test]
-            fn norms() {
-                match $make {
-                    Some(b) => check_norms(b),
-                    None => eprintln!("skipped: no CUDA device"),
-                }
-            }
-            #[test]
-            fn elementwise() {
-                match $make {
-                    Some(b) => check_elementwise(b),
-                    None => eprintln!("skipped: no CUDA device"),
-                }
-            }
-            #[test]
-            fn rope() {
-                match $make {
-                    Some(b) => check_rope(b),
-                    None => eprintln!("skipped: no CUDA device"),
-                }
-            }
-            #[test]
-            fn attention() {
-                match $make {
-                    Some(b) => check_attention(b),
-                    None => eprintln!("skipped: no CUDA device"),
-                }
-            }
-            #[test]
-            fn mla_attention() {
-                match $make {
-                    Some(b) => check_mla(b),
-                    None => eprintln!("skipped: no CUDA device"),
-                }
-            }
-            #[test]
-            fn gated_delta() {
-                match $make {
-                    Some(b) => check_gated_delta(b),
-                    None => eprintln!("skipped: no CUDA device"),
-                }
-            }
-            #[test]
-            fn moe() {
-                match $make {
-                    Some(b) => check_moe(b),
-                    None => eprintln!("skipped: no CUDA device"),
-                }
-            }
-        }
-    };
+/// One op's check on a backend.
+type Check<B> = fn(&B);
+
+/// Every op check, by name, for a backend.
+fn checks<B: Backend>() -> Vec<(&'static str, Check<B>)> {
+    vec![
+        ("linear", check_linear::<B>),
+        ("linear_many", check_linear_many::<B>),
+        ("swiglu_linear", check_swiglu_linear::<B>),
+        ("add_rms_norm", check_add_rms_norm::<B>),
+        ("embed", check_embed::<B>),
+        ("norms", check_norms::<B>),
+        ("elementwise", check_elementwise::<B>),
+        ("rope", check_rope::<B>),
+        ("attention", check_attention::<B>),
+        ("mla_attention", check_mla::<B>),
+        ("gated_delta", check_gated_delta::<B>),
+        ("moe", check_moe::<B>),
+    ]
 }
 
-backend_ops_tests!(cpu, Some(&CpuBackend::new()));
-
-/// The CUDA backend, opened once per test binary; None without a GPU.
-fn cuda() -> Option<&'static CudaBackend> {
-    static B: OnceLock<Option<CudaBackend>> = OnceLock::new();
-    B.get_or_init(|| match moeflux::backend::cuda::probe() {
-        Ok(_) => Some(CudaBackend::new(0).expect("open CUDA device 0")),
-        Err(why) => {
-            eprintln!("no CUDA device: {why}");
-            None
-        }
-    })
-    .as_ref()
+/// The CUDA backend, opened once per test binary (only where a device is).
+fn cuda() -> &'static CudaBackend {
+    static B: OnceLock<CudaBackend> = OnceLock::new();
+    B.get_or_init(|| CudaBackend::new(0).expect("open CUDA device 0"))
 }
 
-backend_ops_tests!(cuda, cuda());
+fn main() {
+    let mut all = Vec::new();
+    for (name, check) in checks::<CpuBackend>() {
+        all.push(trials::plain(format!("cpu::{name}"), move || check(&CpuBackend::new())));
+    }
+    for (name, check) in checks::<CudaBackend>() {
+        all.push(trials::cuda(format!("cuda::{name}"), move || check(cuda())));
+    }
+    all.extend(cpu_kernels::trials());
+    trials::run(all)
+}
 
 /// The CPU kernels one by one (the scalar one is the reference for the
 /// SIMD ones), and the checks `linear` makes before reading any bytes.

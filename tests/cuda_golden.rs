@@ -3,7 +3,8 @@
 //! chunk, and the expert cache: every expert resident, a cache of three
 //! slots (misses, evictions, experts split across chunks) and half the
 //! experts with prefetch on and off must give bit-identical logits. On a
-//! machine without a GPU each test prints that it skipped.
+//! machine without a GPU the CUDA tests are counted as ignored (a
+//! `libtest-mimic` harness, `common/trials.rs`).
 
 mod common;
 
@@ -15,16 +16,6 @@ const GPU_TOL: f64 = 2e-3;
 /// Token by token against the chunk: other kernels (matrix-vector against
 /// tiled products), the same f32 arithmetic.
 const STEP_TOL: f64 = 1e-4;
-
-fn gpu() -> bool {
-    match probe() {
-        Ok(_) => true,
-        Err(why) => {
-            eprintln!("skipped: no CUDA device ({why})");
-            false
-        }
-    }
-}
 
 fn open(dir: &std::path::Path, cache: CacheSize, prefetch: bool) -> Model {
     let opts = Options {
@@ -53,9 +44,6 @@ fn bits(v: &[f32]) -> Vec<u32> {
 }
 
 fn check(name: &str, flags: &[&str]) {
-    if !gpu() {
-        return;
-    }
     let tmp = tempfile::tempdir().unwrap();
     let dst = tmp.path().join("packed");
     convert(name, &dst, flags);
@@ -119,7 +107,6 @@ fn check(name: &str, flags: &[&str]) {
     }
 }
 
-#[test]
 fn devices_parse() {
     assert_eq!("cuda".parse::<Device>().unwrap(), Device::Cuda(0));
     assert_eq!("cuda:3".parse::<Device>().unwrap(), Device::Cuda(3));
@@ -129,7 +116,6 @@ fn devices_parse() {
 }
 
 /// `auto` takes CUDA exactly when it is usable, and the CPU quietly otherwise.
-#[test]
 fn auto_chooses_cuda_when_present() {
     let tmp = tempfile::tempdir().unwrap();
     let dst = tmp.path().join("packed");
@@ -139,4 +125,16 @@ fn auto_chooses_cuda_when_present() {
     assert_eq!(model.device_name(), want);
 }
 
-golden_fixture_tests!(check);
+fn main() {
+    let mut all = vec![
+        trials::plain("devices_parse", devices_parse),
+        trials::plain("auto_chooses_cuda_when_present", auto_chooses_cuda_when_present),
+    ];
+    macro_rules! golden_trial {
+        ($name:ident, $fixture:expr, $flags:expr) => {
+            all.push(trials::cuda(stringify!($name), || check($fixture, $flags)));
+        };
+    }
+    crate::for_each_golden_fixture!(golden_trial!());
+    trials::run(all)
+}

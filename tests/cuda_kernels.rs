@@ -2,11 +2,14 @@
 //! tools/device/run.sh, stage `kernels`): the 4-bit matrix-vector product
 //! on large matrices in GB/s, against a device-to-device copy measured in
 //! the same run, and the cost of one small launch. Each product is checked
-//! against the CPU backend. On a machine without a GPU it prints that it
-//! skipped.
+//! against the CPU backend. On a machine without a GPU it is counted as
+//! ignored.
+
+#[path = "common/trials.rs"]
+mod trials;
 
 use moeflux::backend::cpu::CpuBackend;
-use moeflux::backend::cuda::{probe, CudaBackend};
+use moeflux::backend::cuda::CudaBackend;
 use moeflux::backend::Backend;
 use moeflux::format::{Dtype, MatrixData, MatrixView, Region};
 use std::sync::Arc;
@@ -53,12 +56,11 @@ fn q4(rng: &mut Rng, rows: usize, cols: usize) -> MatrixView {
     }
 }
 
-#[test]
+fn main() {
+    trials::run(vec![trials::cuda("matvec_bandwidth", matvec_bandwidth)])
+}
+
 fn matvec_bandwidth() {
-    if let Err(why) = probe() {
-        eprintln!("skipped: no CUDA device ({why})");
-        return;
-    }
     let gpu = CudaBackend::new(0).expect("open CUDA device 0");
     let cpu = CpuBackend::new();
     let copy = gpu.device_copy_bandwidth().expect("copy bandwidth");

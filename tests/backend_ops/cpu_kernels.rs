@@ -32,7 +32,20 @@ fn cases(rng: &mut Rng) -> Vec<(String, MatrixView, Vec<f64>)> {
     out
 }
 
-#[test]
+/// The tests of this file, as trials.
+pub fn trials() -> Vec<libtest_mimic::Trial> {
+    vec![
+        super::trials::plain(
+            "cpu_kernels::every_kernel_matches_the_reference_and_the_scalar_kernel",
+            every_kernel_matches_the_reference_and_the_scalar_kernel,
+        ),
+        super::trials::plain(
+            "cpu_kernels::linear_refuses_wrong_sizes_instead_of_reading_past_them",
+            linear_refuses_wrong_sizes_instead_of_reading_past_them,
+        ),
+    ]
+}
+
 fn every_kernel_matches_the_reference_and_the_scalar_kernel() {
     let mut rng = Rng::new(11);
     for (name, view, dense) in cases(&mut rng) {
@@ -54,7 +67,6 @@ fn every_kernel_matches_the_reference_and_the_scalar_kernel() {
     }
 }
 
-#[test]
 fn linear_refuses_wrong_sizes_instead_of_reading_past_them() {
     let mut rng = Rng::new(12);
     let (view, _) = quant_matrix(&mut rng, 8, 128, 4, 64, false);
