@@ -127,6 +127,8 @@ pub struct ExpertTraffic {
     pub bytes_read: u64,
     /// Seconds spent reading (summed over parallel readers).
     pub read_s: f64,
+    /// Wall-clock seconds during which at least one read was in flight.
+    pub read_wall_s: f64,
     /// The device expert cache, where the backend keeps one.
     pub cache: Option<CacheTraffic>,
 }
@@ -172,15 +174,17 @@ impl ExpertTraffic {
             experts_read: y.experts_read.saturating_sub(x.experts_read),
             bytes_read: y.bytes_read.saturating_sub(x.bytes_read),
             read_s: y.read_ns.saturating_sub(x.read_ns) as f64 * 1e-9,
+            read_wall_s: y.busy_ns.saturating_sub(x.busy_ns) as f64 * 1e-9,
             cache,
         }
     }
 
     /// The time the computation waited for experts: the cache's stall time
     /// where there is a device cache (its reads overlap compute), else the
-    /// read time.
+    /// wall time during which a read was in flight (parallel reads counted
+    /// once, so that it never exceeds the time that passed).
     pub fn wait_s(&self) -> f64 {
-        self.cache.map_or(self.read_s, |c| c.stall_s)
+        self.cache.map_or(self.read_wall_s, |c| c.stall_s)
     }
 }
 
@@ -189,7 +193,8 @@ impl ExpertTraffic {
 pub struct PhaseBreakdown {
     pub attention: f64,
     pub routing: f64,
-    /// Waiting for experts ([`ExpertTraffic::wait_s`]).
+    /// Waiting for experts ([`ExpertTraffic::wait_s`]), at most the
+    /// experts phase.
     pub expert_io_wait: f64,
     /// The experts phase less the I/O wait.
     pub expert_compute: f64,
@@ -201,11 +206,14 @@ pub struct PhaseBreakdown {
 impl PhaseBreakdown {
     fn between(a: &PhaseTimes, b: &PhaseTimes, io_wait: f64) -> PhaseBreakdown {
         let experts = b.experts - a.experts;
+        // The wait falls inside the experts phase; clamp measurement noise
+        // so that the phases add up to the time they cover.
+        let io_wait = io_wait.clamp(0.0, experts.max(0.0));
         PhaseBreakdown {
             attention: b.attention - a.attention,
             routing: b.routing - a.routing,
             expert_io_wait: io_wait,
-            expert_compute: (experts - io_wait).max(0.0),
+            expert_compute: experts - io_wait,
             dense_ffn: b.dense_ffn - a.dense_ffn,
             lm_head: b.lm_head - a.lm_head,
         }
@@ -573,7 +581,9 @@ mod tests {
         assert_eq!(p.expert_io_wait, 2.0);
         assert_eq!(p.expert_compute, 1.0);
         assert_eq!(p.total(), 4.875);
-        // Parallel readers can count more wait than the phase lasted.
-        assert_eq!(PhaseBreakdown::between(&a, &b, 5.0).expert_compute, 0.0);
+        // A wait longer than the phase is cut to it: the phases still add up.
+        let p = PhaseBreakdown::between(&a, &b, 5.0);
+        assert_eq!((p.expert_io_wait, p.expert_compute), (3.0, 0.0));
+        assert_eq!(p.total(), 4.875);
     }
 }

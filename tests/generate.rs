@@ -429,3 +429,42 @@ fn chat_keeps_the_conversation_saves_and_loads() {
     assert!(stdout.starts_with("<think>"), "{stdout}");
     assert_eq!(stdout.matches("<think>").count(), 2, "{stdout}");
 }
+
+/// `--timing`'s phases cover the prefill and the decode without counting
+/// any time twice: their sum is at most the time measured around them,
+/// and the experts phase splits into I/O wait and compute, neither
+/// negative (parallel reads once summed to more than the phase lasted).
+#[test]
+fn timing_phases_add_up_to_the_time_they_cover() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dst = tmp.path().join("packed");
+    convert("demo_kjv", &dst, &[]);
+    let model = open(&dst);
+    model.set_timing(true);
+    let tok = Tokenizer::from_dir(&dst).unwrap();
+    let prompt = tok
+        .encode(
+            "And it came to pass in those days, that the king sent unto all the people",
+            false,
+        )
+        .unwrap();
+    let mut s = model.session().unwrap();
+    let req = Request {
+        timing: true,
+        ..Request::new(&prompt, greedy_params(16))
+    };
+    let out = generate(&mut s, &tok, req);
+    let st = &out.stats;
+    for (name, p, wall) in [
+        ("prefill", st.prefill_phases.expect("prefill phases"), st.prefill_s),
+        ("decode", st.decode_phases.expect("decode phases"), st.decode_s),
+    ] {
+        assert!(
+            p.total() <= wall + 1e-6,
+            "{name}: phases add up to {} s of {wall} s",
+            p.total()
+        );
+        assert!(p.expert_io_wait >= 0.0 && p.expert_compute > 0.0, "{name}: {p:?}");
+        assert!(p.attention > 0.0 && p.lm_head > 0.0, "{name}: {p:?}");
+    }
+}

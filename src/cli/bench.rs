@@ -209,11 +209,7 @@ fn mean_sd(v: &[f64]) -> (f64, f64) {
 }
 
 fn delta(a: StatsSnapshot, b: StatsSnapshot) -> StatsSnapshot {
-    StatsSnapshot {
-        experts_read: b.experts_read - a.experts_read,
-        bytes_read: b.bytes_read - a.bytes_read,
-        read_ns: b.read_ns - a.read_ns,
-    }
+    b.since(&a)
 }
 
 pub fn run(a: BenchArgs) -> anyhow::Result<()> {

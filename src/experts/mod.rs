@@ -13,15 +13,48 @@ use crate::format::Region;
 use io::ExpertFile;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 /// Counters of expert traffic.
 #[derive(Debug, Default)]
 pub struct ExpertStats {
     pub experts_read: AtomicU64,
     pub bytes_read: AtomicU64,
-    /// Nanoseconds spent waiting for reads.
+    /// Nanoseconds spent in reads, summed over parallel readers.
     pub read_ns: AtomicU64,
+    /// Wall-clock nanoseconds during which at least one read was in flight.
+    pub busy_ns: AtomicU64,
+    /// Reads in flight, and since when the count has been above zero.
+    in_flight: Mutex<(usize, Option<Instant>)>,
+}
+
+/// Marks one read in flight for [`ExpertStats::busy_ns`] until dropped.
+struct Reading<'a>(&'a ExpertStats);
+
+impl ExpertStats {
+    fn begin_read(&self) -> Reading<'_> {
+        let mut f = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
+        if f.0 == 0 {
+            f.1 = Some(Instant::now());
+        }
+        f.0 += 1;
+        Reading(self)
+    }
+}
+
+impl Drop for Reading<'_> {
+    fn drop(&mut self) {
+        let mut f = self.0.in_flight.lock().unwrap_or_else(|p| p.into_inner());
+        f.0 = f.0.saturating_sub(1);
+        if f.0 == 0 {
+            if let Some(t0) = f.1.take() {
+                self.0
+                    .busy_ns
+                    .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            }
+        }
+    }
 }
 
 /// A snapshot of [`ExpertStats`].
@@ -29,7 +62,22 @@ pub struct ExpertStats {
 pub struct StatsSnapshot {
     pub experts_read: u64,
     pub bytes_read: u64,
+    /// Time in reads, summed over parallel readers.
     pub read_ns: u64,
+    /// Wall time with at least one read in flight (at most the elapsed time).
+    pub busy_ns: u64,
+}
+
+impl StatsSnapshot {
+    /// The traffic between `earlier` and this snapshot.
+    pub fn since(&self, earlier: &StatsSnapshot) -> StatsSnapshot {
+        StatsSnapshot {
+            experts_read: self.experts_read.saturating_sub(earlier.experts_read),
+            bytes_read: self.bytes_read.saturating_sub(earlier.bytes_read),
+            read_ns: self.read_ns.saturating_sub(earlier.read_ns),
+            busy_ns: self.busy_ns.saturating_sub(earlier.busy_ns),
+        }
+    }
 }
 
 struct LayerFile {
@@ -150,13 +198,15 @@ impl ExpertStore {
                 )));
             }
         }
-        let t0 = std::time::Instant::now();
+        let t0 = Instant::now();
+        let reading = self.stats.begin_read();
         let blobs: Result<Vec<Region>> = self.pool.install(|| {
             use rayon::prelude::*;
             ids.par_iter()
                 .map(|&e| lf.file.read(e as u64 * size as u64, size))
                 .collect()
         });
+        drop(reading);
         let blobs = blobs?;
         self.stats.experts_read.fetch_add(ids.len() as u64, Ordering::Relaxed);
         self.stats
@@ -184,8 +234,10 @@ impl ExpertStore {
                 self.num_experts
             )));
         }
-        let t0 = std::time::Instant::now();
+        let t0 = Instant::now();
+        let reading = self.stats.begin_read();
         lf.file.read_into(e as u64 * size as u64 + off as u64, dst)?;
+        drop(reading);
         if off == 0 {
             self.stats.experts_read.fetch_add(1, Ordering::Relaxed);
         }
@@ -201,6 +253,7 @@ impl ExpertStore {
             experts_read: self.stats.experts_read.load(Ordering::Relaxed),
             bytes_read: self.stats.bytes_read.load(Ordering::Relaxed),
             read_ns: self.stats.read_ns.load(Ordering::Relaxed),
+            busy_ns: self.stats.busy_ns.load(Ordering::Relaxed),
         }
     }
 
@@ -209,5 +262,6 @@ impl ExpertStore {
         self.stats.experts_read.store(0, Ordering::Relaxed);
         self.stats.bytes_read.store(0, Ordering::Relaxed);
         self.stats.read_ns.store(0, Ordering::Relaxed);
+        self.stats.busy_ns.store(0, Ordering::Relaxed);
     }
 }
