@@ -3,6 +3,7 @@
 
 use crate::backend::cpu::CpuBackend;
 use crate::backend::cuda::{self, CacheReport, CacheSize, CacheStats, CudaBackend};
+use crate::check;
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::experts::{ExpertStore, IoMode};
@@ -172,18 +173,13 @@ pub struct Model {
 
 impl Model {
     pub fn open(dir: &Path, opts: &Options) -> Result<Model> {
+        // The checks of `check::problems`, stopping at the first.
+        check::not_a_source_checkpoint(dir)?;
         let config = ModelConfig::from_dir(dir)?;
         let wf = WeightsFile::open(dir)?;
         let store = ExpertStore::open(dir, config.num_hidden_layers, opts.io_mode, opts.io_threads)?;
-        for (i, l) in config.layers.iter().enumerate() {
-            if l.ffn == crate::config::FfnKind::Moe {
-                store.layer_layout(i)?.validate(
-                    i,
-                    config.hidden_size,
-                    config.moe_intermediate_size,
-                    store.group_size(),
-                )?;
-            }
+        if let Some(e) = check::moe_layouts(&config, store.layout()).into_iter().next() {
+            return Err(e);
         }
         let mut cache = None;
         let engine = match choose(opts.device) {

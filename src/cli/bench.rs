@@ -9,6 +9,7 @@ use clap::Args;
 use moeflux::backend::cuda::{CacheSize, CacheStats};
 use moeflux::experts::{IoMode, StatsSnapshot};
 use moeflux::{Model, Options};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -131,11 +132,12 @@ fn run_once(model: &Model, toks: &[u32], pp: bool, chunk: usize) -> anyhow::Resu
     Ok(())
 }
 
-fn print_phases(rows: &[Row]) {
+fn print_phases(out: &mut impl Write, rows: &[Row]) -> std::io::Result<()> {
     for r in rows {
         if let Some((p, n)) = &r.phases {
             let ms = |s: f64| 1e3 * s / (*n).max(1) as f64;
-            println!(
+            writeln!(
+                out,
                 "{} phases, ms/token (one synchronized run): attention {:.3} | routing {:.3} | experts {:.3} | dense ffn {:.3} | lm head {:.3}",
                 r.name,
                 ms(p.attention),
@@ -143,9 +145,10 @@ fn print_phases(rows: &[Row]) {
                 ms(p.experts),
                 ms(p.dense_ffn),
                 ms(p.lm_head)
-            );
+            )?;
         }
     }
+    Ok(())
 }
 
 fn cache_delta(a: CacheStats, b: CacheStats) -> CacheStats {
@@ -297,8 +300,9 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         Some(r) => Some(r?),
         None => None,
     };
+    let mut out = std::io::stdout().lock();
     if let Some(h2d) = h2d {
-        return print_cuda(&a, &model, &rows, load_s, h2d);
+        return print_cuda(&mut out, &a, &model, &rows, load_s, h2d);
     }
 
     if a.json {
@@ -311,14 +315,16 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
                     "floor_tok_s": bw * 1e9 / r.bytes_per_tok.max(1.0)})
             })
             .collect();
-        println!(
+        writeln!(
+            out,
             "{}",
             serde_json::json!({"model": model.name(), "device": model.device_name(), "io": format!("{:?}", store.mode()),
                 "cold": a.cold, "load_s": load_s, "memcpy_gb_s": bw, "results": j})
-        );
+        )?;
         return Ok(());
     }
-    println!(
+    writeln!(
+        out,
         "model {} | device {} | io {:?}{} | load {:.1} s | memcpy {:.1} GB/s",
         model.name(),
         model.device_name(),
@@ -326,13 +332,17 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         if a.cold { " (cold page cache)" } else { "" },
         load_s,
         bw
-    );
-    println!("| test | tok/s | expert MB/token | expert read GB/s | floor tok/s (memcpy) |");
-    println!("|---|---|---|---|---|");
+    )?;
+    writeln!(
+        out,
+        "| test | tok/s | expert MB/token | expert read GB/s | floor tok/s (memcpy) |"
+    )?;
+    writeln!(out, "|---|---|---|---|---|")?;
     for r in &rows {
         let (m, sd) = mean_sd(&r.tps);
         let floor = bw * 1e9 / r.bytes_per_tok.max(1.0);
-        println!(
+        writeln!(
+            out,
             "| {} | {:.2} ± {:.2} | {:.1} | {:.2} | {:.1} |",
             r.name,
             m,
@@ -340,15 +350,22 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             r.bytes_per_tok / 1e6,
             r.read_gbps,
             floor
-        );
+        )?;
     }
-    print_phases(&rows);
+    print_phases(&mut out, &rows)?;
     Ok(())
 }
 
 /// The CUDA table (or JSON): tok/s, the expert cache's hit rate, bytes
 /// streamed per token, the rate misses were served at, and the floor.
-fn print_cuda(a: &BenchArgs, model: &Model, rows: &[Row], load_s: f64, h2d: f64) -> anyhow::Result<()> {
+fn print_cuda(
+    out: &mut impl Write,
+    a: &BenchArgs,
+    model: &Model,
+    rows: &[Row],
+    load_s: f64,
+    h2d: f64,
+) -> anyhow::Result<()> {
     let gpu = model.gpu_name().unwrap_or("?");
     let cache = model.expert_cache();
     let cache_desc = match cache {
@@ -380,25 +397,31 @@ fn print_cuda(a: &BenchArgs, model: &Model, rows: &[Row], load_s: f64, h2d: f64)
                     "copy_gb_s": cols.copy_gbps, "stall_s": c.stall_ns as f64 * 1e-9, "floor_tok_s": cols.floor})
             })
             .collect();
-        println!(
+        writeln!(
+            out,
             "{}",
             serde_json::json!({"model": model.name(), "device": format!("{} ({gpu})", a.device), "expert_cache": cache_desc,
                 "load_s": load_s, "h2d_pinned_gb_s": h2d, "results": j})
-        );
+        )?;
         return Ok(());
     }
-    println!(
+    writeln!(
+        out,
         "model {} | device cuda ({gpu}) | expert cache {cache_desc} | load {load_s:.1} s | pinned H2D {h2d:.1} GB/s",
         model.name()
-    );
-    println!("| test | tok/s | hit rate | MB streamed/token | copy GB/s | floor tok/s (H2D) |");
-    println!("|---|---|---|---|---|---|");
+    )?;
+    writeln!(
+        out,
+        "| test | tok/s | hit rate | MB streamed/token | copy GB/s | floor tok/s (H2D) |"
+    )?;
+    writeln!(out, "|---|---|---|---|---|---|")?;
     for r in rows {
         let (m, sd) = mean_sd(&r.tps);
         let c = r.cache.unwrap_or_default();
         let cols = cache_cols(&c, r.tokens, r.secs, h2d);
         let floor = cols.floor.map_or("-".to_string(), |f| format!("{f:.1}"));
-        println!(
+        writeln!(
+            out,
             "| {} | {:.2} ± {:.2} | {:.1}% | {:.1} | {:.1} | {floor} |",
             r.name,
             m,
@@ -406,8 +429,8 @@ fn print_cuda(a: &BenchArgs, model: &Model, rows: &[Row], load_s: f64, h2d: f64)
             100.0 * cols.hit_rate,
             cols.mb_per_tok,
             cols.copy_gbps
-        );
+        )?;
     }
-    print_phases(rows);
+    print_phases(out, rows)?;
     Ok(())
 }
