@@ -14,6 +14,8 @@ mod interrupt;
 mod pipe;
 #[path = "cli/run.rs"]
 mod run;
+#[path = "convert/synthetic.rs"]
+mod synthetic;
 
 use std::path::Path;
 
