@@ -2,7 +2,7 @@
 //! weights made resident, the expert files opened for streaming.
 
 use crate::backend::cpu::CpuBackend;
-use crate::backend::cuda::{self, CacheReport, CacheSize, CacheStats, CudaBackend};
+use crate::backend::cuda::{self, CacheReport, CacheRequest, CacheSize, CacheStats, CudaBackend};
 use crate::check;
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
@@ -138,7 +138,12 @@ fn open_cuda(
     let moe: Vec<usize> = (0..config.layers.len())
         .filter(|&i| config.layers[i].ffn == crate::config::FfnKind::Moe)
         .collect();
-    let r = net.b.attach_experts(store, &moe, opts.expert_cache, opts.prefetch)?;
+    let req = CacheRequest {
+        size: opts.expert_cache,
+        prefetch: opts.prefetch,
+        min_slots: config.num_experts_per_tok,
+    };
+    let r = net.b.attach_experts(store, &moe, req)?;
     let gb = |b: u64| b as f64 / 1e9;
     if r.resident {
         eprintln!(
@@ -149,12 +154,13 @@ fn open_cuda(
         );
     } else {
         eprintln!(
-            "expert cache: {:.2} GB, {} of {} experts ({:.0}% of {:.2} GB); the rest stream from the host{}",
+            "expert cache: {:.2} GB, {} of {} experts ({:.0}% of {:.2} GB{}); the rest stream from the host{}",
             gb(r.budget_bytes),
             r.slots,
             r.experts,
             100.0 * r.slots as f64 / r.experts.max(1) as f64,
             gb(r.expert_bytes),
+            if r.minimum { ", the smallest working set" } else { "" },
             if opts.prefetch { ", prefetch on" } else { "" }
         );
     }

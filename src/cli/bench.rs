@@ -4,20 +4,20 @@
 //! copied to the device per token over the pinned host→device bandwidth
 //! measured in the same run, with the expert cache's hit rate.
 
+use super::model_args::ModelArgs;
 use anyhow::Context;
 use clap::Args;
-use moeflux::backend::cuda::{CacheSize, CacheStats};
-use moeflux::experts::{IoMode, StatsSnapshot};
-use moeflux::{Model, Options};
+use moeflux::backend::cuda::CacheStats;
+use moeflux::experts::StatsSnapshot;
+use moeflux::Model;
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Instant;
 
 #[derive(Args)]
 pub struct BenchArgs {
-    /// Packed model directory.
-    #[arg(long)]
-    pub model: PathBuf,
+    #[command(flatten)]
+    pub model: ModelArgs,
     /// Prompt tokens per prefill run (0 skips the pp row).
     #[arg(short = 'p', long, default_value_t = 512)]
     pub prompt: usize,
@@ -27,17 +27,6 @@ pub struct BenchArgs {
     /// Repetitions of each row.
     #[arg(short = 'r', long, default_value_t = 5)]
     pub reps: usize,
-    /// Device: auto, cpu, cuda or cuda:N.
-    #[arg(long, default_value = "auto")]
-    pub device: moeflux::Device,
-    /// CUDA: device memory for routed experts: auto (free memory less a
-    /// margin), a size (8G, 512M) or a share of the expert bytes (25%).
-    #[arg(long, default_value = "auto")]
-    pub expert_cache: CacheSize,
-    /// CUDA: do not copy experts ahead of need (the previous token's experts
-    /// of the next layer in decode; the whole next layer in long prefill chunks).
-    #[arg(long)]
-    pub no_prefetch: bool,
     /// Untimed runs before the timed ones.
     #[arg(long, default_value_t = 1)]
     pub warmup: usize,
@@ -45,9 +34,6 @@ pub struct BenchArgs {
     /// synchronized at phase boundaries, and the time per phase printed.
     #[arg(long)]
     pub timing: bool,
-    /// How experts are read: pread, mmap or direct.
-    #[arg(long, default_value = "pread")]
-    pub io: IoMode,
     /// Evict the expert files from the page cache before every run
     /// (cold-cache numbers: experts then come from the disk).
     #[arg(long)]
@@ -220,15 +206,8 @@ fn delta(a: StatsSnapshot, b: StatsSnapshot) -> StatsSnapshot {
 }
 
 pub fn run(a: BenchArgs) -> anyhow::Result<()> {
-    let opts = Options {
-        device: a.device,
-        io_mode: a.io,
-        expert_cache: a.expert_cache,
-        prefetch: !a.no_prefetch,
-        ..Options::default()
-    };
     let t0 = Instant::now();
-    let model = Model::open(&a.model, &opts).with_context(|| format!("opening {}", a.model.display()))?;
+    let model = a.model.open_model()?;
     let load_s = t0.elapsed().as_secs_f64();
     let vocab = model.n_vocab();
     let store = model.expert_store();
@@ -245,7 +224,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         }
         for r in 0..reps {
             if a.cold {
-                evict(&a.model)?;
+                evict(&a.model.model)?;
             }
             let toks = tokens(n_tok.max(1), vocab, r as u64 + 1);
             let before = store.stats();
@@ -380,7 +359,11 @@ fn print_cuda(
             c.slots,
             c.experts,
             100.0 * c.slots as f64 / c.experts.max(1) as f64,
-            if a.no_prefetch { ", no prefetch" } else { ", prefetch" }
+            if a.model.no_prefetch {
+                ", no prefetch"
+            } else {
+                ", prefetch"
+            }
         ),
         None => "none".into(),
     };
@@ -400,7 +383,7 @@ fn print_cuda(
         writeln!(
             out,
             "{}",
-            serde_json::json!({"model": model.name(), "device": format!("{} ({gpu})", a.device), "expert_cache": cache_desc,
+            serde_json::json!({"model": model.name(), "device": format!("{} ({gpu})", a.model.device), "expert_cache": cache_desc,
                 "load_s": load_s, "h2d_pinned_gb_s": h2d, "results": j})
         )?;
         return Ok(());

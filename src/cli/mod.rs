@@ -6,6 +6,7 @@ pub mod convert;
 pub mod inspect;
 mod interrupt;
 pub mod logits;
+pub mod model_args;
 pub mod run;
 pub mod synth;
 

@@ -2,13 +2,12 @@
 //! it is made, with a summary (throughput, expert traffic) on stderr.
 
 use super::interrupt;
+pub use super::model_args::ModelArgs;
 use anyhow::Context;
 use clap::Args;
-use moeflux::backend::cuda::CacheSize;
-use moeflux::experts::IoMode;
 use moeflux::generate::{CacheTraffic, Finish, GenerationStats, Generator, PhaseBreakdown, Request};
 use moeflux::text::{ChatRequest, ChatTemplate, GenerationDefaults, Rng, SamplingParams, Tokenizer, TokenizerConfig};
-use moeflux::{Model, Options};
+use moeflux::Model;
 use std::borrow::Cow;
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
@@ -16,35 +15,11 @@ use std::path::{Path, PathBuf};
 /// Tokens generated when neither `-n` nor `generation_config.json` says.
 const DEFAULT_MAX_TOKENS: usize = 256;
 
-/// Which model, on which device.
-#[derive(Args)]
-pub struct ModelArgs {
-    /// Packed model directory (made by `moeflux convert`), with its tokenizer.json.
-    #[arg(long)]
-    pub model: PathBuf,
-    /// Device: auto, cpu, cuda or cuda:N.
-    #[arg(long, default_value = "auto")]
-    pub device: moeflux::Device,
-    /// How experts are read: pread, mmap or direct.
-    #[arg(long, default_value = "pread")]
-    pub io: IoMode,
-    /// CUDA: device memory for routed experts: auto (free memory less a
-    /// margin), a size (8G, 512M) or a share of the expert bytes (25%).
-    #[arg(long, default_value = "auto")]
-    pub expert_cache: CacheSize,
-}
-
 impl ModelArgs {
     /// The model and its tokenizer.
     pub fn open(&self) -> anyhow::Result<(Model, Tokenizer)> {
-        let opts = Options {
-            device: self.device,
-            io_mode: self.io,
-            expert_cache: self.expert_cache,
-            ..Options::default()
-        };
+        let model = self.open_model()?;
         let dir = &self.model;
-        let model = Model::open(dir, &opts).with_context(|| format!("opening {}", dir.display()))?;
         let tok = Tokenizer::from_dir(dir)
             .with_context(|| format!("{}: generating text needs the model's tokenizer", dir.display()))?;
         Ok((model, tok))
