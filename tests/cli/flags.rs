@@ -62,7 +62,7 @@ fn cache_flags_on_the_cpu_say_they_do_nothing() {
 fn an_out_of_range_cache_share_states_the_range() {
     for bad in ["200%", "-5%"] {
         let out = moeflux()
-            .args(["bench", "--model", "nowhere", "--expert-cache", bad])
+            .args(["bench", "--model", "nowhere", &format!("--expert-cache={bad}")])
             .output()
             .unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
