@@ -678,7 +678,7 @@ mod tests {
     const BUDGET: SlotBudget = SlotBudget {
         slot_bytes: 1 << 20,
         experts: 40 * 256,
-        expert_bytes: 40 * 256 << 20,
+        expert_bytes: (40 * 256) << 20,
         min_slots: 8,
         room: 100 << 30,
     };
