@@ -2,7 +2,8 @@
 //! weights made resident, the expert files opened for streaming.
 
 use crate::backend::cpu::CpuBackend;
-use crate::backend::cuda::{self, CacheReport, CacheSize, CacheStats, CudaBackend};
+use crate::backend::cuda::{self, CacheReport, CacheRequest, CacheSize, CacheStats, CudaBackend};
+use crate::check;
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::experts::{ExpertStore, IoMode};
@@ -137,7 +138,12 @@ fn open_cuda(
     let moe: Vec<usize> = (0..config.layers.len())
         .filter(|&i| config.layers[i].ffn == crate::config::FfnKind::Moe)
         .collect();
-    let r = net.b.attach_experts(store, &moe, opts.expert_cache, opts.prefetch)?;
+    let req = CacheRequest {
+        size: opts.expert_cache,
+        prefetch: opts.prefetch,
+        min_slots: config.num_experts_per_tok,
+    };
+    let r = net.b.attach_experts(store, &moe, req)?;
     let gb = |b: u64| b as f64 / 1e9;
     if r.resident {
         eprintln!(
@@ -148,12 +154,13 @@ fn open_cuda(
         );
     } else {
         eprintln!(
-            "expert cache: {:.2} GB, {} of {} experts ({:.0}% of {:.2} GB); the rest stream from the host{}",
+            "expert cache: {:.2} GB, {} of {} experts ({:.0}% of {:.2} GB{}); the rest stream from the host{}",
             gb(r.budget_bytes),
             r.slots,
             r.experts,
             100.0 * r.slots as f64 / r.experts.max(1) as f64,
             gb(r.expert_bytes),
+            if r.minimum { ", the smallest working set" } else { "" },
             if opts.prefetch { ", prefetch on" } else { "" }
         );
     }
@@ -172,18 +179,13 @@ pub struct Model {
 
 impl Model {
     pub fn open(dir: &Path, opts: &Options) -> Result<Model> {
+        // The checks of `check::problems`, stopping at the first.
+        check::not_a_source_checkpoint(dir)?;
         let config = ModelConfig::from_dir(dir)?;
         let wf = WeightsFile::open(dir)?;
         let store = ExpertStore::open(dir, config.num_hidden_layers, opts.io_mode, opts.io_threads)?;
-        for (i, l) in config.layers.iter().enumerate() {
-            if l.ffn == crate::config::FfnKind::Moe {
-                store.layer_layout(i)?.validate(
-                    i,
-                    config.hidden_size,
-                    config.moe_intermediate_size,
-                    store.group_size(),
-                )?;
-            }
+        if let Some(e) = check::moe_layouts(&config, store.layout()).into_iter().next() {
+            return Err(e);
         }
         let mut cache = None;
         let engine = match choose(opts.device) {

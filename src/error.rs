@@ -76,6 +76,14 @@ pub enum Error {
     #[error("{0} already exists (use --force to overwrite)")]
     Exists(PathBuf),
 
+    /// A checkpoint as downloaded where a packed model was expected.
+    #[error("{} is a checkpoint as downloaded, not a packed model: convert it first, e.g. `moeflux convert {} {}-moeflux`, then give the new directory", .0.display(), .0.display(), .0.display())]
+    SourceCheckpoint(PathBuf),
+
+    /// Stopped by the caller's cancel flag (Ctrl-C); nothing was left behind.
+    #[error("interrupted; the partly written output was removed")]
+    Cancelled,
+
     #[error("invalid argument: {0}")]
     Invalid(String),
 

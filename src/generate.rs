@@ -306,6 +306,17 @@ impl<'a, 'm> Generator<'a, 'm> {
     /// Check the request, rewind the session to the longest prefix it shares
     /// with the prompt, and evaluate the rest of the prompt.
     pub fn start(session: &'a mut Session<'m>, tokenizer: &Tokenizer, req: Request<'a>) -> Result<Generator<'a, 'm>> {
+        let stream = TextStream::new(tokenizer, &req.sampling);
+        Generator::start_with_stream(session, stream, req)
+    }
+
+    /// [`Generator::start`] with the tokens turned into text by `stream`
+    /// (e.g. [`TextStream::ids`] for a model without a tokenizer).
+    pub fn start_with_stream(
+        session: &'a mut Session<'m>,
+        stream: TextStream,
+        req: Request<'a>,
+    ) -> Result<Generator<'a, 'm>> {
         let model = session.model();
         let prompt = req.prompt;
         if prompt.is_empty() {
@@ -319,7 +330,6 @@ impl<'a, 'm> Generator<'a, 'm> {
             )));
         }
         let sampler = Sampler::new(req.sampling.clone(), model.n_vocab())?;
-        let stream = TextStream::new(tokenizer, &req.sampling);
         let start = mark(session);
         let (keep, replayed) = rewind(session, prompt, req.held)?;
         let checkpoints = req.checkpoints && model.has_recurrent_layers();

@@ -1,4 +1,7 @@
-//! The `moeflux` command line.
+//! The `moeflux` command line. Nothing prints to stdout with `print!`:
+//! commands write through a handle and pass a failed write up, so that a
+//! reader that goes away (`| head`) ends the command quietly.
+#![warn(clippy::print_stdout)]
 
 mod cli;
 
@@ -42,6 +45,13 @@ fn main() {
         Command::Bench(a) => cli::bench::run(a),
     };
     if let Err(e) = r {
+        if cli::is_broken_pipe(&e) {
+            return;
+        }
+        if matches!(e.downcast_ref::<moeflux::Error>(), Some(moeflux::Error::Cancelled)) {
+            eprintln!("{e:#}");
+            std::process::exit(130);
+        }
         eprintln!("error: {e:#}");
         std::process::exit(1);
     }

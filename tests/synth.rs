@@ -64,7 +64,7 @@ fn tiny_deepseek(q_lora: Option<usize>) -> Value {
 
 fn write(config: Value, dir: &Path, opts: &SynthOptions) -> Plan {
     let plan = Plan::new("tiny", config, opts).unwrap();
-    let summary = plan.write(dir, false, &|_| {}).unwrap();
+    let summary = plan.write(dir, false, &|_| {}, None).unwrap();
     assert_eq!(summary.bytes, plan.total_bytes());
     plan
 }
@@ -477,9 +477,9 @@ fn an_existing_output_is_replaced_only_with_force() {
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("model");
     let plan = Plan::new("tiny", tiny_qwen3(), &SynthOptions::default()).unwrap();
-    plan.write(&out, false, &|_| {}).unwrap();
+    plan.write(&out, false, &|_| {}, None).unwrap();
     let before = std::fs::read(out.join(WEIGHTS_FILE)).unwrap();
-    let err = plan.write(&out, false, &|_| {}).unwrap_err();
+    let err = plan.write(&out, false, &|_| {}, None).unwrap_err();
     assert!(matches!(err, Error::Exists(_)), "{err}");
     assert!(err.to_string().contains("--force"));
     let other = Plan::new(
@@ -491,13 +491,13 @@ fn an_existing_output_is_replaced_only_with_force() {
         },
     )
     .unwrap();
-    other.write(&out, true, &|_| {}).unwrap();
+    other.write(&out, true, &|_| {}, None).unwrap();
     assert_ne!(std::fs::read(out.join(WEIGHTS_FILE)).unwrap(), before);
     // A directory that is not a packed model is never replaced.
     let precious = tmp.path().join("precious");
     std::fs::create_dir(&precious).unwrap();
     std::fs::write(precious.join("notes.txt"), "keep me").unwrap();
-    let err = plan.write(&precious, true, &|_| {}).unwrap_err().to_string();
+    let err = plan.write(&precious, true, &|_| {}, None).unwrap_err().to_string();
     assert!(err.contains("not a packed model"), "{err}");
     assert!(precious.join("notes.txt").exists());
     // No temporary directory is left behind.

@@ -4,19 +4,20 @@
 //! copied to the device per token over the pinned host→device bandwidth
 //! measured in the same run, with the expert cache's hit rate.
 
+use super::model_args::ModelArgs;
 use anyhow::Context;
 use clap::Args;
-use moeflux::backend::cuda::{CacheSize, CacheStats};
-use moeflux::experts::{IoMode, StatsSnapshot};
-use moeflux::{Model, Options};
-use std::path::{Path, PathBuf};
+use moeflux::backend::cuda::CacheStats;
+use moeflux::experts::StatsSnapshot;
+use moeflux::Model;
+use std::io::Write;
+use std::path::Path;
 use std::time::Instant;
 
 #[derive(Args)]
 pub struct BenchArgs {
-    /// Packed model directory.
-    #[arg(long)]
-    pub model: PathBuf,
+    #[command(flatten)]
+    pub model: ModelArgs,
     /// Prompt tokens per prefill run (0 skips the pp row).
     #[arg(short = 'p', long, default_value_t = 512)]
     pub prompt: usize,
@@ -26,17 +27,6 @@ pub struct BenchArgs {
     /// Repetitions of each row.
     #[arg(short = 'r', long, default_value_t = 5)]
     pub reps: usize,
-    /// Device: auto, cpu, cuda or cuda:N.
-    #[arg(long, default_value = "auto")]
-    pub device: moeflux::Device,
-    /// CUDA: device memory for routed experts: auto (free memory less a
-    /// margin), a size (8G, 512M) or a share of the expert bytes (25%).
-    #[arg(long, default_value = "auto")]
-    pub expert_cache: CacheSize,
-    /// CUDA: do not copy experts ahead of need (the previous token's experts
-    /// of the next layer in decode; the whole next layer in long prefill chunks).
-    #[arg(long)]
-    pub no_prefetch: bool,
     /// Untimed runs before the timed ones.
     #[arg(long, default_value_t = 1)]
     pub warmup: usize,
@@ -44,9 +34,6 @@ pub struct BenchArgs {
     /// synchronized at phase boundaries, and the time per phase printed.
     #[arg(long)]
     pub timing: bool,
-    /// How experts are read: pread, mmap or direct.
-    #[arg(long, default_value = "pread")]
-    pub io: IoMode,
     /// Evict the expert files from the page cache before every run
     /// (cold-cache numbers: experts then come from the disk).
     #[arg(long)]
@@ -131,11 +118,12 @@ fn run_once(model: &Model, toks: &[u32], pp: bool, chunk: usize) -> anyhow::Resu
     Ok(())
 }
 
-fn print_phases(rows: &[Row]) {
+fn print_phases(out: &mut impl Write, rows: &[Row]) -> std::io::Result<()> {
     for r in rows {
         if let Some((p, n)) = &r.phases {
             let ms = |s: f64| 1e3 * s / (*n).max(1) as f64;
-            println!(
+            writeln!(
+                out,
                 "{} phases, ms/token (one synchronized run): attention {:.3} | routing {:.3} | experts {:.3} | dense ffn {:.3} | lm head {:.3}",
                 r.name,
                 ms(p.attention),
@@ -143,9 +131,10 @@ fn print_phases(rows: &[Row]) {
                 ms(p.experts),
                 ms(p.dense_ffn),
                 ms(p.lm_head)
-            );
+            )?;
         }
     }
+    Ok(())
 }
 
 fn cache_delta(a: CacheStats, b: CacheStats) -> CacheStats {
@@ -213,15 +202,8 @@ fn delta(a: StatsSnapshot, b: StatsSnapshot) -> StatsSnapshot {
 }
 
 pub fn run(a: BenchArgs) -> anyhow::Result<()> {
-    let opts = Options {
-        device: a.device,
-        io_mode: a.io,
-        expert_cache: a.expert_cache,
-        prefetch: !a.no_prefetch,
-        ..Options::default()
-    };
     let t0 = Instant::now();
-    let model = Model::open(&a.model, &opts).with_context(|| format!("opening {}", a.model.display()))?;
+    let model = a.model.open_model()?;
     let load_s = t0.elapsed().as_secs_f64();
     let vocab = model.n_vocab();
     let store = model.expert_store();
@@ -238,7 +220,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         }
         for r in 0..reps {
             if a.cold {
-                evict(&a.model)?;
+                evict(&a.model.model)?;
             }
             let toks = tokens(n_tok.max(1), vocab, r as u64 + 1);
             let before = store.stats();
@@ -293,8 +275,9 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         Some(r) => Some(r?),
         None => None,
     };
+    let mut out = std::io::stdout().lock();
     if let Some(h2d) = h2d {
-        return print_cuda(&a, &model, &rows, load_s, h2d);
+        return print_cuda(&mut out, &a, &model, &rows, load_s, h2d);
     }
 
     if a.json {
@@ -307,14 +290,16 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
                     "floor_tok_s": bw * 1e9 / r.bytes_per_tok.max(1.0)})
             })
             .collect();
-        println!(
+        writeln!(
+            out,
             "{}",
             serde_json::json!({"model": model.name(), "device": model.device_name(), "io": format!("{:?}", store.mode()),
                 "cold": a.cold, "load_s": load_s, "memcpy_gb_s": bw, "results": j})
-        );
+        )?;
         return Ok(());
     }
-    println!(
+    writeln!(
+        out,
         "model {} | device {} | io {:?}{} | load {:.1} s | memcpy {:.1} GB/s",
         model.name(),
         model.device_name(),
@@ -322,13 +307,17 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         if a.cold { " (cold page cache)" } else { "" },
         load_s,
         bw
-    );
-    println!("| test | tok/s | expert MB/token | expert read GB/s | floor tok/s (memcpy) |");
-    println!("|---|---|---|---|---|");
+    )?;
+    writeln!(
+        out,
+        "| test | tok/s | expert MB/token | expert read GB/s | floor tok/s (memcpy) |"
+    )?;
+    writeln!(out, "|---|---|---|---|---|")?;
     for r in &rows {
         let (m, sd) = mean_sd(&r.tps);
         let floor = bw * 1e9 / r.bytes_per_tok.max(1.0);
-        println!(
+        writeln!(
+            out,
             "| {} | {:.2} ± {:.2} | {:.1} | {:.2} | {:.1} |",
             r.name,
             m,
@@ -336,15 +325,22 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             r.bytes_per_tok / 1e6,
             r.read_gbps,
             floor
-        );
+        )?;
     }
-    print_phases(&rows);
+    print_phases(&mut out, &rows)?;
     Ok(())
 }
 
 /// The CUDA table (or JSON): tok/s, the expert cache's hit rate, bytes
 /// streamed per token, the rate misses were served at, and the floor.
-fn print_cuda(a: &BenchArgs, model: &Model, rows: &[Row], load_s: f64, h2d: f64) -> anyhow::Result<()> {
+fn print_cuda(
+    out: &mut impl Write,
+    a: &BenchArgs,
+    model: &Model,
+    rows: &[Row],
+    load_s: f64,
+    h2d: f64,
+) -> anyhow::Result<()> {
     let gpu = model.gpu_name().unwrap_or("?");
     let cache = model.expert_cache();
     let cache_desc = match cache {
@@ -359,7 +355,11 @@ fn print_cuda(a: &BenchArgs, model: &Model, rows: &[Row], load_s: f64, h2d: f64)
             c.slots,
             c.experts,
             100.0 * c.slots as f64 / c.experts.max(1) as f64,
-            if a.no_prefetch { ", no prefetch" } else { ", prefetch" }
+            if a.model.no_prefetch {
+                ", no prefetch"
+            } else {
+                ", prefetch"
+            }
         ),
         None => "none".into(),
     };
@@ -376,25 +376,31 @@ fn print_cuda(a: &BenchArgs, model: &Model, rows: &[Row], load_s: f64, h2d: f64)
                     "copy_gb_s": cols.copy_gbps, "stall_s": c.stall_ns as f64 * 1e-9, "floor_tok_s": cols.floor})
             })
             .collect();
-        println!(
+        writeln!(
+            out,
             "{}",
-            serde_json::json!({"model": model.name(), "device": format!("{} ({gpu})", a.device), "expert_cache": cache_desc,
+            serde_json::json!({"model": model.name(), "device": format!("{} ({gpu})", a.model.device), "expert_cache": cache_desc,
                 "load_s": load_s, "h2d_pinned_gb_s": h2d, "results": j})
-        );
+        )?;
         return Ok(());
     }
-    println!(
+    writeln!(
+        out,
         "model {} | device cuda ({gpu}) | expert cache {cache_desc} | load {load_s:.1} s | pinned H2D {h2d:.1} GB/s",
         model.name()
-    );
-    println!("| test | tok/s | hit rate | MB streamed/token | copy GB/s | floor tok/s (H2D) |");
-    println!("|---|---|---|---|---|---|");
+    )?;
+    writeln!(
+        out,
+        "| test | tok/s | hit rate | MB streamed/token | copy GB/s | floor tok/s (H2D) |"
+    )?;
+    writeln!(out, "|---|---|---|---|---|---|")?;
     for r in rows {
         let (m, sd) = mean_sd(&r.tps);
         let c = r.cache.unwrap_or_default();
         let cols = cache_cols(&c, r.tokens, r.secs, h2d);
         let floor = cols.floor.map_or("-".to_string(), |f| format!("{f:.1}"));
-        println!(
+        writeln!(
+            out,
             "| {} | {:.2} ± {:.2} | {:.1}% | {:.1} | {:.1} | {floor} |",
             r.name,
             m,
@@ -402,8 +408,8 @@ fn print_cuda(a: &BenchArgs, model: &Model, rows: &[Row], load_s: f64, h2d: f64)
             100.0 * cols.hit_rate,
             cols.mb_per_tok,
             cols.copy_gbps
-        );
+        )?;
     }
-    print_phases(rows);
+    print_phases(out, rows)?;
     Ok(())
 }

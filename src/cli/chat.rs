@@ -131,6 +131,9 @@ pub fn run(a: ChatArgs) -> anyhow::Result<()> {
             continue;
         }
         if let Err(e) = chat.turn(text) {
+            if super::is_broken_pipe(&e) {
+                return Err(e);
+            }
             chat.recover();
             eprintln!("error: {e:#}");
         }
@@ -231,7 +234,8 @@ impl Chat<'_> {
     /// (the next turn evaluates the whole conversation).
     fn recover(&mut self) {
         if self.style.on {
-            print!("\x1b[0m");
+            // Best effort: stdout may be gone.
+            let _ = std::io::stdout().write_all(b"\x1b[0m");
         }
         if self.messages.last().is_some_and(|m| m["role"] == "user") {
             self.messages.pop();

@@ -19,7 +19,10 @@ DST receives model_weights.bin + model_weights.json (everything but the
 routed experts), packed_experts/ (one file per MoE layer) and the config
 and tokenizer files. It is written as DST.tmp-<pid> and renamed only after
 a verification pass has re-read a sample of experts and compared them with
-the source: a failed run leaves nothing behind.
+the source: a failed or interrupted run (Ctrl-C, SIGTERM) leaves nothing
+behind, and the next run to DST removes what a killed one left. An
+existing DST is replaced only with --force, and only if it is a packed
+model directory.
 
 Examples:
   moeflux convert ~/models/Qwen3-30B-A3B ~/packed/qwen3-30b          (4-bit)
@@ -46,18 +49,20 @@ pub struct ConvertArgs {
     /// Bits for the routed experts only (2, 4, 8 or 16); the rest uses --bits.
     #[arg(long, value_name = "N")]
     pub bits_experts: Option<u32>,
-    /// Replace DST if it already exists.
+    /// Replace DST if it is an existing packed model directory.
     #[arg(long)]
     pub force: bool,
 }
 
 pub fn run(a: ConvertArgs) -> anyhow::Result<()> {
+    let cancel = super::interrupt::install_cancel()?;
     let opts = ConvertOptions {
         bits: a.bits,
         group_size: a.group_size,
         bits_experts: a.bits_experts,
         force: a.force,
         progress: std::io::stderr().is_terminal(),
+        cancel: Some(cancel),
     };
     eprintln!("converting {} → {}", a.src.display(), a.dst.display());
     let r = convert(&a.src, &a.dst, &opts)?;

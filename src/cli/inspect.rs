@@ -8,6 +8,7 @@ use moeflux::format::packed::{
     expert_file_name, LayerLayout, Layout, Manifest, EXPERTS_DIR, MANIFEST_FILE, WEIGHTS_FILE,
 };
 use std::collections::BTreeMap;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 const ABOUT: &str = "\
@@ -27,10 +28,11 @@ pub struct InspectArgs {
 }
 
 pub fn run(a: InspectArgs) -> anyhow::Result<()> {
+    let mut out = std::io::stdout().lock();
     if a.dir.join(MANIFEST_FILE).is_file() {
-        packed(&a.dir)
+        packed(&mut out, &a.dir)
     } else if a.dir.join("config.json").is_file() {
-        source(&a.dir)
+        source(&mut out, &a.dir)
     } else {
         anyhow::bail!(
             "{} has neither {MANIFEST_FILE} (a packed model) nor config.json (a checkpoint)",
@@ -39,13 +41,14 @@ pub fn run(a: InspectArgs) -> anyhow::Result<()> {
     }
 }
 
-fn row(label: &str, text: impl std::fmt::Display) {
-    println!("  {label:<13} {text}");
+fn row(out: &mut impl Write, label: &str, text: impl std::fmt::Display) -> std::io::Result<()> {
+    writeln!(out, "  {label:<13} {text}")
 }
 
 /// Architecture, layer kinds, experts: what the config says.
-fn describe_config(c: &ModelConfig) {
+fn describe_config(out: &mut impl Write, c: &ModelConfig) -> std::io::Result<()> {
     row(
+        out,
         "architecture",
         format!(
             "{}: hidden {}, vocab {}, {} layers, {} attention heads{}",
@@ -60,7 +63,7 @@ fn describe_config(c: &ModelConfig) {
                 format!(" ({} KV)", c.num_key_value_heads)
             }
         ),
-    );
+    )?;
     let count = |f: &dyn Fn(&moeflux::config::LayerSpec) -> bool| c.layers.iter().filter(|l| f(l)).count();
     let mut kinds = Vec::new();
     for (kind, name) in [
@@ -75,7 +78,11 @@ fn describe_config(c: &ModelConfig) {
     }
     let moe = count(&|l| l.ffn == FfnKind::Moe);
     let dense = count(&|l| l.ffn == FfnKind::Dense);
-    row("layers", format!("{}; {moe} MoE, {dense} dense FFN", kinds.join(", ")));
+    row(
+        out,
+        "layers",
+        format!("{}; {moe} MoE, {dense} dense FFN", kinds.join(", ")),
+    )?;
     let mut experts = format!(
         "{} per MoE layer, K = {} active, width {}",
         c.num_experts, c.num_experts_per_tok, c.moe_intermediate_size
@@ -83,15 +90,42 @@ fn describe_config(c: &ModelConfig) {
     if c.shared_expert_intermediate_size > 0 {
         experts += &format!(", shared expert width {}", c.shared_expert_intermediate_size);
     }
-    row("experts", experts);
+    row(out, "experts", experts)
 }
 
-fn packed(dir: &Path) -> anyhow::Result<()> {
+/// Describe a packed model, then list every problem that would keep it
+/// from opening (an error when there is one).
+fn packed(out: &mut impl Write, dir: &Path) -> anyhow::Result<()> {
+    let problems = moeflux::check::problems(dir);
+    if let Err(e) = describe_packed(out, dir) {
+        // A description that fails for a reason not among the problems.
+        if problems.is_empty() || super::is_broken_pipe(&e) {
+            return Err(e);
+        }
+    }
+    out.flush()?;
+    if problems.is_empty() {
+        return Ok(());
+    }
+    for p in &problems {
+        eprintln!("problem: {p}");
+    }
+    anyhow::bail!(
+        "{}: {} problem{} found; `moeflux run` would refuse this model",
+        dir.display(),
+        problems.len(),
+        if problems.len() == 1 { "" } else { "s" }
+    )
+}
+
+/// What the files say, as far as they can be read. The architecture is the
+/// one of `config.json` (as `run` reads it), else the manifest's copy.
+fn describe_packed(out: &mut impl Write, dir: &Path) -> anyhow::Result<()> {
     let manifest: Manifest = moeflux::error::read_json(&dir.join(MANIFEST_FILE))?;
-    let cfg = ModelConfig::from_json(&manifest.config)?;
+    writeln!(out, "{}: packed moeflux model `{}`", dir.display(), manifest.model)?;
+    let cfg = ModelConfig::from_dir(dir).or_else(|_| ModelConfig::from_json(&manifest.config))?;
+    describe_config(out, &cfg)?;
     let layout = Layout::read(dir)?;
-    println!("{}: packed moeflux model `{}`", dir.display(), manifest.model);
-    describe_config(&cfg);
     let mut dense: BTreeMap<String, usize> = BTreeMap::new();
     for (name, t) in &manifest.tensors {
         let key = match (t.bits, t.dtype.as_str()) {
@@ -120,6 +154,7 @@ fn packed(dir: &Path) -> anyhow::Result<()> {
         .map(|(b, n)| format!("{} in {n} layers", bits_name(*b)))
         .collect();
     row(
+        out,
         "bits",
         format!(
             "experts {} (group {}); dense tensors {}",
@@ -127,16 +162,17 @@ fn packed(dir: &Path) -> anyhow::Result<()> {
             layout.group_size,
             list(&dense)
         ),
-    );
+    )?;
     let dense_size = std::fs::metadata(dir.join(WEIGHTS_FILE)).map(|m| m.len()).unwrap_or(0);
     row(
+        out,
         "dense part",
         format!(
             "{} in {WEIGHTS_FILE} ({} tensors)",
             HumanBytes(dense_size),
             manifest.num_tensors
         ),
-    );
+    )?;
     let missing: Vec<String> = layout
         .layers
         .keys()
@@ -145,6 +181,7 @@ fn packed(dir: &Path) -> anyhow::Result<()> {
         .filter(|f| !dir.join(EXPERTS_DIR).join(f).is_file())
         .collect();
     row(
+        out,
         "experts",
         format!(
             "{} in {} layer files{}",
@@ -156,12 +193,12 @@ fn packed(dir: &Path) -> anyhow::Result<()> {
                 format!(" (missing: {})", missing.join(", "))
             }
         ),
-    );
+    )?;
     let sizes: Vec<String> = sizes
         .keys()
         .map(|s| format!("{s} bytes ({})", HumanBytes(*s as u64)))
         .collect();
-    row("expert_size", sizes.join(", "));
+    row(out, "expert_size", sizes.join(", "))?;
     Ok(())
 }
 
@@ -173,17 +210,18 @@ fn bits_name(b: u32) -> String {
     }
 }
 
-fn source(dir: &Path) -> anyhow::Result<()> {
+fn source(out: &mut impl Write, dir: &Path) -> anyhow::Result<()> {
     let src = Source::open(dir)?;
     let cfg = &src.config;
     let shards = src.shard_paths().count();
-    println!(
+    writeln!(
+        out,
         "{}: source checkpoint, {} tensors in {shards} safetensors file{}",
         dir.display(),
         src.names().count(),
         if shards == 1 { "" } else { "s" }
-    );
-    describe_config(cfg);
+    )?;
+    describe_config(out, cfg)?;
     let mut dtypes: BTreeMap<String, usize> = BTreeMap::new();
     for n in src.names() {
         if let Some(t) = src.get(n) {
@@ -215,10 +253,10 @@ fn source(dir: &Path) -> anyhow::Result<()> {
         }
         None => "unquantized".to_string(),
     };
-    row("bits", format!("{weights}; tensors {}", dt.join(", ")));
+    row(out, "bits", format!("{weights}; tensors {}", dt.join(", ")))?;
     let (dense, experts) = src.sizes();
-    row("dense part", HumanBytes(dense));
-    row("experts", HumanBytes(experts));
+    row(out, "dense part", HumanBytes(dense))?;
+    row(out, "experts", HumanBytes(experts))?;
     let per_layer = cfg.num_moe_layers() * cfg.num_experts;
     if per_layer > 0 && experts > 0 {
         let each = experts / per_layer as u64;
@@ -233,14 +271,14 @@ fn source(dir: &Path) -> anyhow::Result<()> {
                 );
             }
         }
-        row("expert_size", text);
+        row(out, "expert_size", text)?;
     }
     let mut skipped: BTreeMap<&str, usize> = BTreeMap::new();
     for (_, why) in &src.skipped {
         *skipped.entry(why).or_default() += 1;
     }
     for (why, n) in skipped {
-        row("skipped", format!("{n} tensors: {why}"));
+        row(out, "skipped", format!("{n} tensors: {why}"))?;
     }
     Ok(())
 }

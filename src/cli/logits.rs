@@ -1,17 +1,14 @@
 //! `moeflux logits`: evaluate tokens from position 0 and print logits.
 //! The debugging and oracle interface; its output format is stable.
 
-use anyhow::Context;
+use super::model_args::ModelArgs;
 use clap::Args;
-use moeflux::{Model, Options};
 use std::io::Write;
-use std::path::PathBuf;
 
 #[derive(Args)]
 pub struct LogitsArgs {
-    /// Packed model directory (made by `moeflux convert` or `moeflux synth`).
-    #[arg(long)]
-    pub model: PathBuf,
+    #[command(flatten)]
+    pub model: ModelArgs,
     /// Comma-separated token ids, evaluated from position 0.
     #[arg(long, value_delimiter = ',', required = true)]
     pub tokens: Vec<u32>,
@@ -21,17 +18,10 @@ pub struct LogitsArgs {
     /// Print `{"positions":[{"pos":0,"logits":[...]}, ...]}` instead of the top 10.
     #[arg(long)]
     pub json: bool,
-    /// Device: auto or cpu.
-    #[arg(long, default_value = "auto")]
-    pub device: moeflux::Device,
 }
 
 pub fn run(a: LogitsArgs) -> anyhow::Result<()> {
-    let opts = Options {
-        device: a.device,
-        ..Options::default()
-    };
-    let model = Model::open(&a.model, &opts).with_context(|| format!("opening {}", a.model.display()))?;
+    let model = a.model.open_model()?;
     let mut s = model.session()?;
     let n = a.tokens.len();
     let vocab = model.n_vocab();

@@ -2,13 +2,15 @@
 //! it is made, with a summary (throughput, expert traffic) on stderr.
 
 use super::interrupt;
+pub use super::model_args::ModelArgs;
 use anyhow::Context;
 use clap::Args;
-use moeflux::backend::cuda::CacheSize;
-use moeflux::experts::IoMode;
 use moeflux::generate::{CacheTraffic, Finish, GenerationStats, Generator, PhaseBreakdown, Request};
-use moeflux::text::{ChatRequest, ChatTemplate, GenerationDefaults, Rng, SamplingParams, Tokenizer, TokenizerConfig};
-use moeflux::{Model, Options};
+use moeflux::text::{
+    model_eos_ids, ChatRequest, ChatTemplate, GenerationDefaults, Rng, SamplingParams, TextStream, Tokenizer,
+    TokenizerConfig,
+};
+use moeflux::Model;
 use std::borrow::Cow;
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
@@ -16,35 +18,11 @@ use std::path::{Path, PathBuf};
 /// Tokens generated when neither `-n` nor `generation_config.json` says.
 const DEFAULT_MAX_TOKENS: usize = 256;
 
-/// Which model, on which device.
-#[derive(Args)]
-pub struct ModelArgs {
-    /// Packed model directory (made by `moeflux convert`), with its tokenizer.json.
-    #[arg(long)]
-    pub model: PathBuf,
-    /// Device: auto, cpu, cuda or cuda:N.
-    #[arg(long, default_value = "auto")]
-    pub device: moeflux::Device,
-    /// How experts are read: pread, mmap or direct.
-    #[arg(long, default_value = "pread")]
-    pub io: IoMode,
-    /// CUDA: device memory for routed experts: auto (free memory less a
-    /// margin), a size (8G, 512M) or a share of the expert bytes (25%).
-    #[arg(long, default_value = "auto")]
-    pub expert_cache: CacheSize,
-}
-
 impl ModelArgs {
     /// The model and its tokenizer.
     pub fn open(&self) -> anyhow::Result<(Model, Tokenizer)> {
-        let opts = Options {
-            device: self.device,
-            io_mode: self.io,
-            expert_cache: self.expert_cache,
-            ..Options::default()
-        };
+        let model = self.open_model()?;
         let dir = &self.model;
-        let model = Model::open(dir, &opts).with_context(|| format!("opening {}", dir.display()))?;
         let tok = Tokenizer::from_dir(dir)
             .with_context(|| format!("{}: generating text needs the model's tokenizer", dir.display()))?;
         Ok((model, tok))
@@ -156,7 +134,8 @@ pub struct RunArgs {
         conflicts_with = "prompt_ids"
     )]
     pub prompt: Option<String>,
-    /// The prompt as comma-separated token ids (bypasses the tokenizer and the template).
+    /// The prompt as comma-separated token ids (bypasses the tokenizer and
+    /// the template; a model without tokenizer.json then prints ids, <id> each).
     #[arg(long, value_delimiter = ',', conflicts_with = "chat")]
     pub prompt_ids: Option<Vec<u32>>,
     /// Tokens to generate; 0: until an end-of-sequence token or the end of
@@ -192,10 +171,31 @@ fn one_turn(system: Option<&str>, user: &str) -> Vec<serde_json::Value> {
     m
 }
 
-fn prompt_ids(a: &RunArgs, tok: &Tokenizer) -> anyhow::Result<Vec<u32>> {
+/// The model's tokenizer; `None` when it has no `tokenizer.json` and the
+/// prompt is given as ids (the output is then ids too).
+fn tokenizer(a: &RunArgs) -> anyhow::Result<Option<Tokenizer>> {
+    let dir = &a.model.model;
+    if a.prompt_ids.is_some() && !dir.join("tokenizer.json").exists() {
+        eprintln!(
+            "note: {} has no tokenizer.json: the output is token ids, <id> each",
+            dir.display()
+        );
+        return Ok(None);
+    }
+    let tok = Tokenizer::from_dir(dir).with_context(|| {
+        format!(
+            "{}: generating text needs the model's tokenizer (or give the prompt as --prompt-ids)",
+            dir.display()
+        )
+    })?;
+    Ok(Some(tok))
+}
+
+fn prompt_ids(a: &RunArgs, tok: Option<&Tokenizer>) -> anyhow::Result<Vec<u32>> {
     if let Some(ids) = &a.prompt_ids {
         return Ok(ids.clone());
     }
+    let tok = tok.context("a text prompt needs the model's tokenizer")?;
     let text = a.prompt.as_deref().unwrap_or_default();
     if !a.chat {
         return Ok(tok.encode(text, true)?);
@@ -212,8 +212,9 @@ fn prompt_ids(a: &RunArgs, tok: &Tokenizer) -> anyhow::Result<Vec<u32>> {
 
 pub fn run(a: RunArgs) -> anyhow::Result<()> {
     interrupt::install()?;
-    let (model, tok) = a.model.open()?;
-    let prompt = prompt_ids(&a, &tok)?;
+    let model = a.model.open_model()?;
+    let tok = tokenizer(&a)?;
+    let prompt = prompt_ids(&a, tok.as_ref())?;
     let params = a
         .sampling
         .params(&a.model.model, a.max_tokens, Some(DEFAULT_MAX_TOKENS))?;
@@ -225,7 +226,13 @@ pub fn run(a: RunArgs) -> anyhow::Result<()> {
         ..Request::new(&prompt, params.clone())
     };
     interrupt::set_generating(true);
-    let mut g = Generator::start(&mut session, &tok, req)?;
+    let mut g = match &tok {
+        Some(tok) => Generator::start(&mut session, tok, req)?,
+        None => {
+            let eos = model_eos_ids(&a.model.model)?.unwrap_or_default();
+            Generator::start_with_stream(&mut session, TextStream::ids(&eos, &params), req)?
+        }
+    };
     let mut out = std::io::stdout().lock();
     let terminal = out.is_terminal();
     // Whether the reader of stdout went away (`| head`): then stop.

@@ -16,7 +16,9 @@ pub struct SynthArgs {
     /// Take the shape from this config.json instead of a preset.
     #[arg(long)]
     pub config: Option<PathBuf>,
-    /// Output directory (written as a temporary sibling, renamed at the end).
+    /// Output directory (written as OUT.tmp-<pid>, renamed at the end;
+    /// Ctrl-C or SIGTERM removes it, and the next run to OUT removes what
+    /// a killed run left).
     #[arg(long)]
     pub out: PathBuf,
     /// Keep only the first N layers.
@@ -39,6 +41,7 @@ pub struct SynthArgs {
 const GB: f64 = 1e9;
 
 pub fn run(a: SynthArgs) -> anyhow::Result<()> {
+    let cancel = super::interrupt::install_cancel()?;
     let (name, config) = match (&a.preset, &a.config) {
         (Some(p), _) => (p.clone(), preset(p)?),
         (None, Some(path)) => {
@@ -87,8 +90,12 @@ pub fn run(a: SynthArgs) -> anyhow::Result<()> {
         .context("progress bar template")?
         .progress_chars("=> "),
     );
-    let summary = plan.write(&a.out, a.force, &|n| bar.inc(n))?;
+    let summary = plan.write(&a.out, a.force, &|n| bar.inc(n), Some(cancel));
     bar.finish_and_clear();
+    let summary = summary?;
+    for n in &summary.notes {
+        eprintln!("note: {n}");
+    }
     eprintln!(
         "wrote {}: {:.2} GB in {} files ({:.2} GB dense, {:.2} GB experts) in {:.1} s, {:.2} GB/s",
         summary.dir.display(),

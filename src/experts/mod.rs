@@ -86,12 +86,31 @@ struct LayerFile {
 }
 
 pub struct ExpertStore {
+    /// `layout.json` as read.
+    layout: Layout,
     layers: Vec<Option<LayerFile>>,
     num_experts: usize,
     group_size: usize,
     mode: IoMode,
     pool: rayon::ThreadPool,
     stats: Arc<ExpertStats>,
+}
+
+/// The size of the expert file at `path`, checked to hold `num_experts`
+/// experts of `layout` (a truncated or empty file is an error that says so).
+pub fn check_layer_file(path: &Path, num_experts: usize, layout: &LayerLayout) -> Result<u64> {
+    let len = std::fs::metadata(path).map_err(|e| Error::io(path, e))?.len();
+    let want = (num_experts * layout.expert_size) as u64;
+    if len != want {
+        return Err(Error::format(
+            path,
+            format!(
+                "{len} bytes, expected {want} ({num_experts} experts × {} bytes): the file is truncated or from another model",
+                layout.expert_size
+            ),
+        ));
+    }
+    Ok(len)
 }
 
 impl ExpertStore {
@@ -109,17 +128,7 @@ impl ExpertStore {
                 continue;
             };
             let path = dir.join(EXPERTS_DIR).join(expert_file_name(i));
-            let len = std::fs::metadata(&path).map_err(|e| Error::io(&path, e))?.len();
-            let want = (layout.num_experts * ll.expert_size) as u64;
-            if len != want {
-                return Err(Error::format(
-                    &path,
-                    format!(
-                        "{len} bytes, expected {want} ({} experts × {} bytes): the file is truncated or from another model",
-                        layout.num_experts, ll.expert_size
-                    ),
-                ));
-            }
+            let len = check_layer_file(&path, layout.num_experts, ll)?;
             let file = match ExpertFile::open(&path, len, mode)? {
                 Some(f) => f,
                 None => {
@@ -149,6 +158,7 @@ impl ExpertStore {
             mode,
             pool,
             stats: Arc::new(ExpertStats::default()),
+            layout,
         })
     }
 
@@ -160,6 +170,10 @@ impl ExpertStore {
 
     pub fn num_experts(&self) -> usize {
         self.num_experts
+    }
+    /// `packed_experts/layout.json`.
+    pub fn layout(&self) -> &Layout {
+        &self.layout
     }
     pub fn group_size(&self) -> usize {
         self.group_size

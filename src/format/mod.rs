@@ -2,6 +2,7 @@
 //! and run from, MLX affine quantization, and the converter.
 
 pub mod convert;
+pub mod outdir;
 pub mod packed;
 pub mod quant;
 pub mod safetensors;

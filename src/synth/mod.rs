@@ -19,6 +19,7 @@ pub use tensors::{QWEN_ROUTER_BITS, ROUTER_GAIN};
 
 use crate::config::{FfnKind, ModelConfig};
 use crate::error::{Error, Result};
+use crate::format::outdir::{check_cancel, check_destination, TempDir};
 use crate::format::packed::{
     expert_file_name, LayerLayout, Layout, Manifest, TensorEntry, ALIGN, EXPERTS_DIR, LAYOUT_FILE, MANIFEST_FILE,
     WEIGHTS_FILE,
@@ -26,6 +27,7 @@ use crate::format::packed::{
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
 use tensors::{dense_tensors, expert_segments, Quant, Segment, TensorSpec};
 use writer::{write_file, write_small, Piece, CHUNK_ELEMS};
 
@@ -72,6 +74,9 @@ pub struct Summary {
     pub bytes: u64,
     pub files: usize,
     pub seconds: f64,
+    /// Temporary directories of interrupted runs that were removed (or
+    /// left alone because their process still runs).
+    pub notes: Vec<String>,
 }
 
 impl Plan {
@@ -161,47 +166,43 @@ impl Plan {
 
     /// Write the model to `out` (through a temporary sibling directory,
     /// renamed at the end). An existing `out` is replaced if it is empty,
-    /// or with `force` if it is a packed model.
-    pub fn write(&self, out: &Path, force: bool, progress: &dyn Fn(u64)) -> Result<Summary> {
+    /// or with `force` if it is a packed model. Once `cancel` is set, the
+    /// write stops with [`Error::Cancelled`] and removes what it wrote.
+    pub fn write(
+        &self,
+        out: &Path,
+        force: bool,
+        progress: &dyn Fn(u64),
+        cancel: Option<&AtomicBool>,
+    ) -> Result<Summary> {
         let t0 = std::time::Instant::now();
         check_destination(out, force)?;
-        let tmp = temp_sibling(out)?;
-        if tmp.exists() {
-            std::fs::remove_dir_all(&tmp).map_err(|e| Error::io(&tmp, e))?;
-        }
-        let written = self.write_into(&tmp, progress);
-        let (bytes, files) = match written {
-            Ok(v) => v,
-            Err(e) => {
-                let _ = std::fs::remove_dir_all(&tmp);
-                return Err(e);
-            }
-        };
-        check_destination(out, force)?;
-        if out.exists() {
-            std::fs::remove_dir_all(out).map_err(|e| Error::io(out, e))?;
-        }
-        std::fs::rename(&tmp, out).map_err(|e| Error::io(out, e))?;
+        let mut notes = Vec::new();
+        let tmp = TempDir::beside(out, &mut notes)?;
+        let (bytes, files) = self.write_into(tmp.path(), progress, cancel)?;
+        check_cancel(cancel)?;
+        tmp.install(out, force)?;
         Ok(Summary {
             dir: out.to_path_buf(),
             bytes,
             files,
             seconds: t0.elapsed().as_secs_f64(),
+            notes,
         })
     }
 
-    fn write_into(&self, dir: &Path, progress: &dyn Fn(u64)) -> Result<(u64, usize)> {
+    fn write_into(&self, dir: &Path, progress: &dyn Fn(u64), cancel: Option<&AtomicBool>) -> Result<(u64, usize)> {
         let edir = dir.join(EXPERTS_DIR);
         std::fs::create_dir_all(&edir).map_err(|e| Error::io(&edir, e))?;
         write_small(&dir.join("config.json"), &to_json(&self.config_json)?)?;
-        let mut bytes = write_file(&dir.join(WEIGHTS_FILE), &self.dense_pieces(), progress)?;
+        let mut bytes = write_file(&dir.join(WEIGHTS_FILE), &self.dense_pieces(), progress, cancel)?;
         write_small(&dir.join(MANIFEST_FILE), &to_json(&self.manifest())?)?;
         let mut layers = BTreeMap::new();
         for &layer in &self.moe_layers {
             let pieces: Vec<Piece> = (0..self.config.num_experts)
                 .map(|e| Piece::Data(expert_segments(&self.expert_layout, layer, e, self.quant.seed)))
                 .collect();
-            bytes += write_file(&edir.join(expert_file_name(layer)), &pieces, progress)?;
+            bytes += write_file(&edir.join(expert_file_name(layer)), &pieces, progress, cancel)?;
             layers.insert(layer.to_string(), self.expert_layout.clone());
         }
         let layout = Layout {
@@ -264,38 +265,4 @@ impl Plan {
 
 fn to_json<T: serde::Serialize>(v: &T) -> Result<Vec<u8>> {
     serde_json::to_vec_pretty(v).map_err(|e| Error::Invalid(format!("serializing JSON: {e}")))
-}
-
-/// `out` may be written: it does not exist or is an empty directory, or
-/// `force` is given and it is a packed model.
-fn check_destination(out: &Path, force: bool) -> Result<()> {
-    if !out.exists() {
-        return Ok(());
-    }
-    if out.is_dir() && std::fs::read_dir(out).map_err(|e| Error::io(out, e))?.next().is_none() {
-        return Ok(());
-    }
-    if !force {
-        return Err(Error::Exists(out.to_path_buf()));
-    }
-    if out.join(MANIFEST_FILE).is_file() {
-        Ok(())
-    } else {
-        Err(Error::Invalid(format!(
-            "{} exists and is not a packed model directory; refusing to replace it even with --force",
-            out.display()
-        )))
-    }
-}
-
-/// `PARENT/.NAME.synth-tmp` beside `out`.
-fn temp_sibling(out: &Path) -> Result<PathBuf> {
-    let name = out
-        .file_name()
-        .ok_or_else(|| Error::Invalid(format!("--out {}: needs a directory name", out.display())))?;
-    let parent = out
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    Ok(parent.join(format!(".{}.synth-tmp", name.to_string_lossy())))
 }

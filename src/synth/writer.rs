@@ -4,10 +4,12 @@
 
 use super::tensors::Segment;
 use crate::error::{Error, Result};
+use crate::format::outdir::check_cancel;
 use rayon::prelude::*;
 use std::fs::File;
 use std::io::Write;
 use std::path::Path;
+use std::sync::atomic::AtomicBool;
 use std::sync::mpsc::sync_channel;
 use std::sync::Mutex;
 
@@ -49,8 +51,9 @@ impl Piece {
 }
 
 /// Write `pieces` to a new file at `path`, flushed to disk before
-/// returning; `progress` is told each run of bytes written.
-pub fn write_file(path: &Path, pieces: &[Piece], progress: &dyn Fn(u64)) -> Result<u64> {
+/// returning; `progress` is told each run of bytes written. Stops with
+/// [`crate::Error::Cancelled`] between batches once `cancel` is set.
+pub fn write_file(path: &Path, pieces: &[Piece], progress: &dyn Fn(u64), cancel: Option<&AtomicBool>) -> Result<u64> {
     let io = |e| Error::io(path, e);
     let mut file = File::create(path).map_err(io)?;
     let mut batches: Vec<&[Piece]> = Vec::new();
@@ -79,6 +82,7 @@ pub fn write_file(path: &Path, pieces: &[Piece], progress: &dyn Fn(u64)) -> Resu
             }
         });
         for bufs in rx {
+            check_cancel(cancel)?;
             for b in bufs {
                 file.write_all(&b).map_err(io)?;
                 written += b.len() as u64;

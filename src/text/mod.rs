@@ -29,4 +29,4 @@ pub use rng::Rng;
 pub use sampling::{Sampler, SamplingParams};
 pub use stop::{FinishReason, Step, StopMatcher, StopOutput, TextStream};
 pub use template::{ChatRequest, ChatTemplate};
-pub use tokenizer::Tokenizer;
+pub use tokenizer::{model_eos_ids, Tokenizer};

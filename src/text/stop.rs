@@ -115,7 +115,8 @@ pub struct Step {
 /// detokenisation, stop strings, EOS ids and `max_tokens` together.
 #[derive(Debug, Clone)]
 pub struct TextStream {
-    detok: Detokenizer,
+    /// `None`: no tokenizer; each token shows as `<id>`.
+    detok: Option<Detokenizer>,
     stops: StopMatcher,
     eos_ids: Vec<u32>,
     max_tokens: Option<usize>,
@@ -127,8 +128,17 @@ impl TextStream {
     /// Special tokens are left out of the text; EOS ids are the tokenizer's.
     pub fn new(tokenizer: &Tokenizer, params: &SamplingParams) -> TextStream {
         TextStream {
-            eos_ids: tokenizer.eos_ids().to_vec(),
-            detok: Detokenizer::new(tokenizer.clone(), true),
+            detok: Some(Detokenizer::new(tokenizer.clone(), true)),
+            ..TextStream::ids(tokenizer.eos_ids(), params)
+        }
+    }
+
+    /// Without a tokenizer: each token is shown as `<id>` (a model made by
+    /// `synth` has none); generation ends at `eos_ids`.
+    pub fn ids(eos_ids: &[u32], params: &SamplingParams) -> TextStream {
+        TextStream {
+            eos_ids: eos_ids.to_vec(),
+            detok: None,
             stops: StopMatcher::new(&params.stop),
             max_tokens: params.max_tokens,
             count: 0,
@@ -146,7 +156,10 @@ impl TextStream {
         if self.eos_ids.contains(&id) {
             return self.end(FinishReason::Eos);
         }
-        let piece = self.detok.push(id)?.unwrap_or_default();
+        let piece = match &mut self.detok {
+            Some(d) => d.push(id)?.unwrap_or_default(),
+            None => format!("<{id}>"),
+        };
         let out = self.stops.push(&piece);
         if let Some(stop) = out.stop {
             self.finished = true;
@@ -175,7 +188,10 @@ impl TextStream {
     /// stop strings.
     fn end(&mut self, reason: FinishReason) -> Result<Step> {
         self.finished = true;
-        let tail = self.detok.finish()?;
+        let tail = match &mut self.detok {
+            Some(d) => d.finish()?,
+            None => String::new(),
+        };
         let out = self.stops.push(&tail);
         if let Some(stop) = out.stop {
             return Ok(Step {

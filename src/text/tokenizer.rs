@@ -30,6 +30,15 @@ impl std::fmt::Debug for Tokenizer {
     }
 }
 
+/// The end-of-sequence ids of the model in `dir` that do not need the
+/// tokenizer: `generation_config.json`'s `eos_token_id` (an int or a list),
+/// else `config.json`'s.
+pub fn model_eos_ids(dir: &Path) -> Result<Option<Vec<u32>>> {
+    Ok(GenerationDefaults::from_dir(dir)?
+        .eos_token_id
+        .or(model_config_eos_ids(dir)?))
+}
+
 impl Tokenizer {
     /// Read `dir/tokenizer.json` (required) and, where present,
     /// `tokenizer_config.json`, `generation_config.json` and `config.json`.
@@ -44,7 +53,6 @@ impl Tokenizer {
         let inner = tokenizers::Tokenizer::from_bytes(&bytes)
             .map_err(|e| Error::format(&path, format!("not a usable tokenizer.json: {e}")))?;
         let config = TokenizerConfig::from_dir(dir)?;
-        let generation = GenerationDefaults::from_dir(dir)?;
         let mut tok = Tokenizer {
             vocab_size: inner.get_vocab_size(true),
             inner: Arc::new(inner),
@@ -53,9 +61,9 @@ impl Tokenizer {
             eos_token: config.eos_token,
             eos_ids: Vec::new(),
         };
-        tok.eos_ids = match (generation.eos_token_id, model_config_eos_ids(dir)?) {
-            (Some(ids), _) | (None, Some(ids)) => ids,
-            (None, None) => tok.eos_token.iter().filter_map(|t| tok.token_to_id(t)).collect(),
+        tok.eos_ids = match model_eos_ids(dir)? {
+            Some(ids) => ids,
+            None => tok.eos_token.iter().filter_map(|t| tok.token_to_id(t)).collect(),
         };
         Ok(tok)
     }

@@ -142,11 +142,10 @@ fn existing_destination_needs_force_and_survives_a_failed_run() {
     let tmp = tempfile::tempdir().unwrap();
     let (src, bad, dst) = (tmp.path().join("src"), tmp.path().join("bad"), tmp.path().join("dst"));
     write_model(&src, &qwen3_moe_config(), &qwen3_moe_tensors(1, "model.", false), 1);
-    std::fs::create_dir(&dst).unwrap();
-    std::fs::write(dst.join("keep.txt"), "mine").unwrap();
+    convert(&src, &dst, &ConvertOptions::default()).unwrap();
+    let before = std::fs::read(dst.join("model_weights.bin")).unwrap();
     let msg = convert_err(&src, &dst, &ConvertOptions::default());
     assert!(msg.contains("already exists") && msg.contains("--force"), "{msg}");
-    assert_eq!(std::fs::read_to_string(dst.join("keep.txt")).unwrap(), "mine");
     // A failing forced run leaves the old destination as it was.
     let mut ts = qwen3_moe_tensors(1, "model.", false);
     ts.retain(|t| t.name != "model.norm.weight");
@@ -157,9 +156,13 @@ fn existing_destination_needs_force_and_survives_a_failed_run() {
     };
     let msg = convert_err(&bad, &dst, &force);
     assert!(msg.contains("`model.norm.weight` not found"), "{msg}");
-    assert_eq!(std::fs::read_to_string(dst.join("keep.txt")).unwrap(), "mine");
-    convert(&src, &dst, &force).unwrap();
-    assert!(!dst.join("keep.txt").exists() && dst.join("model_weights.bin").is_file());
+    assert_eq!(std::fs::read(dst.join("model_weights.bin")).unwrap(), before);
+    let bits8 = ConvertOptions {
+        bits: Some(8),
+        ..force.clone()
+    };
+    convert(&src, &dst, &bits8).unwrap();
+    assert_ne!(std::fs::read(dst.join("model_weights.bin")).unwrap(), before);
     let names: Vec<String> = std::fs::read_dir(tmp.path())
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
@@ -168,4 +171,24 @@ fn existing_destination_needs_force_and_survives_a_failed_run() {
         names.iter().all(|n| !n.contains(".tmp-") && !n.contains(".old-")),
         "{names:?}"
     );
+}
+
+#[test]
+fn force_never_replaces_a_directory_that_is_not_a_packed_model() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (src, dst) = (tmp.path().join("src"), tmp.path().join("dst"));
+    write_model(&src, &qwen3_moe_config(), &qwen3_moe_tensors(1, "model.", false), 1);
+    std::fs::create_dir(&dst).unwrap();
+    std::fs::write(dst.join("keep.txt"), "mine").unwrap();
+    let force = ConvertOptions {
+        force: true,
+        ..ConvertOptions::default()
+    };
+    let msg = convert_err(&src, &dst, &force);
+    assert!(msg.contains("not a packed model"), "{msg}");
+    assert_eq!(std::fs::read_to_string(dst.join("keep.txt")).unwrap(), "mine");
+    // An empty directory is not anybody's data: it is replaced.
+    std::fs::remove_file(dst.join("keep.txt")).unwrap();
+    convert(&src, &dst, &ConvertOptions::default()).unwrap();
+    assert!(dst.join("model_weights.bin").is_file());
 }

@@ -46,7 +46,9 @@ impl std::str::FromStr for CacheSize {
         if let Some(p) = t.strip_suffix('%') {
             let v: f64 = p.trim().parse().map_err(|_| bad())?;
             if !(0.0..=100.0).contains(&v) {
-                return Err(bad());
+                return Err(Error::Invalid(format!(
+                    "expert cache size `{s}`: a share of the expert bytes is from 0% (the smallest working set) to 100% (every expert)"
+                )));
             }
             return Ok(CacheSize::Percent(v));
         }
@@ -65,6 +67,47 @@ impl std::str::FromStr for CacheSize {
             _ => return Err(bad()),
         };
         Ok(CacheSize::Bytes((v * mult) as u64))
+    }
+}
+
+/// What a [`CacheSize`] is turned into slots with.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct SlotBudget {
+    /// Bytes of one slot (the largest expert, rounded up).
+    pub slot_bytes: u64,
+    /// Experts of all the MoE layers, and their bytes.
+    pub experts: usize,
+    pub expert_bytes: u64,
+    /// The smallest working set: one layer's active experts (K), so that
+    /// a token's experts of a layer are copied and computed in one go.
+    pub min_slots: usize,
+    /// Device memory the cache may take.
+    pub room: u64,
+}
+
+impl CacheSize {
+    /// The number of slots, and whether the size was raised to the
+    /// smallest working set (`0`, `0%`, or a size smaller than it).
+    pub(crate) fn slots(self, b: &SlotBudget) -> Result<(usize, bool)> {
+        let budget = match self {
+            CacheSize::Auto => b.room,
+            CacheSize::Bytes(n) => n,
+            CacheSize::Percent(p) => (b.expert_bytes as f64 * p / 100.0) as u64,
+        };
+        let min = b.min_slots.clamp(1, b.experts.max(1));
+        let fit = (budget / b.slot_bytes.max(1)).min(b.experts as u64) as usize;
+        let slots = fit.max(min);
+        let gb = |n: u64| n as f64 / 1e9;
+        if slots as u64 * b.slot_bytes > b.room {
+            return Err(Error::Invalid(format!(
+                "an expert cache of {} experts ({:.2} GB{}) does not fit: {:.2} GB of device memory is free for it (free memory less a margin)",
+                slots,
+                gb(slots as u64 * b.slot_bytes),
+                if fit < min { ", the smallest working set" } else { "" },
+                gb(b.room)
+            )));
+        }
+        Ok((slots, fit < min))
     }
 }
 
@@ -625,5 +668,50 @@ mod tests {
         for bad in ["", "12Q", "150%", "-3G", "G"] {
             assert!(bad.parse::<CacheSize>().is_err(), "{bad} was accepted");
         }
+        assert_eq!("0%".parse::<CacheSize>().unwrap(), CacheSize::Percent(0.0));
+        assert_eq!("0".parse::<CacheSize>().unwrap(), CacheSize::Bytes(0));
+        let e = "200%".parse::<CacheSize>().unwrap_err().to_string();
+        assert!(e.contains("0%") && e.contains("100%"), "{e}");
+    }
+
+    /// 40 MoE layers × 256 experts of 1 MB, 8 active; 100 GB of room.
+    const BUDGET: SlotBudget = SlotBudget {
+        slot_bytes: 1 << 20,
+        experts: 40 * 256,
+        expert_bytes: (40 * 256) << 20,
+        min_slots: 8,
+        room: 100 << 30,
+    };
+
+    #[test]
+    fn zero_is_the_smallest_working_set() {
+        for size in [CacheSize::Percent(0.0), CacheSize::Bytes(0), CacheSize::Bytes(1000)] {
+            assert_eq!(size.slots(&BUDGET).unwrap(), (8, true), "{size:?}");
+        }
+        // Fewer experts in the model than K: all of them.
+        let tiny = SlotBudget {
+            experts: 4,
+            expert_bytes: 4 << 20,
+            ..BUDGET
+        };
+        assert_eq!(CacheSize::Percent(0.0).slots(&tiny).unwrap(), (4, true));
+    }
+
+    #[test]
+    fn sizes_become_slots() {
+        assert_eq!(CacheSize::Percent(100.0).slots(&BUDGET).unwrap(), (10240, false));
+        assert_eq!(CacheSize::Percent(25.0).slots(&BUDGET).unwrap(), (2560, false));
+        assert_eq!(CacheSize::Bytes(9 << 20).slots(&BUDGET).unwrap(), (9, false));
+        assert_eq!(CacheSize::Auto.slots(&BUDGET).unwrap(), (10240, false));
+        let small = SlotBudget {
+            room: 100 << 20,
+            ..BUDGET
+        };
+        assert_eq!(CacheSize::Auto.slots(&small).unwrap(), (100, false));
+        let e = CacheSize::Percent(50.0).slots(&small).unwrap_err().to_string();
+        assert!(e.contains("does not fit"), "{e}");
+        let none = SlotBudget { room: 0, ..BUDGET };
+        let e = CacheSize::Percent(0.0).slots(&none).unwrap_err().to_string();
+        assert!(e.contains("smallest working set"), "{e}");
     }
 }

@@ -18,6 +18,7 @@ mod ops;
 mod probe;
 
 pub use buf::CudaBuf;
+use cache::SlotBudget;
 pub use cache::{CacheSize, CacheStats};
 pub use matrix::CudaMatrix;
 pub use probe::LaunchCost;
@@ -48,7 +49,20 @@ pub struct CacheReport {
     pub slots: usize,
     pub experts: usize,
     pub resident: bool,
+    /// The size asked for was below the smallest working set (one layer's
+    /// active experts), which was used instead.
+    pub minimum: bool,
     pub load_s: f64,
+}
+
+/// How [`CudaBackend::attach_experts`] sizes and runs the expert cache.
+#[derive(Debug, Clone, Copy)]
+pub struct CacheRequest {
+    pub size: CacheSize,
+    /// Copy experts ahead of need.
+    pub prefetch: bool,
+    /// The smallest working set in experts: the active experts of one layer.
+    pub min_slots: usize,
 }
 
 /// Device memory left free besides the expert cache (activations, KV
@@ -74,13 +88,7 @@ impl CudaBackend {
 
     /// Give the routed experts of `store` (layers `moe_layers`) a device
     /// cache of `size`; when it holds them all they are loaded now.
-    pub fn attach_experts(
-        &self,
-        store: &ExpertStore,
-        moe_layers: &[usize],
-        size: CacheSize,
-        prefetch: bool,
-    ) -> Result<CacheReport> {
+    pub fn attach_experts(&self, store: &ExpertStore, moe_layers: &[usize], req: CacheRequest) -> Result<CacheReport> {
         self.gpu.bind()?;
         let mut expert_bytes = 0u64;
         let mut largest = 0usize;
@@ -97,41 +105,28 @@ impl CudaBackend {
                 slots: 0,
                 experts: 0,
                 resident: true,
+                minimum: false,
                 load_s: 0.0,
             });
         }
         let slot = (largest.div_ceil(256) * 256) as u64;
         let (free, _) = self.gpu.mem_info()?;
-        let room = (free as u64).saturating_sub(MARGIN_BYTES);
-        let budget = match size {
-            CacheSize::Auto => room,
-            CacheSize::Bytes(b) => b,
-            CacheSize::Percent(p) => (expert_bytes as f64 * p / 100.0) as u64,
-        };
-        let slots = ((budget / slot) as usize).min(experts);
-        let gb = |b: u64| b as f64 / 1e9;
-        if slots == 0 {
-            return Err(Error::Invalid(format!(
-                "an expert cache of {:.3} GB holds no expert (one is {largest} bytes)",
-                gb(budget)
-            )));
-        }
-        if slots as u64 * slot > room {
-            return Err(Error::Invalid(format!(
-                "an expert cache of {:.2} GB does not fit: {:.2} GB of device memory is free, less a {:.1} GB margin",
-                gb(slots as u64 * slot),
-                gb(free as u64),
-                gb(MARGIN_BYTES)
-            )));
-        }
+        let (slots, minimum) = req.size.slots(&SlotBudget {
+            slot_bytes: slot,
+            experts,
+            expert_bytes,
+            min_slots: req.min_slots,
+            room: (free as u64).saturating_sub(MARGIN_BYTES),
+        })?;
         let t0 = std::time::Instant::now();
-        let cache = ExpertCache::new(&self.gpu, store, moe_layers, slots, prefetch)?;
+        let cache = ExpertCache::new(&self.gpu, store, moe_layers, slots, req.prefetch)?;
         let report = CacheReport {
             budget_bytes: slots as u64 * slot,
             expert_bytes,
             slots,
             experts,
             resident: cache.resident(),
+            minimum,
             load_s: t0.elapsed().as_secs_f64(),
         };
         self.cache

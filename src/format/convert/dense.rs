@@ -94,6 +94,7 @@ impl DenseWriter {
         let chunk = (CHUNK_BYTES / row_out.max(1)).clamp(1, rows.max(1));
         let starts: Vec<usize> = (0..rows).step_by(chunk).collect();
         starts.into_par_iter().try_for_each(|r0| {
+            progress.check()?;
             let n = chunk.min(rows - r0);
             let mut w = vec![0u8; n * form.weight_row];
             let mut s = vec![0u8; n * form.scale_row];

@@ -41,6 +41,7 @@ pub fn write_layer(dir: &Path, l: &ExpertLayer, source: &Source, progress: &Prog
         }
     }
     l.experts.par_iter().enumerate().try_for_each(|(e, mats)| {
+        progress.check()?;
         let mut buf = vec![0u8; size];
         for (k, m) in mats.iter().enumerate() {
             let c = &l.layout.components[3 * k..3 * k + 3];

@@ -6,10 +6,12 @@
 //!    tensors and checks names, shapes and dtypes — before anything is
 //!    written.
 //! 3. [`dense`] and [`experts`] stream the tensors from the mapped shards
-//!    into `DST.tmp-<pid>`, encoding in parallel with bounded memory.
+//!    into `DST.tmp-<pid>` ([`TempDir`]), encoding in parallel with
+//!    bounded memory.
 //! 4. [`verify`] re-reads the result with the engine's readers and
 //!    compares it with the source; only then is the temp dir renamed to
-//!    `DST`. On any error the temp dir is removed.
+//!    `DST`. On any error, or when the cancel flag is set, the temp dir is
+//!    removed.
 
 mod dense;
 mod experts;
@@ -24,11 +26,13 @@ mod verify;
 pub use source::Source;
 
 use crate::error::{Error, Result};
+use crate::format::outdir::{self, check_cancel, TempDir};
 use crate::format::packed::{Layout, Manifest, EXPERTS_DIR, LAYOUT_FILE, MANIFEST_FILE, WEIGHTS_FILE};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use plan::{Item, Settings};
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
+use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
 /// Files copied unchanged from the source directory when present.
@@ -54,10 +58,13 @@ pub struct ConvertOptions {
     pub group_size: usize,
     /// Bits of the routed experts only (default: `bits`).
     pub bits_experts: Option<u32>,
-    /// Replace an existing destination.
+    /// Replace an existing destination (a packed model directory only).
     pub force: bool,
     /// Draw a progress bar on stderr (when it is a terminal).
     pub progress: bool,
+    /// Checked while writing: once set, the conversion stops with
+    /// [`Error::Cancelled`] and removes what it wrote (e.g. set by Ctrl-C).
+    pub cancel: Option<&'static AtomicBool>,
 }
 
 impl Default for ConvertOptions {
@@ -68,6 +75,7 @@ impl Default for ConvertOptions {
             bits_experts: None,
             force: false,
             progress: false,
+            cancel: None,
         }
     }
 }
@@ -86,13 +94,20 @@ pub struct ConvertReport {
     pub elapsed: Duration,
 }
 
-/// Progress over source bytes; cheap to share between threads.
-pub struct Progress(ProgressBar);
+/// Progress over source bytes, and the cancel flag; cheap to share
+/// between threads.
+pub struct Progress {
+    bar: ProgressBar,
+    cancel: Option<&'static AtomicBool>,
+}
 
 impl Progress {
-    fn new(total: u64, show: bool) -> Progress {
+    fn new(total: u64, show: bool, cancel: Option<&'static AtomicBool>) -> Progress {
         if !show {
-            return Progress(ProgressBar::hidden());
+            return Progress {
+                bar: ProgressBar::hidden(),
+                cancel,
+            };
         }
         let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
         let style = ProgressStyle::with_template(
@@ -100,10 +115,14 @@ impl Progress {
         )
         .unwrap_or_else(|_| ProgressStyle::default_bar());
         bar.set_style(style);
-        Progress(bar)
+        Progress { bar, cancel }
     }
     pub fn inc(&self, n: u64) {
-        self.0.inc(n);
+        self.bar.inc(n);
+    }
+    /// `Err(Error::Cancelled)` once the cancel flag is set.
+    pub fn check(&self) -> Result<()> {
+        check_cancel(self.cancel)
     }
 }
 
@@ -150,29 +169,10 @@ pub fn convert(src: &Path, dst: &Path, opts: &ConvertOptions) -> Result<ConvertR
     if source.mlx.is_some() && (opts.bits.is_some() || opts.bits_experts.is_some()) {
         notes.push("the source is MLX-quantized: it is repacked as it is, --bits/--bits-experts do not apply".into());
     }
-    let tmp = temp_path(dst)?;
-    if tmp.exists() {
-        std::fs::remove_dir_all(&tmp).map_err(|e| Error::io(&tmp, e))?;
-    }
-    notes.extend(leftovers(dst));
-    if let Some(parent) = dst.parent().filter(|p| !p.as_os_str().is_empty()) {
-        std::fs::create_dir_all(parent).map_err(|e| Error::io(parent, e))?;
-    }
-    let written = write_model(&source, &plan, &tmp, opts.progress).and_then(|w| {
-        let checked = verify::verify(&tmp, &plan)?;
-        Ok((w, checked))
-    });
-    let (w, verified) = match written {
-        Ok(x) => x,
-        Err(e) => {
-            let _ = std::fs::remove_dir_all(&tmp);
-            return Err(e);
-        }
-    };
-    if let Err(e) = install(&tmp, dst, opts.force) {
-        let _ = std::fs::remove_dir_all(&tmp);
-        return Err(e);
-    }
+    let tmp = TempDir::beside(dst, &mut notes)?;
+    let (w, verified) = write_model(&source, &plan, tmp.path(), opts)?;
+    check_cancel(opts.cancel)?;
+    tmp.install(dst, opts.force)?;
     Ok(ConvertReport {
         tensors: w.tensors,
         dense_bytes: w.dense_bytes,
@@ -191,8 +191,16 @@ struct Written {
     expert_layers: usize,
 }
 
-/// Write the whole packed model into `out` (a fresh directory).
-fn write_model(source: &Source, plan: &plan::Plan, out: &Path, show: bool) -> Result<Written> {
+/// Write the whole packed model into `out` (a fresh directory) and verify
+/// it; returns what was written and the number of experts verified.
+fn write_model(source: &Source, plan: &plan::Plan, out: &Path, opts: &ConvertOptions) -> Result<(Written, usize)> {
+    let w = write_files(source, plan, out, opts)?;
+    check_cancel(opts.cancel)?;
+    let verified = verify::verify(out, plan)?;
+    Ok((w, verified))
+}
+
+fn write_files(source: &Source, plan: &plan::Plan, out: &Path, opts: &ConvertOptions) -> Result<Written> {
     let cfg = &source.config;
     std::fs::create_dir_all(out.join(EXPERTS_DIR)).map_err(|e| Error::io(out, e))?;
     for f in COPIED_FILES {
@@ -201,11 +209,12 @@ fn write_model(source: &Source, plan: &plan::Plan, out: &Path, show: bool) -> Re
             std::fs::copy(&from, out.join(f)).map_err(|e| Error::io(&from, e))?;
         }
     }
-    let progress = Progress::new(plan.source_bytes, show);
+    let progress = Progress::new(plan.source_bytes, opts.progress, opts.cancel);
     let mut dense = dense::DenseWriter::create(&out.join(WEIGHTS_FILE))?;
     let mut layers = BTreeMap::new();
     let mut expert_bytes = 0;
     for item in &plan.items {
+        progress.check()?;
         match item {
             Item::Matrix(m) => dense.matrix(m, source, &progress)?,
             Item::Vector(v) => dense.vector(v, &progress)?,
@@ -217,7 +226,7 @@ fn write_model(source: &Source, plan: &plan::Plan, out: &Path, show: bool) -> Re
         release(source, item);
     }
     let dense_bytes = dense.finish()?;
-    progress.0.finish_and_clear();
+    progress.bar.finish_and_clear();
     let model = source
         .dir
         .canonicalize()
@@ -269,50 +278,12 @@ fn write_json<T: serde::Serialize>(path: &Path, v: &T) -> Result<()> {
     std::fs::write(path, text).map_err(|e| Error::io(path, e))
 }
 
-/// `DST.tmp-<pid>`, beside `DST`.
-fn temp_path(dst: &Path) -> Result<PathBuf> {
-    let name = dst
-        .file_name()
-        .ok_or_else(|| Error::Invalid(format!("destination {} has no directory name", dst.display())))?;
-    let mut tmp = name.to_os_string();
-    tmp.push(format!(".tmp-{}", std::process::id()));
-    Ok(dst.with_file_name(tmp))
-}
-
-/// Temp dirs of earlier, interrupted runs beside `dst` (reported, not
-/// removed: another conversion may still be writing one).
-fn leftovers(dst: &Path) -> Vec<String> {
-    let (Some(parent), Some(name)) = (dst.parent(), dst.file_name()) else {
-        return vec![];
-    };
-    let parent = if parent.as_os_str().is_empty() {
-        Path::new(".")
-    } else {
-        parent
-    };
-    let prefix = format!("{}.tmp-", name.to_string_lossy());
-    let Ok(rd) = std::fs::read_dir(parent) else {
-        return vec![];
-    };
-    rd.filter_map(|e| e.ok())
-        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
-        .map(|e| {
-            format!(
-                "{} is left over from an interrupted conversion; remove it if none is running",
-                e.path().display()
-            )
-        })
-        .collect()
-}
-
-/// Refuse a destination that exists (without `--force`) or that is, or
-/// contains, the source. Changes nothing on disk.
+/// Refuse a destination that exists and is not a packed model (or exists
+/// at all without `--force`; see [`outdir::check_destination`]), or that
+/// is, or contains, the source. Changes nothing on disk.
 fn check_destination(src: &Path, dst: &Path, force: bool) -> Result<()> {
     let src_c = src.canonicalize().map_err(|e| Error::io(src, e))?;
     if dst.exists() {
-        if !force {
-            return Err(Error::Exists(dst.to_path_buf()));
-        }
         let dst_c = dst.canonicalize().map_err(|e| Error::io(dst, e))?;
         if src_c.starts_with(&dst_c) {
             return Err(Error::Invalid(format!(
@@ -321,29 +292,5 @@ fn check_destination(src: &Path, dst: &Path, force: bool) -> Result<()> {
             )));
         }
     }
-    Ok(())
-}
-
-/// Move the finished `tmp` to `dst`, replacing what `--force` allowed.
-fn install(tmp: &Path, dst: &Path, force: bool) -> Result<()> {
-    if dst.symlink_metadata().is_ok() {
-        if !force {
-            return Err(Error::Exists(dst.to_path_buf()));
-        }
-        let mut old = dst.as_os_str().to_os_string();
-        old.push(format!(".old-{}", std::process::id()));
-        let old = PathBuf::from(old);
-        std::fs::rename(dst, &old).map_err(|e| Error::io(dst, e))?;
-        if let Err(e) = std::fs::rename(tmp, dst) {
-            let _ = std::fs::rename(&old, dst);
-            return Err(Error::io(dst, e));
-        }
-        let removed = if old.is_dir() {
-            std::fs::remove_dir_all(&old)
-        } else {
-            std::fs::remove_file(&old)
-        };
-        return removed.map_err(|e| Error::io(&old, e));
-    }
-    std::fs::rename(tmp, dst).map_err(|e| Error::io(dst, e))
+    outdir::check_destination(dst, force)
 }

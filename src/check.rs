@@ -1,0 +1,105 @@
+//! Checking a packed model directory the way `Model::open` does, but
+//! collecting every problem instead of stopping at the first (`moeflux
+//! inspect` reports them all). `Model::open` runs the same checks.
+
+use crate::backend::cpu::CpuBackend;
+use crate::config::{FfnKind, ModelConfig};
+use crate::error::{Error, Result};
+use crate::experts::check_layer_file;
+use crate::format::packed::{expert_file_name, Layout, WeightsFile, EXPERTS_DIR, LAYOUT_FILE, MANIFEST_FILE};
+use crate::model::Net;
+use std::path::Path;
+
+/// Whether `dir` is a checkpoint as downloaded (`config.json` and
+/// safetensors files) rather than a packed model.
+pub fn is_source_checkpoint(dir: &Path) -> bool {
+    if dir.join(MANIFEST_FILE).exists() || !dir.join("config.json").is_file() {
+        return false;
+    }
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return false;
+    };
+    entries.filter_map(|e| e.ok()).any(|e| {
+        let name = e.file_name();
+        let name = name.to_string_lossy();
+        name.ends_with(".safetensors") || name == "model.safetensors.index.json"
+    })
+}
+
+/// An error naming the command that converts `dir` when it is a source
+/// checkpoint; `Ok` otherwise.
+pub fn not_a_source_checkpoint(dir: &Path) -> Result<()> {
+    if is_source_checkpoint(dir) {
+        Err(Error::SourceCheckpoint(dir.to_path_buf()))
+    } else {
+        Ok(())
+    }
+}
+
+/// The expert table of every MoE layer of `cfg`: present in `layout`, with
+/// the model's expert count and shapes.
+pub fn moe_layouts(cfg: &ModelConfig, layout: &Layout) -> Vec<Error> {
+    let where_ = format!("{EXPERTS_DIR}/{LAYOUT_FILE}");
+    let mut found = Vec::new();
+    if layout.num_experts != cfg.num_experts {
+        found.push(Error::format(
+            &where_,
+            format!(
+                "num_experts {} but config.json says {}",
+                layout.num_experts, cfg.num_experts
+            ),
+        ));
+    }
+    for (i, l) in cfg.layers.iter().enumerate() {
+        if l.ffn != FfnKind::Moe {
+            continue;
+        }
+        match layout.layer(i) {
+            None => found.push(Error::format(
+                &where_,
+                format!("layer {i} is an MoE layer but has no expert file"),
+            )),
+            Some(ll) => {
+                if let Err(e) = ll.validate(i, cfg.hidden_size, cfg.moe_intermediate_size, layout.group_size) {
+                    found.push(e);
+                }
+            }
+        }
+    }
+    found
+}
+
+/// Every problem of the packed model in `dir` that `Model::open` would
+/// stop at; empty when it opens.
+pub fn problems(dir: &Path) -> Vec<Error> {
+    if let Err(e) = not_a_source_checkpoint(dir) {
+        return vec![e];
+    }
+    let mut found = Vec::new();
+    let config = keep(&mut found, ModelConfig::from_dir(dir));
+    let weights = keep(&mut found, WeightsFile::open(dir));
+    let layout = keep(&mut found, Layout::read(dir));
+    if let Some(layout) = &layout {
+        for (key, ll) in &layout.layers {
+            let Ok(i) = key.parse::<usize>() else { continue };
+            let path = dir.join(EXPERTS_DIR).join(expert_file_name(i));
+            if let Err(e) = check_layer_file(&path, layout.num_experts, ll) {
+                found.push(e);
+            }
+        }
+    }
+    if let (Some(c), Some(l)) = (&config, &layout) {
+        found.extend(moe_layouts(c, l));
+    }
+    if let (Some(c), Some(w)) = (&config, &weights) {
+        if let Err(e) = Net::load(CpuBackend::new(), c, w) {
+            found.push(e);
+        }
+    }
+    found
+}
+
+/// The value, or `None` with the error added to `found`.
+fn keep<T>(found: &mut Vec<Error>, r: Result<T>) -> Option<T> {
+    r.map_err(|e| found.push(e)).ok()
+}

@@ -1,0 +1,79 @@
+//! The flags that say which model runs where and how its experts move,
+//! declared once: `run`, `chat`, `bench` and `logits` flatten
+//! [`ModelArgs`] (a `serve` command flattens it too), so that every
+//! command has the same flags with the same help.
+
+use anyhow::Context;
+use clap::Args;
+use moeflux::backend::cuda::CacheSize;
+use moeflux::experts::IoMode;
+use moeflux::{Device, Model, Options};
+use std::path::PathBuf;
+
+#[derive(Args, Debug, Clone)]
+pub struct ModelArgs {
+    /// Packed model directory (made by `moeflux convert` or `moeflux synth`).
+    #[arg(long)]
+    pub model: PathBuf,
+    /// Device: auto (CUDA when a GPU is present, else the CPU), cpu, cuda
+    /// or cuda:N.
+    #[arg(long, default_value = "auto")]
+    pub device: Device,
+    /// How experts are read from disk: pread, mmap or direct (O_DIRECT,
+    /// for models larger than RAM).
+    #[arg(long, default_value = "pread")]
+    pub io: IoMode,
+    /// CUDA: device memory for routed experts: auto (free memory less a
+    /// margin), a size (8G, 512M) or a share of the expert bytes from 0% to
+    /// 100% (0%: only the smallest working set, the rest streamed).
+    #[arg(long, default_value = "auto", value_name = "SIZE")]
+    pub expert_cache: CacheSize,
+    /// CUDA: do not copy experts ahead of need (the previous token's
+    /// experts of the next layer in decode; the whole next layer in long
+    /// prefill chunks).
+    #[arg(long)]
+    pub no_prefetch: bool,
+}
+
+impl ModelArgs {
+    pub fn options(&self) -> Options {
+        Options {
+            device: self.device,
+            io_mode: self.io,
+            expert_cache: self.expert_cache,
+            prefetch: !self.no_prefetch,
+            ..Options::default()
+        }
+    }
+
+    /// Open the model; a flag that does nothing on the device it runs on
+    /// is named on stderr.
+    pub fn open_model(&self) -> anyhow::Result<Model> {
+        let dir = &self.model;
+        let model = Model::open(dir, &self.options()).with_context(|| format!("opening {}", dir.display()))?;
+        for note in self.idle_flags(&model) {
+            eprintln!("note: {note}");
+        }
+        Ok(model)
+    }
+
+    /// The flags given that have no effect on `model`'s device.
+    fn idle_flags(&self, model: &Model) -> Vec<String> {
+        let mut notes = Vec::new();
+        let cache = model.expert_cache();
+        if cache.is_none() {
+            let device = model.device_name();
+            if self.expert_cache != CacheSize::Auto {
+                notes.push(format!(
+                    "--expert-cache has no effect on the {device}, which reads experts through the page cache"
+                ));
+            }
+            if self.no_prefetch {
+                notes.push(format!("--no-prefetch has no effect on the {device}"));
+            }
+        } else if self.no_prefetch && cache.is_some_and(|c| c.resident) {
+            notes.push("--no-prefetch has no effect: every expert is resident on the device".into());
+        }
+        notes
+    }
+}
