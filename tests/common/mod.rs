@@ -126,3 +126,25 @@ macro_rules! golden_fixture_tests {
         }
     };
 }
+
+/// Fixture `name` converted with `--bits 16`, once per test binary.
+pub fn packed(name: &str) -> PathBuf {
+    static DIR: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let root = DIR.get_or_init(|| tempfile::tempdir().unwrap());
+    let dst = root.path().join(name);
+    let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    if !dst.exists() {
+        convert(name, &dst, &["--bits", "16"]);
+    }
+    dst
+}
+
+/// Open a packed model on the CPU.
+pub fn open_cpu(dir: &Path) -> moeflux::Model {
+    let opts = moeflux::Options {
+        device: moeflux::Device::Cpu,
+        ..moeflux::Options::default()
+    };
+    moeflux::Model::open(dir, &opts).unwrap()
+}
