@@ -175,14 +175,31 @@ impl Model {
         let config = ModelConfig::from_dir(dir)?;
         let wf = WeightsFile::open(dir)?;
         let store = ExpertStore::open(dir, config.num_hidden_layers, opts.io_mode, opts.io_threads)?;
+        let layout_path = || {
+            dir.join(crate::format::packed::EXPERTS_DIR)
+                .join(crate::format::packed::LAYOUT_FILE)
+        };
+        if store.num_experts() != config.num_experts {
+            return Err(Error::format(
+                layout_path(),
+                format!(
+                    "`num_experts` is {}, config.json has {}",
+                    store.num_experts(),
+                    config.num_experts
+                ),
+            ));
+        }
         for (i, l) in config.layers.iter().enumerate() {
             if l.ffn == crate::config::FfnKind::Moe {
-                store.layer_layout(i)?.validate(
-                    i,
-                    config.hidden_size,
-                    config.moe_intermediate_size,
-                    store.group_size(),
-                )?;
+                store
+                    .layer_layout(i)
+                    .map_err(|_| {
+                        Error::format(
+                            layout_path(),
+                            format!("layer {i} is a MoE layer but `layers` has no entry for it"),
+                        )
+                    })?
+                    .validate(i, config.hidden_size, config.moe_intermediate_size, store.group_size())?;
             }
         }
         let mut cache = None;
