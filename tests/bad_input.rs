@@ -197,3 +197,32 @@ fn copy_dir(from: &Path, to: &Path) {
         }
     }
 }
+
+/// Regression: an invalid `generation_config.json` was reported as a
+/// problem with the tokenizer. The file (and the key) at fault is named.
+#[test]
+fn invalid_generation_config_is_named_not_the_tokenizer() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("m");
+    packed_copy(&dir);
+    for (text, key) in [
+        ("{\"temperature\": ", "invalid JSON"),
+        ("{\"do_sample\": true, \"temperature\": -1}", "`temperature`"),
+        ("{\"top_p\": 3}", "`top_p`"),
+        ("{\"max_new_tokens\": -4}", "`max_new_tokens`"),
+        ("[1, 2]", "object"),
+    ] {
+        std::fs::write(dir.join("generation_config.json"), text).unwrap();
+        let out = moeflux()
+            .args(["run", "--device", "cpu", "-p", "hi", "-n", "1", "--model"])
+            .arg(&dir)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && !err.contains("panicked"), "{text}: {err}");
+        assert!(
+            err.contains("generation_config.json") && err.contains(key) && !err.contains("tokenizer"),
+            "{text}: {err}"
+        );
+    }
+}

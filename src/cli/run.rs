@@ -45,8 +45,19 @@ impl ModelArgs {
         };
         let dir = &self.model;
         let model = Model::open(dir, &opts).with_context(|| format!("opening {}", dir.display()))?;
-        let tok = Tokenizer::from_dir(dir)
-            .with_context(|| format!("{}: generating text needs the model's tokenizer", dir.display()))?;
+        // The hint is for tokenizer.json itself; an error in one of the
+        // other files it reads names that file alone.
+        let tok = Tokenizer::from_dir(dir).map_err(|e| match &e {
+            moeflux::Error::Io { path, .. } | moeflux::Error::Format { path, .. }
+                if path.ends_with("tokenizer.json") =>
+            {
+                anyhow::Error::new(e).context(format!(
+                    "{}: generating text needs the model's tokenizer",
+                    dir.display()
+                ))
+            }
+            _ => e.into(),
+        })?;
         Ok((model, tok))
     }
 
