@@ -6,7 +6,7 @@ use crate::backend::cuda::{self, CacheReport, CacheSize, CacheStats, CudaBackend
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::experts::{ExpertStore, IoMode};
-use crate::format::packed::WeightsFile;
+use crate::format::packed::{Layout, WeightsFile, EXPERTS_DIR, LAYOUT_FILE};
 use crate::model::{Net, State};
 use std::path::Path;
 
@@ -174,34 +174,9 @@ impl Model {
     pub fn open(dir: &Path, opts: &Options) -> Result<Model> {
         let config = ModelConfig::from_dir(dir)?;
         let wf = WeightsFile::open(dir)?;
+        let layout_path = dir.join(EXPERTS_DIR).join(LAYOUT_FILE);
+        Layout::read(dir)?.validate_model(&config, &layout_path)?;
         let store = ExpertStore::open(dir, config.num_hidden_layers, opts.io_mode, opts.io_threads)?;
-        let layout_path = || {
-            dir.join(crate::format::packed::EXPERTS_DIR)
-                .join(crate::format::packed::LAYOUT_FILE)
-        };
-        if store.num_experts() != config.num_experts {
-            return Err(Error::format(
-                layout_path(),
-                format!(
-                    "`num_experts` is {}, config.json has {}",
-                    store.num_experts(),
-                    config.num_experts
-                ),
-            ));
-        }
-        for (i, l) in config.layers.iter().enumerate() {
-            if l.ffn == crate::config::FfnKind::Moe {
-                store
-                    .layer_layout(i)
-                    .map_err(|_| {
-                        Error::format(
-                            layout_path(),
-                            format!("layer {i} is a MoE layer but `layers` has no entry for it"),
-                        )
-                    })?
-                    .validate(i, config.hidden_size, config.moe_intermediate_size, store.group_size())?;
-            }
-        }
         let mut cache = None;
         let engine = match choose(opts.device) {
             Device::Cuda(i) => match open_cuda(i, &config, &wf, &store, opts) {

@@ -2,6 +2,7 @@
 //! manifest `model_weights.json`, and `packed_experts/` with one file per
 //! MoE layer described by `layout.json`.
 
+use crate::config::{FfnKind, ModelConfig};
 use crate::error::{Error, Result};
 use crate::format::{Dtype, MatrixData, MatrixView, Region};
 use memmap2::Mmap;
@@ -120,6 +121,34 @@ impl Layout {
         }
         Ok(layout)
     }
+    /// Check the layout against the model's config: `num_layers`,
+    /// `num_experts`, an entry for every MoE layer, and each entry's table
+    /// ([`LayerLayout::validate`]). `path` is named in errors.
+    pub fn validate_model(&self, cfg: &ModelConfig, path: &Path) -> Result<()> {
+        let bad = |msg: String| Error::format(path, msg);
+        if self.num_layers != cfg.num_hidden_layers {
+            return Err(bad(format!(
+                "`num_layers` is {}, config.json has {}",
+                self.num_layers, cfg.num_hidden_layers
+            )));
+        }
+        if self.num_experts != cfg.num_experts {
+            return Err(bad(format!(
+                "`num_experts` is {}, config.json has {}",
+                self.num_experts, cfg.num_experts
+            )));
+        }
+        for (i, l) in cfg.layers.iter().enumerate() {
+            if l.ffn != FfnKind::Moe {
+                continue;
+            }
+            self.layer(i)
+                .ok_or_else(|| bad(format!("layer {i} is a MoE layer but `layers` has no entry for it")))?
+                .validate(i, cfg.hidden_size, cfg.moe_intermediate_size, self.group_size)?;
+        }
+        Ok(())
+    }
+
     pub fn layer(&self, layer: usize) -> Option<&LayerLayout> {
         self.layers.get(&layer.to_string())
     }

@@ -129,13 +129,18 @@ macro_rules! golden_fixture_tests {
 
 /// Fixture `name` converted with `--bits 16`, once per test binary.
 pub fn packed(name: &str) -> PathBuf {
+    packed_with(name, &["--bits", "16"])
+}
+
+/// Fixture `name` converted with `flags`, once per test binary.
+pub fn packed_with(name: &str, flags: &[&str]) -> PathBuf {
     static DIR: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
     static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let root = DIR.get_or_init(|| tempfile::tempdir().unwrap());
-    let dst = root.path().join(name);
+    let dst = root.path().join(format!("{name}{}", flags.concat()));
     let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
     if !dst.exists() {
-        convert(name, &dst, &["--bits", "16"]);
+        convert(name, &dst, flags);
     }
     dst
 }
