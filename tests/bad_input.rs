@@ -152,7 +152,8 @@ fn layout_values_that_do_not_fit_the_model_are_named() {
     let tmp = tempfile::tempdir().unwrap();
     let base = tmp.path().join("m");
     packed_copy(&base);
-    let cases: [(&str, fn(&mut serde_json::Value)); 6] = [
+    type Edit = fn(&mut serde_json::Value);
+    let cases: [(&str, Edit); 6] = [
         ("num_experts", |v| v["num_experts"] = serde_json::json!(3)),
         ("num_layers", |v| v["num_layers"] = serde_json::json!(99)),
         ("expert_size", |v| {
