@@ -255,6 +255,8 @@ impl ModelConfig {
 
         let hidden_size = f.usize("hidden_size")?;
         let num_hidden_layers = f.usize("num_hidden_layers")?;
+        // Checked before the per-layer tables are built from it.
+        at_most("num_hidden_layers", num_hidden_layers, MAX_COUNT)?;
         let num_attention_heads = f.usize("num_attention_heads")?;
         let num_key_value_heads = f.usize_or("num_key_value_heads", num_attention_heads)?;
         let rope = rope_settings(&f)?;
@@ -372,7 +374,10 @@ impl ModelConfig {
                     norm_topk_prob: f.bool_or("norm_topk_prob", true)?,
                 };
                 let n_shared = f.usize_or("n_shared_experts", 0)?;
-                cfg.shared_expert_intermediate_size = n_shared * cfg.moe_intermediate_size;
+                cfg.shared_expert_intermediate_size = n_shared
+                    .checked_mul(cfg.moe_intermediate_size)
+                    .filter(|&n| n <= MAX_DIM)
+                    .ok_or_else(|| Error::config("n_shared_experts", format!("{n_shared} is too large")))?;
                 cfg.mla = Some(MlaConfig {
                     q_lora_rank: f.usize_opt("q_lora_rank")?,
                     kv_lora_rank: f.usize("kv_lora_rank")?,
@@ -404,6 +409,7 @@ impl ModelConfig {
                 Ok(())
             }
         };
+        self.validate_ranges()?;
         pos("vocab_size", self.vocab_size)?;
         pos("hidden_size", self.hidden_size)?;
         pos("num_hidden_layers", self.num_hidden_layers)?;
@@ -492,6 +498,134 @@ impl ModelConfig {
         Ok(())
     }
 
+    /// Bounds on every count, size and number, so that nothing derived
+    /// from them overflows and nothing is allocated from an absurd value
+    /// before the weights are checked against it.
+    fn validate_ranges(&self) -> Result<()> {
+        for (field, v) in [
+            ("num_attention_heads", self.num_attention_heads),
+            ("num_key_value_heads", self.num_key_value_heads),
+            ("num_experts", self.num_experts),
+            ("num_experts_per_tok", self.num_experts_per_tok),
+        ] {
+            at_most(field, v, MAX_COUNT)?;
+        }
+        for (field, v) in [
+            ("hidden_size", self.hidden_size),
+            ("head_dim", self.head_dim),
+            ("intermediate_size", self.intermediate_size),
+            ("moe_intermediate_size", self.moe_intermediate_size),
+            ("shared_expert_intermediate_size", self.shared_expert_intermediate_size),
+        ] {
+            at_most(field, v, MAX_DIM)?;
+        }
+        at_most("vocab_size", self.vocab_size, MAX_VOCAB)?;
+        // MFLX snapshots store lengths as i32.
+        at_most(
+            "max_position_embeddings",
+            self.max_position_embeddings,
+            i32::MAX as usize,
+        )?;
+        if self.max_position_embeddings == 0 {
+            return Err(Error::config("max_position_embeddings", "must be greater than 0"));
+        }
+        let eps = self.rms_norm_eps;
+        if !(eps.is_finite() && eps > 0.0) {
+            return Err(Error::config(
+                "rms_norm_eps",
+                format!("{eps} is not a small positive number"),
+            ));
+        }
+        if !(self.rope_theta.is_finite() && self.rope_theta > 0.0) {
+            return Err(Error::config("rope_theta", "must be positive"));
+        }
+        let prf = self.partial_rotary_factor;
+        if !(prf > 0.0 && prf <= 1.0) {
+            return Err(Error::config(
+                "partial_rotary_factor",
+                format!("{prf} is not in (0, 1]"),
+            ));
+        }
+        if let Some(y) = &self.yarn {
+            for (field, v) in [
+                ("rope_scaling.factor", y.factor),
+                (
+                    "rope_scaling.original_max_position_embeddings",
+                    y.original_max_position_embeddings,
+                ),
+            ] {
+                if !(v.is_finite() && v > 0.0) {
+                    return Err(Error::config(field, format!("{v} must be positive")));
+                }
+            }
+            let optional = [
+                ("rope_scaling.mscale", y.mscale),
+                ("rope_scaling.mscale_all_dim", y.mscale_all_dim),
+                ("rope_scaling.attention_factor", y.attention_factor),
+            ];
+            for (field, v) in [
+                ("rope_scaling.beta_fast", Some(y.beta_fast)),
+                ("rope_scaling.beta_slow", Some(y.beta_slow)),
+            ]
+            .into_iter()
+            .chain(optional)
+            {
+                if v.is_some_and(|v| !(v.is_finite() && v > 0.0)) {
+                    return Err(Error::config(field, format!("{v:?} must be positive")));
+                }
+            }
+        }
+        if let Routing::NoauxTc {
+            routed_scaling_factor, ..
+        } = self.routing
+        {
+            if !routed_scaling_factor.is_finite() {
+                return Err(Error::config("routed_scaling_factor", "must be a finite number"));
+            }
+        }
+        if let Some(l) = &self.linear {
+            for (field, v) in [
+                ("linear_num_key_heads", l.num_key_heads),
+                ("linear_num_value_heads", l.num_value_heads),
+            ] {
+                at_most(field, v, MAX_COUNT)?;
+            }
+            for (field, v) in [
+                ("linear_key_head_dim", l.key_head_dim),
+                ("linear_value_head_dim", l.value_head_dim),
+            ] {
+                at_most(field, v, MAX_DIM)?;
+            }
+            at_most("linear_conv_kernel_dim", l.conv_kernel, 1 << 10)?;
+            // The snapshot header holds both state sizes as u32 bytes.
+            let conv = (2 * l.num_key_heads * l.key_head_dim + l.num_value_heads * l.value_head_dim)
+                .checked_mul(l.conv_kernel.saturating_sub(1) * 4);
+            let ssm = (l.num_value_heads * l.value_head_dim)
+                .checked_mul(l.key_head_dim)
+                .and_then(|n| n.checked_mul(4));
+            for (field, v) in [("linear_conv_kernel_dim", conv), ("linear_key_head_dim", ssm)] {
+                if v.is_none_or(|v| v > u32::MAX as usize) {
+                    return Err(Error::config(
+                        field,
+                        "the linear-attention state would exceed 4 GiB per layer",
+                    ));
+                }
+            }
+        }
+        if let Some(m) = &self.mla {
+            for (field, v) in [
+                ("q_lora_rank", m.q_lora_rank.unwrap_or(0)),
+                ("kv_lora_rank", m.kv_lora_rank),
+                ("qk_nope_head_dim", m.qk_nope_head_dim),
+                ("qk_rope_head_dim", m.qk_rope_head_dim),
+                ("v_head_dim", m.v_head_dim),
+            ] {
+                at_most(field, v, MAX_DIM)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Channels of a GQA head that RoPE rotates.
     pub fn rotary_dim(&self) -> usize {
         ((self.head_dim as f64) * self.partial_rotary_factor) as usize
@@ -500,6 +634,23 @@ impl ModelConfig {
     pub fn num_moe_layers(&self) -> usize {
         self.layers.iter().filter(|l| l.ffn == FfnKind::Moe).count()
     }
+}
+
+/// The largest layer, head or expert count accepted.
+const MAX_COUNT: usize = 1 << 16;
+/// The largest width (hidden size, head size, MLP width, rank) accepted.
+const MAX_DIM: usize = 1 << 24;
+/// The largest vocabulary: token ids are u32.
+const MAX_VOCAB: usize = 1 << 31;
+
+fn at_most(field: &str, v: usize, max: usize) -> Result<()> {
+    if v > max {
+        return Err(Error::config(
+            field,
+            format!("{v} is larger than the largest accepted value, {max}"),
+        ));
+    }
+    Ok(())
 }
 
 struct RopeSettings {
@@ -572,6 +723,12 @@ fn rope_settings(f: &Fields) -> Result<RopeSettings> {
 /// Qwen rule: layer i is MoE iff i ∉ mlp_only_layers and (i+1) % step == 0.
 fn qwen_moe_layers(f: &Fields, n: usize) -> Result<Vec<FfnKind>> {
     let only = f.usize_list("mlp_only_layers")?;
+    if let Some(&bad) = only.iter().find(|&&i| i >= n) {
+        return Err(Error::config(
+            "mlp_only_layers",
+            format!("names layer {bad}, but the model has {n} layers"),
+        ));
+    }
     let step = f.usize_or("decoder_sparse_step", 1)?;
     if step == 0 {
         return Err(Error::config("decoder_sparse_step", "must be greater than 0"));

@@ -7,7 +7,7 @@ use crate::check;
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::experts::{ExpertStore, IoMode};
-use crate::format::packed::WeightsFile;
+use crate::format::packed::{Layout, WeightsFile, EXPERTS_DIR, LAYOUT_FILE};
 use crate::model::{Net, State};
 use std::path::Path;
 
@@ -183,6 +183,8 @@ impl Model {
         check::not_a_source_checkpoint(dir)?;
         let config = ModelConfig::from_dir(dir)?;
         let wf = WeightsFile::open(dir)?;
+        let layout_path = dir.join(EXPERTS_DIR).join(LAYOUT_FILE);
+        Layout::read(dir)?.validate_model(&config, &layout_path)?;
         let store = ExpertStore::open(dir, config.num_hidden_layers, opts.io_mode, opts.io_threads)?;
         if let Some(e) = check::moe_layouts(&config, store.layout()).into_iter().next() {
             return Err(e);

@@ -3,7 +3,9 @@
 //! The map of the code is `DESIGN.md`; the formats and numerics it keeps
 //! are in `SPEC.md`.
 
+pub mod chatsave;
 pub mod check;
+pub mod checksum;
 pub mod config;
 pub mod error;
 pub mod format;

@@ -176,6 +176,41 @@ impl<'m> Session<'m> {
         Ok(())
     }
 
+    /// Replace the state with a snapshot of the sequence `tokens` (a saved
+    /// conversation). Everything is checked before anything changes: the
+    /// token ids against the vocabulary, the snapshot as in
+    /// [`Session::load_state`], and that it holds exactly `tokens.len()`
+    /// positions. The session then knows its tokens; on a model with
+    /// recurrent layers the snapshot is also kept as the checkpoint at its
+    /// position, so that the sequence can be rewound to it.
+    pub fn load_conversation(&mut self, buf: &[u8], tokens: &[u32]) -> Result<()> {
+        let vocab = self.model.n_vocab();
+        if let Some(&t) = tokens.iter().find(|&&t| t as usize >= vocab) {
+            return Err(Error::TokenOutOfRange { token: t, vocab });
+        }
+        let (state, len) = self.model.load_state(buf, self.model.n_ctx())?;
+        if len != tokens.len() {
+            return Err(Error::Invalid(format!(
+                "the snapshot holds {len} positions but {} tokens came with it",
+                tokens.len()
+            )));
+        }
+        self.state = state;
+        self.pos = len;
+        self.tokens = Some(tokens.to_vec());
+        self.checkpoints.clear();
+        self.broken = false;
+        if self.model.has_recurrent_layers() {
+            self.clock += 1;
+            self.checkpoints.push(Checkpoint {
+                pos: len,
+                snapshot: buf.to_vec(),
+                stamp: self.clock,
+            });
+        }
+        Ok(())
+    }
+
     pub fn set_max_checkpoints(&mut self, n: usize) {
         self.max_checkpoints = n.max(1);
         while self.checkpoints.len() > self.max_checkpoints {

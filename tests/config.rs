@@ -172,3 +172,32 @@ fn num_local_experts_is_accepted() {
     v["num_local_experts"] = n;
     assert_eq!(ModelConfig::from_json(&v).unwrap().num_experts, 16);
 }
+
+/// Values that parse but cannot be right: a typed error naming the field,
+/// before anything is sized from them.
+#[test]
+fn impossible_values_name_the_field() {
+    let cases = [
+        ("num_hidden_layers", json!(1u64 << 40)),
+        ("num_attention_heads", json!(1u64 << 40)),
+        ("hidden_size", json!(u64::MAX)),
+        ("rms_norm_eps", json!(-1e-6)),
+        ("rms_norm_eps", json!(1e300)),
+        ("rope_theta", json!(-5.0)),
+        ("partial_rotary_factor", json!(7.5)),
+        ("max_position_embeddings", json!(0)),
+        ("max_position_embeddings", json!(1u64 << 40)),
+        ("mlp_only_layers", json!([1000])),
+        ("vocab_size", json!(1u64 << 33)),
+    ];
+    for (field, value) in cases {
+        let mut v = qwen3_moe();
+        v[field] = value.clone();
+        let e = ModelConfig::from_json(&v).unwrap_err().to_string();
+        assert!(e.contains(field), "{field} = {value}: {e}");
+    }
+    let mut v = deepseek();
+    v["n_shared_experts"] = json!(u64::MAX);
+    let e = ModelConfig::from_json(&v).unwrap_err().to_string();
+    assert!(e.contains("n_shared_experts"), "{e}");
+}

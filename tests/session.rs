@@ -6,29 +6,10 @@
 mod common;
 
 use common::*;
-use moeflux::{Device, Error, Model, Options};
-use std::path::PathBuf;
-use std::sync::OnceLock;
-
-/// Convert each fixture once per test binary.
-fn packed(name: &'static str) -> PathBuf {
-    static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
-    let root = DIR.get_or_init(|| tempfile::tempdir().unwrap());
-    let dst = root.path().join(name);
-    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let _g = LOCK.lock().unwrap();
-    if !dst.exists() {
-        convert(name, &dst, &["--bits", "16"]);
-    }
-    dst
-}
+use moeflux::{Error, Model};
 
 fn open(name: &'static str) -> Model {
-    let opts = Options {
-        device: Device::Cpu,
-        ..Options::default()
-    };
-    Model::open(&packed(name), &opts).unwrap()
+    open_cpu(&packed(name))
 }
 
 const TOKENS: [u32; 10] = [3, 101, 57, 402, 260, 19, 333, 0, 488, 150];
@@ -37,6 +18,21 @@ fn snapshot(s: &moeflux::Session) -> Vec<u8> {
     let mut b = Vec::new();
     s.save_state(&mut b).unwrap();
     b
+}
+
+/// A version 3 snapshot with its checksum recomputed after an edit.
+fn reseal(mut buf: Vec<u8>) -> Vec<u8> {
+    let n = buf.len() - 4;
+    let crc = moeflux::checksum::crc32(&buf[..n]);
+    buf[n..].copy_from_slice(&crc.to_le_bytes());
+    buf
+}
+
+/// The same snapshot in version 2: no checksum trailer.
+fn as_version_2(v3: &[u8]) -> Vec<u8> {
+    let mut v2 = v3[..v3.len() - 4].to_vec();
+    v2[4..8].copy_from_slice(&2u32.to_le_bytes());
+    v2
 }
 
 #[test]
@@ -97,21 +93,33 @@ fn corrupt_or_truncated_snapshot_leaves_the_session_unchanged() {
     bad_magic[0] ^= 0xFF;
     let mut bad_field = good.clone();
     bad_field[8] ^= 1; // num_layers
+    let bad_field = reseal(bad_field);
     let mut trailing = good.clone();
     trailing.push(0);
+    let trailing_v2 = {
+        let mut t = as_version_2(&good);
+        t.push(0);
+        t
+    };
+    let mut flipped = good.clone();
+    let at = flipped.len() - 9;
+    flipped[at] ^= 0x04;
     let mut bad_len = good.clone();
     // The first full-attention layer's length (layer 1 of [L,F,L,L,F]) is
     // after the header and layer 0's recurrent record.
     let h = |i: usize| u32::from_le_bytes(good[8 + 4 * i..12 + 4 * i].try_into().unwrap()) as usize;
     let off = 40 + h(4) + h(5);
     bad_len[off..off + 4].copy_from_slice(&99999i32.to_le_bytes());
+    let bad_len = reseal(bad_len);
     for (what, buf) in [
         ("truncated", &good[..good.len() - 7]),
         ("empty", &good[..0]),
         ("bad magic", &bad_magic[..]),
         ("header field", &bad_field[..]),
         ("trailing bytes", &trailing[..]),
+        ("trailing bytes, version 2", &trailing_v2[..]),
         ("length past the end", &bad_len[..]),
+        ("a flipped bit in the state", &flipped[..]),
     ] {
         let e = s.load_state(buf).unwrap_err();
         assert_eq!(
@@ -123,16 +131,19 @@ fn corrupt_or_truncated_snapshot_leaves_the_session_unchanged() {
     }
     let e = s.load_state(&bad_field).unwrap_err().to_string();
     assert!(e.contains("num_layers"), "{e}");
+    let e = s.load_state(&flipped).unwrap_err().to_string();
+    assert!(e.contains("checksum"), "{e}");
     // And the session still works.
     s.eval_token(TOKENS[3], 3).unwrap();
 }
 
 #[test]
-fn version_1_snapshot_is_accepted_without_mla_and_refused_with_it() {
+fn versions_1_and_2_are_read_and_version_1_is_refused_with_mla() {
     let m = open("qwen3_next");
     let mut s = m.session().unwrap();
     s.eval_prompt(&TOKENS[..4], 0).unwrap();
-    let v2 = snapshot(&s);
+    let v3 = snapshot(&s);
+    let v2 = as_version_2(&v3);
     // Version 1: eight-word header (no MLA fields), same records.
     let mut v1 = v2[..8].to_vec();
     v1[4..8].copy_from_slice(&1u32.to_le_bytes());
@@ -141,6 +152,11 @@ fn version_1_snapshot_is_accepted_without_mla_and_refused_with_it() {
     let want = s.eval_token(TOKENS[4], 4).unwrap();
     let mut t = m.session().unwrap();
     t.load_state(&v1).unwrap();
+    let got = t.eval_token(TOKENS[4], 4).unwrap();
+    assert!(rel_l2(&got, &want) <= 1e-6);
+    // Version 2: the same without a checksum.
+    let mut t = m.session().unwrap();
+    t.load_state(&v2).unwrap();
     let got = t.eval_token(TOKENS[4], 4).unwrap();
     assert!(rel_l2(&got, &want) <= 1e-6);
 

@@ -6,7 +6,7 @@ use super::interrupt;
 use super::run::{for_terminal, write_summary, write_timing, ModelArgs, SamplingArgs};
 use anyhow::{bail, Context};
 use clap::Args;
-use moeflux::config::AttnKind;
+use moeflux::chatsave;
 use moeflux::generate::{Finish, Generation, Generator, Request, Segment, ThinkSplitter};
 use moeflux::text::{ChatRequest, ChatTemplate, SamplingParams, Tokenizer};
 use moeflux::{Model, Session};
@@ -46,11 +46,6 @@ line; a block between lines of \"\"\" is sent as one message.
   /load FILE   load a conversation saved with /save
   /stats       statistics of the last answer and of the session
   /exit        leave (or Ctrl-D); Ctrl-C stops an answer being written";
-
-/// First bytes of a `/save` file; then a u32 version, a u64 JSON length, the
-/// JSON `{model, messages, tokens}`, and the session's MFLX snapshot.
-const SAVE_MAGIC: &[u8; 8] = b"MFLXCHAT";
-const SAVE_VERSION: u32 = 1;
 
 /// ANSI styling when stdout is a terminal (and NO_COLOR is unset).
 struct Style {
@@ -351,25 +346,8 @@ impl Chat<'_> {
     }
 
     fn save(&self, path: &Path) -> anyhow::Result<()> {
-        let meta = json!({"model": self.model.name(), "messages": self.messages, "tokens": self.held});
-        let meta = serde_json::to_vec(&meta)?;
-        let mut buf = Vec::with_capacity(self.session.state_size() + meta.len() + 20);
-        buf.extend_from_slice(SAVE_MAGIC);
-        buf.extend_from_slice(&SAVE_VERSION.to_le_bytes());
-        buf.extend_from_slice(&(meta.len() as u64).to_le_bytes());
-        buf.extend_from_slice(&meta);
-        self.session.save_state(&mut buf)?;
-        let name = path
-            .file_name()
-            .with_context(|| format!("{}: not a file name", path.display()))?;
-        let mut tmp_name = name.to_os_string();
-        tmp_name.push(format!(".tmp{}", std::process::id()));
-        let tmp = path.with_file_name(tmp_name);
-        std::fs::write(&tmp, &buf).with_context(|| format!("writing {}", tmp.display()))?;
-        if let Err(e) = std::fs::rename(&tmp, path) {
-            std::fs::remove_file(&tmp).ok();
-            return Err(e).with_context(|| format!("renaming {} to {}", tmp.display(), path.display()));
-        }
+        let buf = chatsave::encode(&self.session, &self.messages, &self.held)?;
+        chatsave::write_file(path, &buf)?;
         eprintln!(
             "saved {} messages, {} positions ({:.1} MB) to {}",
             self.messages.len(),
@@ -380,41 +358,13 @@ impl Chat<'_> {
         Ok(())
     }
 
+    /// Continue a saved conversation. A file that fails any check leaves
+    /// the session and the conversation as they were.
     fn load(&mut self, path: &Path) -> anyhow::Result<()> {
         let buf = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
-        let bad = |what: &str| anyhow::anyhow!("{}: not a moeflux chat save ({what})", path.display());
-        if buf.len() < 20 || &buf[..8] != SAVE_MAGIC {
-            return Err(bad("no MFLXCHAT header"));
-        }
-        let version = u32::from_le_bytes([buf[8], buf[9], buf[10], buf[11]]);
-        if version != SAVE_VERSION {
-            return Err(bad(&format!("version {version}, expected {SAVE_VERSION}")));
-        }
-        let mut len8 = [0u8; 8];
-        len8.copy_from_slice(&buf[12..20]);
-        let meta_end = usize::try_from(u64::from_le_bytes(len8))
-            .ok()
-            .and_then(|n| n.checked_add(20))
-            .filter(|&end| end <= buf.len())
-            .ok_or_else(|| bad("conversation length past the end"))?;
-        let meta: Value = serde_json::from_slice(&buf[20..meta_end]).map_err(|e| bad(&e.to_string()))?;
-        let messages = meta["messages"].as_array().cloned().ok_or_else(|| bad("no messages"))?;
-        let tokens: Vec<u32> = serde_json::from_value(meta["tokens"].clone()).map_err(|e| bad(&e.to_string()))?;
-        self.session
-            .load_state(&buf[meta_end..])
-            .with_context(|| format!("{}: session state", path.display()))?;
-        if tokens.len() != self.session.pos() {
-            self.session.clear()?;
-            return Err(bad("token count differs from the state"));
-        }
-        // A recurrent state rewinds only to a checkpoint: store one here so
-        // that the next turn can continue from it.
-        let recurrent = self.model.config().layers.iter().any(|l| l.attn == AttnKind::Linear);
-        if recurrent {
-            self.session.checkpoint(self.session.pos())?;
-        }
-        self.held = tokens;
-        self.messages = messages;
+        let save = chatsave::load(&mut self.session, &buf, path)?;
+        self.held = save.tokens;
+        self.messages = save.messages;
         self.last = None;
         eprintln!(
             "loaded {} messages, {} positions from {}",

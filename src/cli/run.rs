@@ -23,8 +23,7 @@ impl ModelArgs {
     pub fn open(&self) -> anyhow::Result<(Model, Tokenizer)> {
         let model = self.open_model()?;
         let dir = &self.model;
-        let tok = Tokenizer::from_dir(dir)
-            .with_context(|| format!("{}: generating text needs the model's tokenizer", dir.display()))?;
+        let tok = load_tokenizer(dir, "generating text needs the model's tokenizer")?;
         Ok((model, tok))
     }
 
@@ -182,13 +181,23 @@ fn tokenizer(a: &RunArgs) -> anyhow::Result<Option<Tokenizer>> {
         );
         return Ok(None);
     }
-    let tok = Tokenizer::from_dir(dir).with_context(|| {
-        format!(
-            "{}: generating text needs the model's tokenizer (or give the prompt as --prompt-ids)",
-            dir.display()
-        )
-    })?;
+    let tok = load_tokenizer(
+        dir,
+        "generating text needs the model's tokenizer (or give the prompt as --prompt-ids)",
+    )?;
     Ok(Some(tok))
+}
+
+/// The tokenizer of `dir`; `hint` is added where `tokenizer.json` itself is
+/// at fault (an error in another file it reads, such as
+/// `generation_config.json`, names that file alone).
+fn load_tokenizer(dir: &Path, hint: &str) -> anyhow::Result<Tokenizer> {
+    Tokenizer::from_dir(dir).map_err(|e| match &e {
+        moeflux::Error::Io { path, .. } | moeflux::Error::Format { path, .. } if path.ends_with("tokenizer.json") => {
+            anyhow::Error::new(e).context(format!("{}: {hint}", dir.display()))
+        }
+        _ => e.into(),
+    })
 }
 
 fn prompt_ids(a: &RunArgs, tok: Option<&Tokenizer>) -> anyhow::Result<Vec<u32>> {

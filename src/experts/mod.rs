@@ -8,7 +8,7 @@ mod io;
 pub use io::{IoMode, DIRECT_ALIGN};
 
 use crate::error::{Error, Result};
-use crate::format::packed::{expert_file_name, LayerLayout, Layout, EXPERTS_DIR};
+use crate::format::packed::{expert_file_name, LayerLayout, Layout, EXPERTS_DIR, LAYOUT_FILE};
 use crate::format::Region;
 use io::ExpertFile;
 use std::path::Path;
@@ -100,12 +100,13 @@ pub struct ExpertStore {
 /// experts of `layout` (a truncated or empty file is an error that says so).
 pub fn check_layer_file(path: &Path, num_experts: usize, layout: &LayerLayout) -> Result<u64> {
     let len = std::fs::metadata(path).map_err(|e| Error::io(path, e))?.len();
-    let want = (num_experts * layout.expert_size) as u64;
-    if len != want {
+    let want = num_experts.checked_mul(layout.expert_size).map(|n| n as u64);
+    if want != Some(len) {
+        let want = want.map_or_else(|| "more than 2^64".to_string(), |n| n.to_string());
         return Err(Error::format(
             path,
             format!(
-                "{len} bytes, expected {want} ({num_experts} experts × {} bytes): the file is truncated or from another model",
+                "{len} bytes, expected {want} ({LAYOUT_FILE}: num_experts {num_experts} × expert_size {}): the file is truncated or from another model",
                 layout.expert_size
             ),
         ));
@@ -120,6 +121,15 @@ impl ExpertStore {
     /// which mode is in use.
     pub fn open(dir: &Path, num_layers: usize, mode: IoMode, io_threads: usize) -> Result<ExpertStore> {
         let layout = Layout::read(dir)?;
+        if layout.num_layers != num_layers {
+            return Err(Error::format(
+                dir.join(EXPERTS_DIR).join(LAYOUT_FILE),
+                format!(
+                    "`num_layers` is {}, the model has {num_layers} layers",
+                    layout.num_layers
+                ),
+            ));
+        }
         let mut mode = mode;
         let mut layers = Vec::with_capacity(num_layers);
         for i in 0..num_layers {

@@ -131,6 +131,10 @@ impl Region {
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
+    /// A sub-range, relative to this one; `None` when it does not fit.
+    pub fn try_sub(&self, off: usize, len: usize) -> Option<Region> {
+        (off.checked_add(len)? <= self.len).then(|| self.sub(off, len))
+    }
     /// A sub-range, relative to this one.
     pub fn sub(&self, off: usize, len: usize) -> Region {
         assert!(off + len <= self.len, "sub-region past the end");

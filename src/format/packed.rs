@@ -2,7 +2,8 @@
 //! manifest `model_weights.json`, and `packed_experts/` with one file per
 //! MoE layer described by `layout.json`.
 
-use crate::error::{read_json, Error, Result};
+use crate::config::{FfnKind, ModelConfig};
+use crate::error::{Error, Result};
 use crate::format::{Dtype, MatrixData, MatrixView, Region};
 use memmap2::Mmap;
 use serde::{Deserialize, Serialize};
@@ -85,9 +86,69 @@ pub fn expert_file_name(layer: usize) -> String {
 }
 
 impl Layout {
+    /// Read and check `DIR/packed_experts/layout.json`.
     pub fn read(dir: &Path) -> Result<Layout> {
-        read_json(&dir.join(EXPERTS_DIR).join(LAYOUT_FILE))
+        let path = dir.join(EXPERTS_DIR).join(LAYOUT_FILE);
+        let bytes = std::fs::read(&path).map_err(|e| Error::io(&path, e))?;
+        Layout::parse(&bytes, &path)
     }
+
+    /// Parse the bytes of a `layout.json` read from `path`: JSON of the
+    /// right shape, layer keys that are layer indices below `num_layers`,
+    /// at least one expert. Each layer's table is checked against the
+    /// model by [`LayerLayout::validate`].
+    pub fn parse(bytes: &[u8], path: &Path) -> Result<Layout> {
+        let layout: Layout = serde_json::from_slice(bytes).map_err(|err| Error::Json {
+            path: path.to_path_buf(),
+            err,
+        })?;
+        if layout.num_experts == 0 {
+            return Err(Error::format(path, "`num_experts` is 0"));
+        }
+        for key in layout.layers.keys() {
+            match key.parse::<usize>() {
+                Ok(i) if i < layout.num_layers && i.to_string() == *key => {}
+                _ => {
+                    return Err(Error::format(
+                        path,
+                        format!(
+                            "`layers` key `{key}` is not a layer index below num_layers {}",
+                            layout.num_layers
+                        ),
+                    ))
+                }
+            }
+        }
+        Ok(layout)
+    }
+    /// Check the layout against the model's config: `num_layers`,
+    /// `num_experts`, an entry for every MoE layer, and each entry's table
+    /// ([`LayerLayout::validate`]). `path` is named in errors.
+    pub fn validate_model(&self, cfg: &ModelConfig, path: &Path) -> Result<()> {
+        let bad = |msg: String| Error::format(path, msg);
+        if self.num_layers != cfg.num_hidden_layers {
+            return Err(bad(format!(
+                "`num_layers` is {}, config.json has {}",
+                self.num_layers, cfg.num_hidden_layers
+            )));
+        }
+        if self.num_experts != cfg.num_experts {
+            return Err(bad(format!(
+                "`num_experts` is {}, config.json has {}",
+                self.num_experts, cfg.num_experts
+            )));
+        }
+        for (i, l) in cfg.layers.iter().enumerate() {
+            if l.ffn != FfnKind::Moe {
+                continue;
+            }
+            self.layer(i)
+                .ok_or_else(|| bad(format!("layer {i} is a MoE layer but `layers` has no entry for it")))?
+                .validate(i, cfg.hidden_size, cfg.moe_intermediate_size, self.group_size)?;
+        }
+        Ok(())
+    }
+
     pub fn layer(&self, layer: usize) -> Option<&LayerLayout> {
         self.layers.get(&layer.to_string())
     }
@@ -170,58 +231,131 @@ impl LayerLayout {
         }
     }
 
-    /// Check the table against the expected expert shapes.
+    /// Check the whole table against the expected expert shapes: the nine
+    /// components in order, each directly after the previous one and
+    /// inside `expert_size`, with the dtype, shape and byte size that
+    /// `bits` / `group_size` give. After this, [`LayerLayout::matrices`]
+    /// reads only inside an expert's bytes.
     pub fn validate(&self, layer: usize, hidden: usize, inter: usize, group_size: usize) -> Result<()> {
         let bad = |msg: String| Error::format(format!("{EXPERTS_DIR}/{LAYOUT_FILE}"), format!("layer {layer}: {msg}"));
         if self.components.len() != 9 {
             return Err(bad(format!("{} components, expected 9", self.components.len())));
         }
-        let mut end = 0;
+        let mut end = 0usize;
         for (c, want) in self.components.iter().zip(EXPERT_COMPONENTS) {
             if c.name != want {
                 return Err(bad(format!("component `{}` where `{want}` was expected", c.name)));
             }
-            end = end.max(c.offset + c.size);
-        }
-        if end > self.expert_size {
-            return Err(bad(format!(
-                "components end at {end}, past expert_size {}",
-                self.expert_size
-            )));
-        }
-        let (gw, dw) = (&self.components[0], &self.components[6]);
-        let logical = |c: &Component| -> usize {
-            let cols = c.shape.get(1).copied().unwrap_or(0);
-            if c.dtype == "U32" {
-                cols * 32 / self.bits.max(1) as usize
-            } else {
-                cols
+            if c.offset != end {
+                return Err(bad(format!(
+                    "`{want}` starts at offset {}; the previous component ends at {end}",
+                    c.offset
+                )));
             }
-        };
-        if gw.shape.first() != Some(&inter) || logical(gw) != hidden {
-            return Err(bad(format!(
-                "gate_proj shape {:?} does not match [{inter}, {hidden}]",
-                gw.shape
-            )));
+            end = match c.offset.checked_add(c.size) {
+                Some(e) if e <= self.expert_size => e,
+                _ => {
+                    return Err(bad(format!(
+                        "`{want}` (offset {}, size {}) ends past expert_size {}",
+                        c.offset, c.size, self.expert_size
+                    )))
+                }
+            };
         }
-        if dw.shape.first() != Some(&hidden) || logical(dw) != inter {
-            return Err(bad(format!(
-                "down_proj shape {:?} does not match [{hidden}, {inter}]",
-                dw.shape
-            )));
+        for (k, (rows, cols)) in [(inter, hidden), (inter, hidden), (hidden, inter)]
+            .into_iter()
+            .enumerate()
+        {
+            self.validate_matrix(&self.components[3 * k..3 * k + 3], rows, cols, group_size)
+                .map_err(bad)?;
         }
-        let _ = group_size;
         Ok(())
     }
 
-    /// The gate, up and down matrices of one expert whose bytes are `blob`.
+    /// One matrix's weight, scales and biases components.
+    fn validate_matrix(&self, c: &[Component], rows: usize, cols: usize, group_size: usize) -> Result<(), String> {
+        let (w, s, b) = (&c[0], &c[1], &c[2]);
+        let dtype = |c: &Component| {
+            Dtype::parse(&c.dtype, &c.name).map_err(|_| format!("`{}`: unknown dtype `{}`", c.name, c.dtype))
+        };
+        let check = |c: &Component, shape: &[usize], elem: usize| -> Result<(), String> {
+            if c.shape != shape {
+                return Err(format!("`{}`: shape {:?}, expected {shape:?}", c.name, c.shape));
+            }
+            let want = shape.iter().try_fold(elem, |a, &d| a.checked_mul(d));
+            if want != Some(c.size) {
+                return Err(format!(
+                    "`{}`: size {}, its shape {shape:?} needs {want:?}",
+                    c.name, c.size
+                ));
+            }
+            Ok(())
+        };
+        match dtype(w)? {
+            Dtype::U32 => {
+                let bits = self.bits as usize;
+                if !crate::format::quant::check_bits(self.bits) {
+                    return Err(format!("`bits` is {}; packed weights have 2, 4 or 8", self.bits));
+                }
+                if group_size == 0 || cols % group_size != 0 || (cols * bits) % 32 != 0 {
+                    return Err(format!(
+                        "`group_size` {group_size} does not divide the {cols} columns of `{}`",
+                        w.name
+                    ));
+                }
+                check(w, &[rows, cols * bits / 32], 4)?;
+                let sd = dtype(s)?;
+                if !matches!(sd, Dtype::Bf16 | Dtype::F16) || dtype(b)? != sd {
+                    return Err(format!(
+                        "`{}` / `{}`: dtypes {} / {}, expected BF16 or F16, the same for both",
+                        s.name, b.name, s.dtype, b.dtype
+                    ));
+                }
+                check(s, &[rows, cols / group_size], sd.size())?;
+                check(b, &[rows, cols / group_size], sd.size())
+            }
+            d => {
+                check(w, &[rows, cols], d.size())?;
+                if s.size != 0 || b.size != 0 {
+                    return Err(format!(
+                        "`{}` is unquantized, but its scales and biases have bytes",
+                        w.name
+                    ));
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// The gate, up and down matrices of one expert whose bytes are `blob`
+    /// (the table checked by [`LayerLayout::validate`]; a table that was
+    /// not gives an error, never a read outside `blob`).
     pub fn matrices(&self, blob: &Region, group_size: usize) -> Result<[MatrixView; 3]> {
+        let bad = |msg: String| Error::format(format!("{EXPERTS_DIR}/{LAYOUT_FILE}"), msg);
+        if self.components.len() != 9 {
+            return Err(bad(format!("{} components, expected 9", self.components.len())));
+        }
+        let part = |c: &Component| -> Result<Region> {
+            blob.try_sub(c.offset, c.size)
+                .ok_or_else(|| bad(format!("`{}` lies outside the expert's {} bytes", c.name, blob.len())))
+        };
+        let dim = |c: &Component, i: usize| -> Result<usize> {
+            c.shape
+                .get(i)
+                .copied()
+                .ok_or_else(|| bad(format!("`{}`: shape {:?} is not 2-D", c.name, c.shape)))
+        };
         let mut out = Vec::with_capacity(3);
-        for k in 0..3 {
-            let c = &self.components[3 * k..3 * k + 3];
-            let rows = c[0].shape[0];
+        for c in self.components.chunks_exact(3) {
+            let rows = dim(&c[0], 0)?;
             let data = if c[0].dtype == "U32" {
-                let cols = c[0].shape[1] * 32 / self.bits as usize;
+                if !crate::format::quant::check_bits(self.bits) {
+                    return Err(bad(format!("`bits` is {}; packed weights have 2, 4 or 8", self.bits)));
+                }
+                let cols = dim(&c[0], 1)? * 32 / self.bits as usize;
+                if group_size == 0 || cols % group_size != 0 {
+                    return Err(bad(format!("`group_size` {group_size} does not divide {cols} columns")));
+                }
                 let sd = Dtype::parse(&c[1].dtype, &c[1].name)?;
                 MatrixView {
                     rows,
@@ -229,9 +363,9 @@ impl LayerLayout {
                     data: MatrixData::Quant {
                         bits: self.bits,
                         group_size,
-                        weight: blob.sub(c[0].offset, c[0].size),
-                        scales: blob.sub(c[1].offset, c[1].size),
-                        biases: blob.sub(c[2].offset, c[2].size),
+                        weight: part(&c[0])?,
+                        scales: part(&c[1])?,
+                        biases: part(&c[2])?,
                         scale_dtype: sd,
                     },
                 }
@@ -239,10 +373,10 @@ impl LayerLayout {
                 let dtype = Dtype::parse(&c[0].dtype, &c[0].name)?;
                 MatrixView {
                     rows,
-                    cols: c[0].shape[1],
+                    cols: dim(&c[0], 1)?,
                     data: MatrixData::Float {
                         dtype,
-                        data: blob.sub(c[0].offset, c[0].size),
+                        data: part(&c[0])?,
                     },
                 }
             };
@@ -253,12 +387,73 @@ impl LayerLayout {
     }
 }
 
+impl Manifest {
+    /// Parse the bytes of a `model_weights.json` read from `path`.
+    pub fn parse(bytes: &[u8], path: &Path) -> Result<Manifest> {
+        serde_json::from_slice(bytes).map_err(|err| Error::Json {
+            path: path.to_path_buf(),
+            err,
+        })
+    }
+
+    /// Check every entry against a `model_weights.bin` of `len` bytes: its
+    /// range inside the file, a known dtype, a size its shape gives, and
+    /// usable `bits` / `group_size` on packed (U32) entries. `path` (the
+    /// manifest) is named in errors.
+    pub fn validate(&self, path: &Path, len: u64) -> Result<()> {
+        let bad = |msg: String| Error::format(path, msg);
+        if self.num_tensors != self.tensors.len() {
+            return Err(bad(format!(
+                "`num_tensors` is {}, but `tensors` has {} entries",
+                self.num_tensors,
+                self.tensors.len()
+            )));
+        }
+        for (name, t) in &self.tensors {
+            let end = t.offset.checked_add(t.size);
+            if end.is_none_or(|e| e > len) {
+                return Err(bad(format!(
+                    "tensor `{name}` (offset {}, size {}) points past the end of {WEIGHTS_FILE} ({len} bytes)",
+                    t.offset, t.size
+                )));
+            }
+            let dtype = Dtype::parse(&t.dtype, name)
+                .map_err(|_| bad(format!("tensor `{name}`: unknown dtype `{}`", t.dtype)))?;
+            let want = t
+                .shape
+                .iter()
+                .try_fold(dtype.size() as u64, |a, &d| a.checked_mul(d as u64));
+            if want != Some(t.size) {
+                return Err(bad(format!(
+                    "tensor `{name}`: shape {:?} of {} needs {} bytes, entry says {}",
+                    t.shape,
+                    t.dtype,
+                    want.map_or_else(|| "more than 2^64".to_string(), |w| w.to_string()),
+                    t.size
+                )));
+            }
+            if dtype == Dtype::U32 {
+                let bits = t.bits.unwrap_or(0);
+                let gs = t.group_size.unwrap_or(0);
+                if !crate::format::quant::check_bits(bits) || gs == 0 || t.shape.len() != 2 {
+                    return Err(bad(format!(
+                        "tensor `{name}`: a packed U32 matrix needs 2-D `shape`, `bits` 2, 4 or 8 and a \
+                         non-zero `group_size` (found shape {:?}, bits {:?}, group_size {:?})",
+                        t.shape, t.bits, t.group_size
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 /// The dense weights of a packed model: the manifest and a shared map of
 /// `model_weights.bin`.
 pub struct WeightsFile {
     pub path: PathBuf,
     pub manifest: Manifest,
-    pub map: Arc<Mmap>,
+    pub map: Arc<dyn AsRef<[u8]> + Send + Sync>,
 }
 
 impl WeightsFile {
@@ -266,40 +461,29 @@ impl WeightsFile {
     /// against the file's size.
     pub fn open(dir: &Path) -> Result<WeightsFile> {
         let mpath = dir.join(MANIFEST_FILE);
-        let manifest: Manifest = read_json(&mpath)?;
+        let bytes = std::fs::read(&mpath).map_err(|e| Error::io(&mpath, e))?;
+        let manifest = Manifest::parse(&bytes, &mpath)?;
         let path = dir.join(WEIGHTS_FILE);
         let file = std::fs::File::open(&path).map_err(|e| Error::io(&path, e))?;
         // SAFETY: the file is opened read-only; moeflux never writes a
         // packed model in place (convert writes a temp dir and renames).
         let map = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(&path, e))?;
-        let len = map.len() as u64;
-        for (name, t) in &manifest.tensors {
-            let end = t.offset.checked_add(t.size);
-            if end.is_none_or(|e| e > len) {
-                return Err(Error::format(
-                    &mpath,
-                    format!(
-                        "tensor `{name}` (offset {}, size {}) points past the end of {WEIGHTS_FILE} ({len} bytes)",
-                        t.offset, t.size
-                    ),
-                ));
-            }
-            let dtype = Dtype::parse(&t.dtype, name)?;
-            let want = t.shape.iter().product::<usize>() as u64 * dtype.size() as u64;
-            if want != t.size {
-                return Err(Error::format(
-                    &mpath,
-                    format!(
-                        "tensor `{name}`: shape {:?} of {} needs {want} bytes, entry says {}",
-                        t.shape, t.dtype, t.size
-                    ),
-                ));
-            }
-        }
+        WeightsFile::new(path, manifest, Arc::new(map), &mpath)
+    }
+
+    /// Weights whose bytes are `data` (the contents of `path`), described
+    /// by `manifest` (read from `manifest_path`, checked here).
+    pub fn new(
+        path: PathBuf,
+        manifest: Manifest,
+        data: Arc<dyn AsRef<[u8]> + Send + Sync>,
+        manifest_path: &Path,
+    ) -> Result<WeightsFile> {
+        manifest.validate(manifest_path, (*data).as_ref().len() as u64)?;
         Ok(WeightsFile {
             path,
             manifest,
-            map: Arc::new(map),
+            map: data,
         })
     }
 
@@ -358,7 +542,7 @@ impl WeightsFile {
             }
             if w.shape != [rows, cols * bits as usize / 32] {
                 return Err(shape_err(&[
-                    w.shape[0],
+                    w.shape.first().copied().unwrap_or(0),
                     w.shape.get(1).copied().unwrap_or(0) * 32 / bits as usize,
                 ]));
             }

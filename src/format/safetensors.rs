@@ -103,33 +103,7 @@ impl SafetensorsFile {
         // changed by another process while we convert is outside what we
         // can guard against (the verification pass would notice).
         let map = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
-        let mut len8 = [0u8; 8];
-        len8.copy_from_slice(&map[..8]);
-        let header_len = u64::from_le_bytes(len8);
-        if header_len > MAX_HEADER || header_len > file_len - 8 {
-            return Err(bad(format!(
-                "header length {header_len} does not fit the file ({file_len} bytes): not a safetensors file, or truncated"
-            )));
-        }
-        let data_start = 8 + header_len as usize;
-        let header: Map<String, Value> = serde_json::from_slice(&map[8..data_start])
-            .map_err(|e| bad(format!("safetensors header is not valid JSON: {e}")))?;
-        let data_len = map.len() - data_start;
-        let mut tensors = BTreeMap::new();
-        for (name, v) in &header {
-            if name == "__metadata__" {
-                continue;
-            }
-            let info = parse_entry(v, data_len).map_err(|msg| bad(format!("tensor `{name}`: {msg}")))?;
-            tensors.insert(
-                name.clone(),
-                TensorInfo {
-                    start: info.start + data_start,
-                    end: info.end + data_start,
-                    ..info
-                },
-            );
-        }
+        let tensors = parse_header(&map, path)?;
         Ok(SafetensorsFile {
             path: path.to_path_buf(),
             map,
@@ -169,6 +143,45 @@ impl SafetensorsFile {
                 .unchecked_advise_range(UncheckedAdvice::DontNeed, at - base, data.len())
         };
     }
+}
+
+/// Check the header of a safetensors file whose bytes are `file` (read
+/// from `path`, named in errors): the tensors by name, with byte ranges
+/// of `file` that each tensor's dtype and shape agree with.
+pub fn parse_header(file: &[u8], path: &Path) -> Result<BTreeMap<String, TensorInfo>> {
+    let bad = |msg: String| Error::format(path, msg);
+    let file_len = file.len() as u64;
+    if file.len() < 8 {
+        return Err(bad(format!("{file_len} bytes: too short to be a safetensors file")));
+    }
+    let mut len8 = [0u8; 8];
+    len8.copy_from_slice(&file[..8]);
+    let header_len = u64::from_le_bytes(len8);
+    if header_len > MAX_HEADER || header_len > file_len - 8 {
+        return Err(bad(format!(
+            "header length {header_len} does not fit the file ({file_len} bytes): not a safetensors file, or truncated"
+        )));
+    }
+    let data_start = 8 + header_len as usize;
+    let header: Map<String, Value> = serde_json::from_slice(&file[8..data_start])
+        .map_err(|e| bad(format!("safetensors header is not valid JSON: {e}")))?;
+    let data_len = file.len() - data_start;
+    let mut tensors = BTreeMap::new();
+    for (name, v) in &header {
+        if name == "__metadata__" {
+            continue;
+        }
+        let info = parse_entry(v, data_len).map_err(|msg| bad(format!("tensor `{name}`: {msg}")))?;
+        tensors.insert(
+            name.clone(),
+            TensorInfo {
+                start: info.start + data_start,
+                end: info.end + data_start,
+                ..info
+            },
+        );
+    }
+    Ok(tensors)
 }
 
 /// One header entry, offsets relative to the data section.

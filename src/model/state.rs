@@ -1,13 +1,16 @@
 //! Saving and loading a sequence's state in the MFLX wire format
-//! (SPEC.md §4): a header of u32 fields, then one record per layer.
+//! (SPEC.md §4): a header of u32 fields, then one record per layer, then
+//! (version 3) a CRC-32 of everything before it.
 
 use super::{LayerState, Net, State};
 use crate::backend::{Backend, Strided};
+use crate::checksum::{crc32, split_trailer};
 use crate::config::AttnKind;
 use crate::error::{Error, Result};
 
 pub const MAGIC: u32 = 0x4D46_4C58;
-pub const VERSION: u32 = 2;
+/// The version written; 1 and 2 (no checksum) are still read.
+pub const VERSION: u32 = 3;
 
 /// The header fields of a snapshot, in wire order after magic and version.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -138,7 +141,8 @@ impl<B: Backend> Net<B> {
     /// Bytes of a snapshot holding `len` positions.
     pub fn state_size(&self, len: usize) -> usize {
         let h = self.header();
-        let mut n = 40;
+        // Header and checksum trailer.
+        let mut n = 40 + 4;
         for l in &self.cfg.layers {
             n += match l.attn {
                 AttnKind::Full => 4 + 2 * len * (h.num_kv_heads * h.head_dim) as usize * 4,
@@ -159,6 +163,7 @@ impl<B: Backend> Net<B> {
     pub fn save_state(&self, st: &State<B>, len: usize, out: &mut Vec<u8>) -> Result<()> {
         let h = self.header();
         out.reserve(self.state_size(len));
+        let start = out.len();
         for w in [MAGIC, VERSION].into_iter().chain(h.fields()) {
             out.extend_from_slice(&w.to_le_bytes());
         }
@@ -180,6 +185,8 @@ impl<B: Backend> Net<B> {
             put(out, &self.download_vec(a, len * ra)?);
             put(out, &self.download_vec(b, len * rb)?);
         }
+        let crc = crc32(&out[start..]);
+        out.extend_from_slice(&crc.to_le_bytes());
         Ok(())
     }
 
@@ -192,20 +199,32 @@ impl<B: Backend> Net<B> {
             return Err(snap_err("not an MFLX state snapshot (bad magic)".into()));
         }
         let version = r.u32("version")?;
+        if version == 3 {
+            let (body, stored) =
+                split_trailer(buf).ok_or_else(|| snap_err("truncated: no room for the checksum".into()))?;
+            let actual = crc32(body);
+            if actual != stored {
+                return Err(snap_err(format!(
+                    "checksum mismatch (stored {stored:08x}, computed {actual:08x}): the snapshot is corrupt"
+                )));
+            }
+            r.buf = body;
+        }
+        let buf = r.buf;
         let want = self.header();
         let got: Vec<u32> = match version {
-            2 => (0..8).map(|i| r.u32(FIELD_NAMES[i])).collect::<Result<_>>()?,
+            2 | 3 => (0..8).map(|i| r.u32(FIELD_NAMES[i])).collect::<Result<_>>()?,
             1 => {
                 if self.cfg.mla.is_some() {
                     return Err(snap_err(
-                        "version 1 snapshots cannot hold MLA state; this model needs version 2".into(),
+                        "version 1 snapshots cannot hold MLA state; this model needs version 2 or later".into(),
                     ));
                 }
                 let mut v: Vec<u32> = (0..6).map(|i| r.u32(FIELD_NAMES[i])).collect::<Result<_>>()?;
                 v.extend([0, 0]);
                 v
             }
-            v => return Err(snap_err(format!("unsupported version {v} (this build reads 1 and 2)"))),
+            v => return Err(snap_err(format!("unsupported version {v} (this build reads 1 to 3)"))),
         };
         for ((name, w), g) in FIELD_NAMES.iter().zip(want.fields()).zip(&got) {
             if w != *g {

@@ -127,20 +127,43 @@ impl GenerationDefaults {
     /// `dir/generation_config.json`, or all `None` when it is absent.
     pub fn from_dir(dir: &Path) -> Result<GenerationDefaults> {
         let path = dir.join("generation_config.json");
-        match read_optional_object(&path)? {
-            Some(map) => GenerationDefaults::from_map(&map, &path),
-            None => Ok(GenerationDefaults::default()),
+        match std::fs::read(&path) {
+            Ok(bytes) => GenerationDefaults::parse(&bytes, &path),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(GenerationDefaults::default()),
+            Err(e) => Err(Error::io(&path, e)),
+        }
+    }
+
+    /// Parse the bytes of a `generation_config.json` read from `path`
+    /// (named in every error, with the key at fault).
+    pub fn parse(bytes: &[u8], path: &Path) -> Result<GenerationDefaults> {
+        match serde_json::from_slice::<Value>(bytes) {
+            Ok(Value::Object(map)) => GenerationDefaults::from_map(&map, path),
+            Ok(_) => Err(Error::format(path, "expected a JSON object")),
+            Err(err) => Err(Error::Json {
+                path: path.to_path_buf(),
+                err,
+            }),
         }
     }
 
     fn from_map(map: &Map<String, Value>, path: &Path) -> Result<GenerationDefaults> {
+        // Each number with the range it must lie in (what sampling accepts).
         let float = |key: &str| -> Result<Option<f32>> {
+            let (ok, want): (fn(f32) -> bool, &str) = match key {
+                "temperature" => (|x| x >= 0.0, "a number ≥ 0"),
+                "top_p" => (|x| x > 0.0 && x <= 1.0, "a number in (0, 1]"),
+                "min_p" => (|x| (0.0..=1.0).contains(&x), "a number in [0, 1]"),
+                _ => (|x| x > 0.0, "a number > 0"),
+            };
             match map.get(key) {
                 None | Some(Value::Null) => Ok(None),
                 Some(v) => v
                     .as_f64()
-                    .map(|x| Some(x as f32))
-                    .ok_or_else(|| Error::format(path, format!("`{key}` must be a number"))),
+                    .map(|x| x as f32)
+                    .filter(|&x| x.is_finite() && ok(x))
+                    .map(Some)
+                    .ok_or_else(|| Error::format(path, format!("`{key}` must be {want}, found {v}"))),
             }
         };
         let count = |key: &str| -> Result<Option<usize>> {

@@ -127,3 +127,30 @@ macro_rules! golden_test {
         }
     };
 }
+
+/// Fixture `name` converted with `--bits 16`, once per test binary.
+pub fn packed(name: &str) -> PathBuf {
+    packed_with(name, &["--bits", "16"])
+}
+
+/// Fixture `name` converted with `flags`, once per test binary.
+pub fn packed_with(name: &str, flags: &[&str]) -> PathBuf {
+    static DIR: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let root = DIR.get_or_init(|| tempfile::tempdir().unwrap());
+    let dst = root.path().join(format!("{name}{}", flags.concat()));
+    let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    if !dst.exists() {
+        convert(name, &dst, flags);
+    }
+    dst
+}
+
+/// Open a packed model on the CPU.
+pub fn open_cpu(dir: &Path) -> moeflux::Model {
+    let opts = moeflux::Options {
+        device: moeflux::Device::Cpu,
+        ..moeflux::Options::default()
+    };
+    moeflux::Model::open(dir, &opts).unwrap()
+}

@@ -1,0 +1,470 @@
+//! Every parser of untrusted bytes under a seeded mutation fuzzer (see
+//! `fuzz/mod.rs`): safetensors headers, `model_weights.json`,
+//! `layout.json`, `config.json`, `generation_config.json`, MFLX snapshots
+//! and chat saves. Required of each case: no panic, no case slower than
+//! the limit, no allocation sized by an unchecked length, and a failed
+//! load that changes nothing. CI runs `CI_CASES` per parser; the
+//! `#[ignore]`d `*_long` tests (`cargo test --release --test fuzz --
+//! --ignored`) run the long counts recorded in RELIABILITY.md.
+
+mod common;
+#[path = "fuzz/mod.rs"]
+mod fuzz;
+
+use common::*;
+use fuzz::{mutate_json, mutate_raw, Report, Rng, Target};
+use moeflux::chatsave;
+use moeflux::format::packed::{
+    expert_file_name, Layout, Manifest, WeightsFile, EXPERTS_DIR, LAYOUT_FILE, MANIFEST_FILE,
+};
+use moeflux::format::{safetensors, Region};
+use moeflux::text::{GenerationDefaults, SamplingParams};
+use moeflux::{Model, ModelConfig, Session};
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+#[global_allocator]
+static ALLOC: fuzz::CountingAlloc = fuzz::CountingAlloc;
+
+/// Cases per parser in CI.
+const CI_CASES: u64 = 10_000;
+/// The largest single allocation a case may make: far above what the
+/// small seeds need, far below what an unchecked length would ask for.
+const ALLOC_LIMIT: usize = 64 << 20;
+
+fn target<'a>(name: &'a str, seeds: Vec<Vec<u8>>, mutate: &'a dyn Fn(&[u8], &mut Rng) -> Vec<u8>) -> Target<'a> {
+    Target {
+        name,
+        seeds,
+        mutate,
+        alloc_limit: ALLOC_LIMIT,
+        time_limit: Duration::from_secs(5),
+    }
+}
+
+/// Half structural JSON mutations, half raw bytes.
+fn json_or_raw(b: &[u8], rng: &mut Rng) -> Vec<u8> {
+    if rng.chance(2) {
+        mutate_json(b, rng)
+    } else {
+        mutate_raw(b, rng)
+    }
+}
+
+/// Long runs append their counts here, for RELIABILITY.md.
+fn record(r: &Report, name: &str) {
+    use std::io::Write;
+    let path = Path::new(env!("CARGO_TARGET_TMPDIR")).join("fuzz-long.txt");
+    if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(path) {
+        let _ = writeln!(
+            f,
+            "{name}\t{}\t{}\t{:.1}\t{:.3}\t{}",
+            r.cases,
+            r.accepted,
+            r.elapsed.as_secs_f64(),
+            r.slowest.as_secs_f64() * 1e3,
+            r.largest_alloc
+        );
+    }
+}
+
+/// Declare the CI test and the long `#[ignore]`d test of one parser.
+macro_rules! fuzz_tests {
+    ($ci:ident, $long:ident, $f:ident, $long_cases:expr) => {
+        #[test]
+        fn $ci() {
+            $f(CI_CASES, 1);
+        }
+        #[test]
+        #[ignore = "long run: cargo test --release --test fuzz -- --ignored"]
+        fn $long() {
+            let r = $f($long_cases, 0x5EED_0000 + $long_cases);
+            record(&r, stringify!($f));
+        }
+    };
+}
+
+// ---- safetensors headers ------------------------------------------------
+
+/// A small safetensors file: the dtypes the converter reads and some it
+/// does not, an empty shape, metadata.
+fn safetensors_seed(entries: &[(&str, &str, Vec<usize>, usize)]) -> Vec<u8> {
+    let mut header = serde_json::Map::new();
+    header.insert("__metadata__".into(), json!({"format": "pt"}));
+    let mut at = 0;
+    for (name, dtype, shape, es) in entries {
+        let n = shape.iter().product::<usize>() * es;
+        header.insert(
+            name.to_string(),
+            json!({"dtype": dtype, "shape": shape, "data_offsets": [at, at + n]}),
+        );
+        at += n;
+    }
+    let h = serde_json::to_vec(&header).unwrap();
+    let mut out = (h.len() as u64).to_le_bytes().to_vec();
+    out.extend_from_slice(&h);
+    out.extend((0..at).map(|i| (i * 7) as u8));
+    out
+}
+
+/// Mutate the JSON header (keeping the length prefix right) or the bytes.
+fn mutate_safetensors(b: &[u8], rng: &mut Rng) -> Vec<u8> {
+    let n = u64::from_le_bytes(b[..8].try_into().unwrap()) as usize;
+    if rng.chance(2) {
+        let h = mutate_json(&b[8..8 + n], rng);
+        let mut out = (h.len() as u64).to_le_bytes().to_vec();
+        out.extend_from_slice(&h);
+        out.extend_from_slice(&b[8 + n..]);
+        out
+    } else {
+        mutate_raw(b, rng)
+    }
+}
+
+fn fuzz_safetensors(cases: u64, seed: u64) -> Report {
+    let seeds = vec![
+        safetensors_seed(&[
+            ("a.weight", "BF16", vec![2, 3], 2),
+            ("b", "F32", vec![4], 4),
+            ("c.weight", "U32", vec![2, 2], 4),
+            ("d", "F8_E4M3", vec![3], 1),
+            ("e", "I64", vec![], 8),
+        ]),
+        safetensors_seed(&[("x", "F16", vec![0, 5], 2), ("y", "F64", vec![1, 1, 2], 8)]),
+    ];
+    let t = target("safetensors", seeds, &mutate_safetensors);
+    fuzz::run(&t, cases, seed, &mut |_, b| {
+        let Ok(tensors) = safetensors::parse_header(b, Path::new("x.safetensors")) else {
+            return false;
+        };
+        for info in tensors.values() {
+            assert!(info.start <= info.end && info.end <= b.len());
+            let _ = &b[info.start..info.end];
+        }
+        true
+    })
+}
+fuzz_tests!(safetensors_header, safetensors_header_long, fuzz_safetensors, 2_000_000);
+
+// ---- model_weights.json -------------------------------------------------
+
+/// The packed models whose files seed the model-directory parsers: bf16
+/// experts, and MLX 4-bit (packed U32 entries) as converted.
+fn model_dirs() -> Vec<PathBuf> {
+    vec![packed("qwen3_moe"), packed_with("qwen3_moe_mlx4", &[])]
+}
+
+fn fuzz_manifest(cases: u64, seed: u64) -> Report {
+    let dirs = model_dirs();
+    let seeds: Vec<Vec<u8>> = dirs
+        .iter()
+        .map(|d| std::fs::read(d.join(MANIFEST_FILE)).unwrap())
+        .collect();
+    let weights: Vec<Arc<Vec<u8>>> = dirs
+        .iter()
+        .map(|d| Arc::new(std::fs::read(d.join("model_weights.bin")).unwrap()))
+        .collect();
+    let originals: Vec<Manifest> = seeds
+        .iter()
+        .map(|s| Manifest::parse(s, Path::new("m")).unwrap())
+        .collect();
+    let t = target("model_weights.json", seeds, &json_or_raw);
+    let mpath = Path::new(MANIFEST_FILE);
+    fuzz::run(&t, cases, seed, &mut |i, b| {
+        let Ok(m) = Manifest::parse(b, mpath) else {
+            return false;
+        };
+        let Ok(wf) = WeightsFile::new("w.bin".into(), m, weights[i].clone(), mpath) else {
+            return false;
+        };
+        // Every lookup the model makes, with the shapes it asks for.
+        for (name, e) in &originals[i].tensors {
+            if let Some(base) = name.strip_suffix(".weight").filter(|_| e.shape.len() == 2) {
+                let cols = match e.bits {
+                    Some(bits) => e.shape[1] * 32 / bits as usize,
+                    None => e.shape[1],
+                };
+                if let Ok(v) = wf.matrix(base, e.shape[0], cols) {
+                    let mut row = vec![0.0; v.cols];
+                    v.row_f32(v.rows - 1, &mut row);
+                }
+            } else if !name.ends_with(".scales") && !name.ends_with(".biases") {
+                let _ = wf.vector(name, e.shape.iter().product());
+            }
+        }
+        true
+    })
+}
+fuzz_tests!(model_weights_json, model_weights_json_long, fuzz_manifest, 1_000_000);
+
+// ---- layout.json --------------------------------------------------------
+
+fn fuzz_layout(cases: u64, seed: u64) -> Report {
+    let dirs = model_dirs();
+    let lpath = |d: &Path| d.join(EXPERTS_DIR).join(LAYOUT_FILE);
+    let seeds: Vec<Vec<u8>> = dirs.iter().map(|d| std::fs::read(lpath(d)).unwrap()).collect();
+    let configs: Vec<ModelConfig> = dirs.iter().map(|d| ModelConfig::from_dir(d).unwrap()).collect();
+    // The size of each layer file, as the store checks it.
+    let file_len =
+        |d: &Path, layer: usize| std::fs::metadata(d.join(EXPERTS_DIR).join(expert_file_name(layer))).map(|m| m.len());
+    let lens: Vec<Vec<Option<u64>>> = dirs
+        .iter()
+        .zip(&configs)
+        .map(|(d, c)| (0..c.num_hidden_layers).map(|l| file_len(d, l).ok()).collect())
+        .collect();
+    let t = target("layout.json", seeds, &json_or_raw);
+    fuzz::run(&t, cases, seed, &mut |i, b| {
+        let path = Path::new(LAYOUT_FILE);
+        let Ok(layout) = Layout::parse(b, path) else {
+            return false;
+        };
+        if layout.validate_model(&configs[i], path).is_err() {
+            return false;
+        }
+        for (l, len) in lens[i].iter().enumerate() {
+            let (Some(ll), Some(len)) = (layout.layer(l), len) else {
+                continue;
+            };
+            if layout.num_experts.checked_mul(ll.expert_size).map(|n| n as u64) != Some(*len) {
+                return false;
+            }
+            let blob = Region::whole(Arc::new(vec![0u8; ll.expert_size]));
+            let mats = ll
+                .matrices(&blob, layout.group_size)
+                .expect("a validated layout gives matrices");
+            for m in mats {
+                let mut row = vec![0.0; m.cols];
+                m.row_f32(m.rows - 1, &mut row);
+            }
+        }
+        true
+    })
+}
+fuzz_tests!(layout_json, layout_json_long, fuzz_layout, 1_000_000);
+
+// ---- config.json --------------------------------------------------------
+
+const CONFIG_FIXTURES: [&str; 6] = [
+    "qwen3_moe",
+    "qwen3_next",
+    "qwen3_5_moe",
+    "qwen3_5_moe_mlx4",
+    "deepseek_v3",
+    "deepseek_v3_fp8",
+];
+
+fn fuzz_config(cases: u64, seed: u64) -> Report {
+    let seeds = CONFIG_FIXTURES
+        .iter()
+        .map(|f| std::fs::read(fixture(f).join("config.json")).unwrap())
+        .collect();
+    let t = target("config.json", seeds, &json_or_raw);
+    fuzz::run(&t, cases, seed, &mut |_, b| {
+        let Ok(v) = serde_json::from_slice::<Value>(b) else {
+            return false;
+        };
+        let Ok(c) = ModelConfig::from_json(&v) else {
+            return false;
+        };
+        assert_eq!(c.layers.len(), c.num_hidden_layers);
+        if c.mla.is_none() {
+            assert!(c.rotary_dim() <= c.head_dim);
+        }
+        true
+    })
+}
+fuzz_tests!(config_json, config_json_long, fuzz_config, 2_000_000);
+
+// ---- generation_config.json ---------------------------------------------
+
+fn fuzz_generation_config(cases: u64, seed: u64) -> Report {
+    let mut seeds: Vec<Vec<u8>> = CONFIG_FIXTURES
+        .iter()
+        .filter_map(|f| std::fs::read(fixture(f).join("generation_config.json")).ok())
+        .collect();
+    seeds.push(
+        serde_json::to_vec(&json!({
+            "do_sample": true, "temperature": 0.7, "top_k": 20, "top_p": 0.8, "min_p": 0.0,
+            "repetition_penalty": 1.05, "max_new_tokens": 512, "eos_token_id": [1, 2]
+        }))
+        .unwrap(),
+    );
+    let t = target("generation_config.json", seeds, &json_or_raw);
+    fuzz::run(&t, cases, seed, &mut |_, b| {
+        let Ok(g) = GenerationDefaults::parse(b, Path::new("generation_config.json")) else {
+            return false;
+        };
+        // What the file gives, sampling accepts.
+        SamplingParams::from_defaults(&g)
+            .validate()
+            .expect("accepted defaults are valid sampling parameters");
+        true
+    })
+}
+fuzz_tests!(
+    generation_config_json,
+    generation_config_json_long,
+    fuzz_generation_config,
+    2_000_000
+);
+
+// ---- MFLX snapshots and chat saves ----------------------------------------
+
+const TOKENS: [u32; 7] = [3, 101, 57, 402, 260, 19, 333];
+
+/// A GQA, a recurrent and an MLA model.
+fn session_models() -> Vec<Model> {
+    ["qwen3_moe", "qwen3_next", "deepseek_v3"]
+        .iter()
+        .map(|n| open_cpu(&packed(n)))
+        .collect()
+}
+
+/// Everything a failed load must leave as it was.
+fn observe(s: &Session<'_>) -> (usize, Option<Vec<u32>>, Vec<usize>, Vec<u8>) {
+    let mut snap = Vec::new();
+    s.save_state(&mut snap).unwrap();
+    (s.pos(), s.tokens().map(<[u32]>::to_vec), s.checkpoints(), snap)
+}
+
+fn snapshot_after(m: &Model, n: usize) -> Vec<u8> {
+    let mut s = m.session().unwrap();
+    if n > 0 {
+        s.eval_prompt(&TOKENS[..n], 0).unwrap();
+    }
+    let mut b = Vec::new();
+    s.save_state(&mut b).unwrap();
+    b
+}
+
+/// The CRC-32 trailer recomputed, so that mutations reach the checks
+/// behind the checksum.
+fn reseal(b: &mut [u8]) {
+    if let Some(n) = b.len().checked_sub(4) {
+        let crc = moeflux::checksum::crc32(&b[..n]);
+        b[n..].copy_from_slice(&crc.to_le_bytes());
+    }
+}
+
+/// Raw mutations; half of them resealed when the seed has a checksum.
+fn mutate_sealed(b: &[u8], rng: &mut Rng, sealed: bool) -> Vec<u8> {
+    let mut out = mutate_raw(b, rng);
+    if sealed && rng.chance(2) {
+        reseal(&mut out);
+    }
+    out
+}
+
+fn fuzz_snapshot(cases: u64, seed: u64) -> Report {
+    let models = session_models();
+    let mut seeds = Vec::new();
+    let mut owner = Vec::new();
+    for (mi, m) in models.iter().enumerate() {
+        for n in [0, 3, 6] {
+            let v3 = snapshot_after(m, n);
+            let mut v2 = v3[..v3.len() - 4].to_vec();
+            v2[4..8].copy_from_slice(&2u32.to_le_bytes());
+            seeds.extend([v3, v2]);
+            owner.extend([mi, mi]);
+        }
+    }
+    let mutate = |b: &[u8], rng: &mut Rng| mutate_sealed(b, rng, b.get(4) == Some(&3));
+    let t = target("MFLX snapshot", seeds, &mutate);
+    let baseline: Vec<Vec<u8>> = models.iter().map(|m| snapshot_after(m, 2)).collect();
+    let mut sessions: Vec<Session<'_>> = models.iter().map(|m| m.session().unwrap()).collect();
+    for (s, b) in sessions.iter_mut().zip(&baseline) {
+        s.load_state(b).unwrap();
+    }
+    let before: Vec<_> = sessions.iter().map(observe).collect();
+    fuzz::run(&t, cases, seed, &mut |i, b| {
+        let mi = owner[i];
+        let s = &mut sessions[mi];
+        if s.load_state(b).is_err() {
+            assert!(observe(s) == before[mi], "a failed load changed the session");
+            return false;
+        }
+        s.load_state(&baseline[mi]).unwrap();
+        true
+    })
+}
+fuzz_tests!(mflx_snapshot, mflx_snapshot_long, fuzz_snapshot, 1_000_000);
+
+/// Mutate a chat save: its JSON (length kept right), or its bytes; half of
+/// the version 2 mutants resealed.
+fn mutate_chat(b: &[u8], rng: &mut Rng) -> Vec<u8> {
+    let sealed = b[8] == 2;
+    let n = u64::from_le_bytes(b[12..20].try_into().unwrap()) as usize;
+    if !rng.chance(3) {
+        return mutate_sealed(b, rng, sealed);
+    }
+    let meta = mutate_json(&b[20..20 + n], rng);
+    let mut out = b[..12].to_vec();
+    out.extend_from_slice(&(meta.len() as u64).to_le_bytes());
+    out.extend_from_slice(&meta);
+    out.extend_from_slice(&b[20 + n..]);
+    if sealed && !rng.chance(4) {
+        reseal(&mut out);
+    }
+    out
+}
+
+fn fuzz_chat_save(cases: u64, seed: u64) -> Report {
+    let models: Vec<Model> = session_models().into_iter().take(2).collect();
+    let messages = [
+        json!({"role": "user", "content": "hi"}),
+        json!({"role": "assistant", "content": "yo"}),
+    ];
+    let save = |m: &Model, n: usize| {
+        let mut s = m.session().unwrap();
+        s.eval_prompt(&TOKENS[..n], 0).unwrap();
+        chatsave::encode(&s, &messages, &TOKENS[..n]).unwrap()
+    };
+    let mut seeds = Vec::new();
+    let mut owner = Vec::new();
+    for (mi, m) in models.iter().enumerate() {
+        let v2 = save(m, 5);
+        let mut v1 = v2[..v2.len() - 4].to_vec();
+        v1[8..12].copy_from_slice(&1u32.to_le_bytes());
+        seeds.extend([v2, v1, save(m, 1)]);
+        owner.extend([mi; 3]);
+    }
+    let t = target("chat save", seeds, &mutate_chat);
+    let baseline: Vec<Vec<u8>> = models.iter().map(|m| save(m, 3)).collect();
+    let mut sessions: Vec<Session<'_>> = models.iter().map(|m| m.session().unwrap()).collect();
+    let path = Path::new("fuzz.chat");
+    for (s, b) in sessions.iter_mut().zip(&baseline) {
+        chatsave::load(s, b, path).unwrap();
+    }
+    let before: Vec<_> = sessions.iter().map(observe).collect();
+    fuzz::run(&t, cases, seed, &mut |i, b| {
+        let mi = owner[i];
+        let s = &mut sessions[mi];
+        match chatsave::load(s, b, path) {
+            Err(e) => {
+                assert!(e.to_string().contains("fuzz.chat"), "the error names the file: {e}");
+                assert!(observe(s) == before[mi], "a failed load changed the session");
+                false
+            }
+            Ok(save) => {
+                assert!(save.tokens.iter().all(|&t| (t as usize) < s.model().n_vocab()));
+                assert_eq!(save.tokens.len(), s.pos());
+                chatsave::load(s, &baseline[mi], path).unwrap();
+                true
+            }
+        }
+    })
+}
+fuzz_tests!(chat_save, chat_save_long, fuzz_chat_save, 1_000_000);
+
+/// The runner itself: a parser that panics on some input fails the run.
+#[test]
+#[should_panic(expected = "panicked")]
+fn the_runner_reports_a_panicking_parser() {
+    let t = target("self-check", vec![b"{\"a\": [1, 2, 3]}".to_vec()], &json_or_raw);
+    fuzz::run(&t, 1000, 7, &mut |_, b| {
+        assert!(b.len() != 16 || b[0] == b'{', "not JSON any more");
+        true
+    });
+}
