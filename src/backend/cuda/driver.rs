@@ -3,7 +3,7 @@
 //! through cudarc's dynamically loaded driver API (nothing is linked at
 //! build time; a machine without a driver never gets here, see `probe`).
 
-use super::compile;
+use super::compile::{self, Module};
 use super::graph::Segments;
 use crate::error::{Error, Result};
 use cudarc::driver::{sys, CudaContext, DriverError};
@@ -48,43 +48,82 @@ pub fn probe() -> std::result::Result<usize, String> {
 }
 
 macro_rules! kernels {
-    ($($name:ident),* $(,)?) => {
-        /// Every kernel of the compiled module.
-        pub(crate) struct Kernels {
+    ($(#[$doc:meta])* $ty:ident { $($name:ident),* $(,)? }) => {
+        $(#[$doc])*
+        pub(crate) struct $ty {
             $(pub $name: sys::CUfunction,)*
         }
-        impl Kernels {
-            fn load(module: sys::CUmodule) -> Result<Kernels> {
-                Ok(Kernels { $($name: function(module, stringify!($name))?,)* })
+        impl $ty {
+            fn load(module: sys::CUmodule) -> Result<$ty> {
+                Ok($ty { $($name: function(module, stringify!($name))?,)* })
             }
         }
     };
 }
 
 kernels!(
-    matvec,
-    matvec_q,
-    gemm,
-    embed,
-    rms_norm,
-    add,
-    add_scaled_rows,
-    swiglu,
-    sigmoid_mul,
-    copy_strided,
-    rope,
-    attention,
-    mla_attention,
-    delta_conv,
-    delta_step,
-    moe_route,
-    moe_route_warp,
-    moe_up,
-    moe_up_routed,
-    moe_down,
-    moe_combine,
-    moe_down_combine,
+    /// The kernels of the base module: every kernel that does not
+    /// depend on the weight format.
+    BaseKernels {
+        matvec_q,
+        rms_norm,
+        add,
+        add_scaled_rows,
+        swiglu,
+        sigmoid_mul,
+        copy_strided,
+        rope,
+        attention,
+        mla_attention,
+        delta_conv,
+        delta_step,
+        moe_route,
+        moe_route_warp,
+        moe_combine,
+    }
 );
+
+kernels!(
+    /// The kernels of one format module (`FOR_FMT` in `kernels/matvec.cu`).
+    FormatKernels {
+        matvec,
+        gemm,
+        embed,
+        moe_up,
+        moe_up_routed,
+        moe_down,
+        moe_down_combine,
+    }
+);
+
+/// Every kernel: the base module's, and the format kernels of each format
+/// code (see `compile.rs`).
+pub(crate) struct Kernels {
+    pub base: BaseKernels,
+    formats: Vec<(i32, FormatKernels)>,
+}
+
+impl std::ops::Deref for Kernels {
+    type Target = BaseKernels;
+    fn deref(&self) -> &BaseKernels {
+        &self.base
+    }
+}
+
+impl Kernels {
+    /// The format kernels for weight format code `fmt` (`MatArg::fmt`,
+    /// `ELayout::fmt`).
+    pub fn fmt(&self, fmt: i32) -> Result<&FormatKernels> {
+        self.formats
+            .iter()
+            .find(|(c, _)| *c == fmt)
+            .map(|(_, k)| k)
+            .ok_or_else(|| Error::Backend {
+                backend: "cuda",
+                msg: format!("no kernels for weight format code {fmt}"),
+            })
+    }
+}
 
 fn function(module: sys::CUmodule, name: &str) -> Result<sys::CUfunction> {
     let cname = CString::new(name).map_err(|_| Error::Invalid(format!("kernel name {name}")))?;
@@ -116,7 +155,7 @@ pub(crate) struct Gpu {
     pub stream: sys::CUstream,
     /// Host→device expert copies, ordered against `stream` with events.
     pub copy: sys::CUstream,
-    module: sys::CUmodule,
+    modules: Vec<sys::CUmodule>,
     pub k: Kernels,
     pub name: String,
     pub ordinal: usize,
@@ -168,12 +207,27 @@ impl Gpu {
         let cc = ctx
             .compute_capability()
             .map_err(|e| cuda_err("compute capability", e))?;
-        let image = compile::module_image(cc)?;
+        let (images, _) = compile::module_images(cc)?;
         let async_alloc = ctx.has_async_alloc();
-        let mut module = std::ptr::null_mut();
-        // SAFETY: `image` is a complete CUBIN made by NVRTC for this device.
-        unsafe { sys::cuModuleLoadData(&mut module, image.as_ptr() as *const c_void) }.check("loading the kernels")?;
-        let k = Kernels::load(module)?;
+        let mut modules = Vec::with_capacity(images.len());
+        let mut base = None;
+        let mut formats = Vec::new();
+        for (m, image) in &images {
+            let mut module = std::ptr::null_mut();
+            // SAFETY: `image` is a complete CUBIN made by NVRTC for this device.
+            unsafe { sys::cuModuleLoadData(&mut module, image.as_ptr() as *const c_void) }
+                .check("loading the kernels")?;
+            modules.push(module);
+            match m {
+                Module::Base => base = Some(BaseKernels::load(module)?),
+                Module::Format(code) => formats.push((*code, FormatKernels::load(module)?)),
+            }
+        }
+        let base = base.ok_or_else(|| Error::Backend {
+            backend: "cuda",
+            msg: "the base kernel module is missing".into(),
+        })?;
+        let k = Kernels { base, formats };
         let mut stream = std::ptr::null_mut();
         let mut copy = std::ptr::null_mut();
         let flags = sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32;
@@ -201,7 +255,7 @@ impl Gpu {
             ctx,
             stream,
             copy,
-            module,
+            modules,
             k,
             name,
             ordinal,
@@ -467,7 +521,9 @@ impl Drop for Gpu {
             }
             let _ = sys::cuStreamDestroy_v2(self.stream);
             let _ = sys::cuStreamDestroy_v2(self.copy);
-            let _ = sys::cuModuleUnload(self.module);
+            for &m in &self.modules {
+                let _ = sys::cuModuleUnload(m);
+            }
         }
     }
 }

@@ -309,12 +309,12 @@ impl CudaMatrix {
             // 2 warps of 4 rows per block: small blocks spread a matrix of
             // few rows over every SM.
             let grid = rows.div_ceil(8) as u32;
-            gpu.launch(gpu.k.matvec, (grid, 1, 1), 64, 0, cuda_args![arg, xp, yp])
+            gpu.launch(gpu.k.fmt(arg.fmt)?.matvec, (grid, 1, 1), 64, 0, cuda_args![arg, xp, yp])
         } else {
             // Tiles of GEMM_ROWS × GEMM_TOKENS outputs.
             let (gx, gy) = (rows.div_ceil(GEMM_ROWS) as u32, n.div_ceil(GEMM_TOKENS) as u32);
             let n = n as i32;
-            gpu.launch(gpu.k.gemm, (gx, gy, 1), 256, 0, cuda_args![arg, xp, yp, n])
+            gpu.launch(gpu.k.fmt(arg.fmt)?.gemm, (gx, gy, 1), 256, 0, cuda_args![arg, xp, yp, n])
         }
     }
 
@@ -403,7 +403,7 @@ impl CudaMatrix {
             let tp = ids.ptr() + 4 * t0 as u64;
             let yp = y0 + 4 * (t0 * self.cols) as u64;
             let grid = (self.cols.div_ceil(256) as u32, nt as u32, 1);
-            gpu.launch(gpu.k.embed, grid, 256, 0, cuda_args![arg, tp, yp])?;
+            gpu.launch(gpu.k.fmt(arg.fmt)?.embed, grid, 256, 0, cuda_args![arg, tp, yp])?;
         }
         Ok(())
     }

@@ -251,7 +251,7 @@ fn launch_up(gpu: &Gpu, el: ELayout, x: &CudaBuf, h: &CudaBuf, g: &Groups, a: &M
     // 8 warps × 2 rows of gate and of up per block.
     let grid = (a.inter.div_ceil(16) as u32, g.n as u32, 1);
     gpu.launch(
-        gpu.k.moe_up,
+        gpu.k.fmt(el.fmt)?.moe_up,
         grid,
         256,
         smem,
@@ -269,7 +269,7 @@ fn run_experts(gpu: &Gpu, el: ELayout, x: &CudaBuf, h: &CudaBuf, d: &CudaBuf, g:
     // 8 warps × 4 rows of down per block.
     let grid = (a.hidden.div_ceil(32) as u32, g.n as u32, 1);
     gpu.launch(
-        gpu.k.moe_down,
+        gpu.k.fmt(el.fmt)?.moe_down,
         grid,
         256,
         smem,
@@ -348,7 +348,7 @@ pub(crate) fn moe(gpu: &Arc<Gpu>, cache: Option<&ExpertCache>, io: MoeIo, a: Moe
             // 8 warps × 2 rows of gate and of up per block, one pair per block row.
             let up_grid = (a.inter.div_ceil(16) as u32, (n * k) as u32, 1);
             gpu.launch(
-                gpu.k.moe_up_routed,
+                gpu.k.fmt(el.fmt)?.moe_up_routed,
                 up_grid,
                 256,
                 0,
@@ -358,7 +358,7 @@ pub(crate) fn moe(gpu: &Arc<Gpu>, cache: Option<&ExpertCache>, io: MoeIo, a: Moe
             // One block per 4 rows of a token; its warps split the pairs.
             let grid = (a.hidden.div_ceil(4) as u32, n as u32, 1);
             gpu.launch(
-                gpu.k.moe_down_combine,
+                gpu.k.fmt(el.fmt)?.moe_down_combine,
                 grid,
                 256,
                 0,

@@ -21,6 +21,10 @@ typedef long long i64;
 #endif
 #define NEG_INF (-__int_as_float(0x7f800000))
 
+// A grid-stride loop: i over [0, len) across every thread of the grid.
+#define GRID_LOOP(i, len) \
+    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < (len); i += (i64)gridDim.x * blockDim.x)
+
 __device__ __forceinline__ float bf16f(u16 h) { return __uint_as_float(((u32)h) << 16); }
 
 __device__ __forceinline__ float f16f(u16 h) {

@@ -73,9 +73,6 @@ extern "C" __global__ void __launch_bounds__(256)
     }
 }
 
-#define GRID_LOOP(i, len) \
-    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < (len); i += (i64)gridDim.x * blockDim.x)
-
 extern "C" __global__ void add(float* y, const float* x, i64 len) {
     GRID_DEP();
     GRID_LOOP(i, len) y[i] += x[i];

@@ -10,6 +10,12 @@
 #define MV_R 4  // rows per warp
 
 // Calls CALL with the compile-time format F and scale flag S of `fmt`.
+// The kernels are compiled as several modules in parallel
+// (cuda/compile.rs): MOEFLUX_FMT, set by the compiler options, is the one
+// format code whose instantiations a module holds (F = code % 8, S = code
+// ≥ 8), or -1 in the module of the kernels that need no format; without
+// it every format is compiled into one module.
+#if !defined(MOEFLUX_FMT)
 #define FOR_FMT(fmt, CALL)                                                          \
     switch (fmt) {                                                                  \
         case FMT_F32: { const int F = FMT_F32; const bool S = false; CALL; } break; \
@@ -23,6 +29,16 @@
         case FMT_Q8 + FMT_F16_SCALES: { const int F = FMT_Q8; const bool S = true; CALL; } break; \
         default: break;                                                             \
     }
+#elif MOEFLUX_FMT < 0
+#define FOR_FMT(fmt, CALL)
+#else
+#define FOR_FMT(fmt, CALL)                                                               \
+    if ((fmt) == MOEFLUX_FMT) {                                                          \
+        const int F = MOEFLUX_FMT % FMT_F16_SCALES;                                      \
+        const bool S = MOEFLUX_FMT >= FMT_F16_SCALES;                                    \
+        CALL;                                                                            \
+    }
+#endif
 
 __device__ __forceinline__ float4 ldx4(const float* p) { return __ldg((const float4*)p); }
 
