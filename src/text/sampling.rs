@@ -52,13 +52,16 @@ impl Default for SamplingParams {
 
 impl SamplingParams {
     /// The model authors' defaults from `generation_config.json`: only the
-    /// fields it sets change from `Default` (`do_sample: false` means greedy).
+    /// fields it sets change from `Default`. Decoding is greedy (temperature
+    /// 0) when it says `do_sample: false`, or sets neither `do_sample` nor
+    /// `temperature` (no file at all included), as transformers' `generate`
+    /// is (SPEC.md §7).
     pub fn from_defaults(g: &GenerationDefaults) -> SamplingParams {
         let d = SamplingParams::default();
         SamplingParams {
-            temperature: match g.do_sample {
-                Some(false) => 0.0,
-                _ => g.temperature.unwrap_or(d.temperature),
+            temperature: match (g.do_sample, g.temperature) {
+                (Some(false), _) | (None, None) => 0.0,
+                (_, t) => t.unwrap_or(d.temperature),
             },
             top_k: g.top_k.unwrap_or(d.top_k),
             top_p: g.top_p.unwrap_or(d.top_p),
