@@ -14,3 +14,5 @@ mod errors;
 mod load;
 #[path = "server/streams.rs"]
 mod streams;
+#[path = "server/template.rs"]
+mod template;

@@ -30,7 +30,7 @@ pub enum Event {
     /// The next piece of generated text.
     Piece(String),
     /// The end: the whole generation, or why it failed.
-    Done(Result<Generation>),
+    Done(Box<Result<Generation>>),
 }
 
 /// Why a job was not taken.
@@ -185,7 +185,7 @@ pub fn work(pool: &Pool, slot: usize, model: &Model, tok: &Tokenizer, metrics: &
             Err(_) => Vec::new(),
         };
         // The client may be gone; nothing more to tell then.
-        let _ = job.events.blocking_send(Event::Done(result));
+        let _ = job.events.blocking_send(Event::Done(Box::new(result)));
         pool.release(slot, held);
     }
 }
@@ -224,7 +224,7 @@ impl Running {
     pub async fn finish(&mut self) -> Option<Result<Generation>> {
         while let Some(event) = self.events.recv().await {
             if let Event::Done(result) = event {
-                return Some(result);
+                return Some(*result);
             }
         }
         None

@@ -59,7 +59,7 @@ pub fn reply<C: Chunks>(first: Vec<Value>, running: Running, chunks: C, keep_ali
                 }
                 Ok(Some(Event::Done(result))) => {
                     s.ended = true;
-                    closing(&s.chunks.done(result))
+                    closing(&s.chunks.done(*result))
                 }
                 Ok(None) => {
                     s.ended = true;

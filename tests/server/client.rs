@@ -182,10 +182,7 @@ impl Reply {
 
 fn dechunk(mut b: &[u8]) -> Vec<u8> {
     let mut out = Vec::new();
-    loop {
-        let Some(eol) = b.windows(2).position(|w| w == b"\r\n") else {
-            break;
-        };
+    while let Some(eol) = b.windows(2).position(|w| w == b"\r\n") {
         let size = usize::from_str_radix(std::str::from_utf8(&b[..eol]).expect("chunk size").trim(), 16)
             .expect("hex chunk size");
         if size == 0 {
