@@ -130,12 +130,20 @@ impl Sampler {
         &self.params
     }
 
-    /// The next token. The penalties are applied to `logits` in place, over
-    /// `history` (the tokens they count: the caller passes the generated
-    /// tokens, or prompt and generated ones). NaN logits never win. Returns 0
-    /// when `logits` is empty.
+    /// The next token after `history`, all of which counts as output:
+    /// [`Sampler::sample_after`] with no prompt.
     pub fn sample(&mut self, logits: &mut [f32], history: &[u32]) -> u32 {
-        self.apply_penalties(logits, history);
+        self.sample_after(logits, history, 0)
+    }
+
+    /// The next token. The penalties are applied to `logits` in place
+    /// (SPEC.md §7): the repetition penalty over the whole `history`
+    /// (prompt and output, as transformers counts), the presence and
+    /// frequency penalties over the output only, `history[prompt_len..]`
+    /// (as OpenAI counts). NaN logits never win. Returns 0 when `logits` is
+    /// empty.
+    pub fn sample_after(&mut self, logits: &mut [f32], history: &[u32], prompt_len: usize) -> u32 {
+        self.apply_penalties(logits, history, prompt_len.min(history.len()));
         let p = &self.params;
         if p.temperature == 0.0 {
             return argmax(logits);
@@ -176,23 +184,29 @@ impl Sampler {
         self.cand.last().map_or(0, |c| c.0)
     }
 
-    fn apply_penalties(&mut self, logits: &mut [f32], history: &[u32]) {
-        let p = &self.params;
-        let rep = p.repetition_penalty;
-        if rep == 1.0 && p.presence_penalty == 0.0 && p.frequency_penalty == 0.0 {
-            return;
-        }
-        self.seen.clear();
-        self.seen
-            .extend(history.iter().filter(|&&t| (t as usize) < logits.len()));
-        self.seen.sort_unstable();
-        for run in self.seen.chunk_by(|a, b| a == b) {
-            let l = &mut logits[run[0] as usize];
-            if rep != 1.0 {
+    fn apply_penalties(&mut self, logits: &mut [f32], history: &[u32], prompt_len: usize) {
+        let rep = self.params.repetition_penalty;
+        let (presence, frequency) = (self.params.presence_penalty, self.params.frequency_penalty);
+        if rep != 1.0 {
+            self.count(history, logits.len());
+            for run in self.seen.chunk_by(|a, b| a == b) {
+                let l = &mut logits[run[0] as usize];
                 *l = if *l > 0.0 { *l / rep } else { *l * rep };
             }
-            *l -= p.presence_penalty + p.frequency_penalty * run.len() as f32;
         }
+        if presence != 0.0 || frequency != 0.0 {
+            self.count(&history[prompt_len..], logits.len());
+            for run in self.seen.chunk_by(|a, b| a == b) {
+                logits[run[0] as usize] -= presence + frequency * run.len() as f32;
+            }
+        }
+    }
+
+    /// `seen` = the ids of `tokens` below `vocab`, sorted.
+    fn count(&mut self, tokens: &[u32], vocab: usize) {
+        self.seen.clear();
+        self.seen.extend(tokens.iter().filter(|&&t| (t as usize) < vocab));
+        self.seen.sort_unstable();
     }
 }
 
@@ -376,6 +390,11 @@ mod tests {
         // A penalty can change the choice.
         assert_eq!(sampler(greedy(1.0, 0.5, 0.0)).sample(&mut [3.0, 2.9], &[0]), 1);
         assert_eq!(sampler(greedy(1.0, 0.0, 0.0)).sample(&mut [3.0, 2.9], &[0]), 0);
+        // After a prompt of 2 tokens: repetition counts all four, presence
+        // and frequency only the output [1, 99].
+        let mut logits = vec![2.0, -1.0, 0.5, 3.0];
+        sampler(greedy(2.0, 0.5, 0.25)).sample_after(&mut logits, &history, 2);
+        assert_eq!(logits, [1.0, -2.75, 0.5, 3.0]);
         let bad = SamplingParams {
             top_p: 0.0,
             ..SamplingParams::default()

@@ -109,7 +109,7 @@ fn generated_total(s: &Server) -> u64 {
 #[test]
 fn a_client_that_goes_away_cancels_its_generation_and_frees_the_slot() {
     let s = Server::start(&["--parallel", "1"]);
-    let long = json!({"prompt": "And", "max_tokens": 100000, "temperature": 0, "ignore_eos": true, "stream": true});
+    let long = json!({"prompt": "And", "max_tokens": 100000, "temperature": 0, "stream": true});
     let mut conn = s.send("POST", "/v1/completions", &[], &long.to_string());
     read_events(&mut conn, 3);
     drop(conn);
