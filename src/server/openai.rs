@@ -130,6 +130,7 @@ pub fn options(body: &Body, defaults: &SamplingParams) -> ApiResult<Options> {
         None => Rng::entropy_seed(),
     });
     p.stop = stop_strings(body)?;
+    p.logit_bias = logit_bias(body)?;
     let max = match (body.i64("max_completion_tokens")?, body.i64("max_tokens")?) {
         (Some(n), _) => Some(("max_completion_tokens", n)),
         (None, Some(n)) => Some(("max_tokens", n)),
@@ -186,6 +187,27 @@ fn stop_strings(body: &Body) -> ApiResult<Vec<String>> {
     Ok(list)
 }
 
+/// `logit_bias`: `{"TOKEN_ID": BIAS}` with biases in [-100, 100].
+fn logit_bias(body: &Body) -> ApiResult<Vec<(u32, f32)>> {
+    let Some(map) = body.object("logit_bias")? else {
+        return Ok(Vec::new());
+    };
+    map.iter()
+        .map(|(k, v)| {
+            let id = k.parse::<u32>().map_err(|_| {
+                ApiError::field("logit_bias", format!("`logit_bias` keys must be token ids, got {k:?}"))
+            })?;
+            let bias = v.as_f64().filter(|b| (-100.0..=100.0).contains(b)).ok_or_else(|| {
+                ApiError::field(
+                    "logit_bias",
+                    format!("`logit_bias` values must be numbers in [-100, 100], got {v}"),
+                )
+            })?;
+            Ok((id, bias as f32))
+        })
+        .collect()
+}
+
 /// Fields asking for something this server does not do (yet).
 fn refuse_unsupported(body: &Body) -> ApiResult<()> {
     if let Some(n) = body.i64("n")? {
@@ -212,9 +234,6 @@ fn refuse_unsupported(body: &Body) -> ApiResult<()> {
     }
     if body.i64("top_logprobs")?.is_some_and(|n| n > 0) {
         return Err(ApiError::unsupported("top_logprobs", "`top_logprobs`"));
-    }
-    if body.object("logit_bias")?.is_some_and(|m| !m.is_empty()) {
-        return Err(ApiError::unsupported("logit_bias", "`logit_bias`"));
     }
     if let Some(f) = body.object("response_format")? {
         let kind = f.get("type").and_then(Value::as_str).unwrap_or("");

@@ -31,6 +31,9 @@ pub struct SamplingParams {
     pub max_tokens: Option<usize>,
     /// Stop when the text produces one of these (which is not emitted).
     pub stop: Vec<String>,
+    /// Added to the logits of these token ids before anything else
+    /// (OpenAI's `logit_bias`); ids outside the vocabulary are skipped.
+    pub logit_bias: Vec<(u32, f32)>,
 }
 
 impl Default for SamplingParams {
@@ -46,6 +49,7 @@ impl Default for SamplingParams {
             seed: None,
             max_tokens: None,
             stop: Vec::new(),
+            logit_bias: Vec::new(),
         }
     }
 }
@@ -95,6 +99,9 @@ impl SamplingParams {
         if !self.frequency_penalty.is_finite() {
             return bad("frequency_penalty", "finite", self.frequency_penalty);
         }
+        if let Some(&(_, b)) = self.logit_bias.iter().find(|(_, b)| !b.is_finite()) {
+            return bad("logit_bias", "finite", b);
+        }
         Ok(())
     }
 }
@@ -143,6 +150,11 @@ impl Sampler {
     /// (as OpenAI counts). NaN logits never win. Returns 0 when `logits` is
     /// empty.
     pub fn sample_after(&mut self, logits: &mut [f32], history: &[u32], prompt_len: usize) -> u32 {
+        for &(id, bias) in &self.params.logit_bias {
+            if let Some(l) = logits.get_mut(id as usize) {
+                *l += bias;
+            }
+        }
         self.apply_penalties(logits, history, prompt_len.min(history.len()));
         let p = &self.params;
         if p.temperature == 0.0 {
@@ -390,6 +402,14 @@ mod tests {
         // A penalty can change the choice.
         assert_eq!(sampler(greedy(1.0, 0.5, 0.0)).sample(&mut [3.0, 2.9], &[0]), 1);
         assert_eq!(sampler(greedy(1.0, 0.0, 0.0)).sample(&mut [3.0, 2.9], &[0]), 0);
+        // A bias comes first: a penalty then sees the biased logit.
+        let biased = SamplingParams {
+            logit_bias: vec![(2, 1.5), (3, -100.0), (77, 5.0)],
+            ..greedy(2.0, 0.0, 0.0)
+        };
+        let mut logits = vec![2.0, -1.0, 0.5, 3.0];
+        assert_eq!(sampler(biased).sample(&mut logits, &[2]), 0);
+        assert_eq!(logits, [2.0, -1.0, 1.0, -97.0]);
         // After a prompt of 2 tokens: repetition counts all four, presence
         // and frequency only the output [1, 99].
         let mut logits = vec![2.0, -1.0, 0.5, 3.0];

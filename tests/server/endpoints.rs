@@ -133,6 +133,20 @@ fn text_completions_take_text_or_token_ids_and_honour_stop_and_seed() {
     assert!(text.starts_with(stopped["choices"][0]["text"].as_str().unwrap()));
     assert!(!stopped["choices"][0]["text"].as_str().unwrap().contains(word));
 
+    // A logit bias of -100 keeps the first greedy token out.
+    let first = s.post(
+        "/v1/completions",
+        &json!({"prompt": "And it came to pass", "max_tokens": 1, "temperature": 0}),
+    );
+    let first_text = first.json()["choices"][0]["text"].as_str().unwrap().to_string();
+    let first_id = s.post("/tokenize", &json!({"content": first_text})).json()["tokens"][0].clone();
+    let bias = json!({ first_id.to_string(): -100 });
+    let biased = s.post(
+        "/v1/completions",
+        &json!({"prompt": "And it came to pass", "max_tokens": 1, "temperature": 0, "logit_bias": bias}),
+    );
+    assert_ne!(biased.json()["choices"][0]["text"], first_text.as_str());
+
     // Sampling with a seed repeats itself.
     let sampled = json!({"prompt": "And", "max_tokens": 10, "temperature": 1.0, "top_p": 0.9, "seed": 7});
     let a = s.post("/v1/completions", &sampled).json();
