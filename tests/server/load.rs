@@ -36,14 +36,20 @@ fn sixteen_concurrent_clients_all_get_their_answer() {
 
 #[test]
 fn a_full_queue_is_503() {
-    let s = Server::start(&["--parallel", "1", "--queue", "1"]);
+    let s = Server::start(&["--parallel", "1", "--queue", "1", "--keep-alive", "0.1"]);
     let long = json!({"prompt": "And", "max_tokens": 100000, "temperature": 0, "stream": true}).to_string();
     // One runs, one waits ...
     let mut running = s.send("POST", "/v1/completions", &[], &long);
     let mut buf = [0u8; 256];
     assert!(running.read(&mut buf).unwrap() > 0);
-    let waiting = s.send("POST", "/v1/completions", &[], &long);
-    std::thread::sleep(std::time::Duration::from_millis(200));
+    let mut waiting = s.send("POST", "/v1/completions", &[], &long);
+    // A stream with nothing to say yet sends SSE comments.
+    let mut seen = Vec::new();
+    while !String::from_utf8_lossy(&seen).contains(": keep-alive") {
+        let n = waiting.read(&mut buf).unwrap();
+        assert!(n > 0, "{}", String::from_utf8_lossy(&seen));
+        seen.extend_from_slice(&buf[..n]);
+    }
     // ... and the next is turned away.
     let r = s.post("/v1/completions", &json!({"prompt": "And", "max_tokens": 2}));
     assert_eq!(r.status, 503, "{}", r.body);
