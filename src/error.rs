@@ -87,6 +87,10 @@ pub enum Error {
     #[error("invalid argument: {0}")]
     Invalid(String),
 
+    /// The HTTP server could not start or stopped on an I/O error.
+    #[error("server: {0}")]
+    Server(String),
+
     #[error("backend {backend}: {msg}")]
     Backend { backend: &'static str, msg: String },
 }

@@ -285,7 +285,8 @@ pub struct Generator<'a, 'm> {
     cancel: Option<&'a AtomicBool>,
     checkpoints: bool,
     timing: bool,
-    /// Prompt and generated tokens: the history the penalties count.
+    /// Prompt and generated tokens: the history the penalties count (the
+    /// presence and frequency penalties only past `prompt_len`).
     history: Vec<u32>,
     prompt_len: usize,
     /// What the session holds.
@@ -417,7 +418,9 @@ impl<'a, 'm> Generator<'a, 'm> {
                 self.logits = self.session.eval_token(tok, pos)?;
                 self.held.push(tok);
             }
-            let tok = self.sampler.sample(&mut self.logits, &self.history);
+            let tok = self
+                .sampler
+                .sample_after(&mut self.logits, &self.history, self.prompt_len);
             self.history.push(tok);
             if self.first_token.is_none() {
                 self.first_token = Some(mark(self.session));

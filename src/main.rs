@@ -31,6 +31,8 @@ enum Command {
     Synth(cli::synth::SynthArgs),
     /// Measure prefill and decode throughput and the expert traffic.
     Bench(cli::bench::BenchArgs),
+    /// Serve the model over an OpenAI-compatible HTTP API.
+    Serve(cli::serve::ServeArgs),
 }
 
 fn main() {
@@ -43,6 +45,7 @@ fn main() {
         Command::Logits(a) => cli::logits::run(a),
         Command::Synth(a) => cli::synth::run(a),
         Command::Bench(a) => cli::bench::run(a),
+        Command::Serve(a) => cli::serve::run(a),
     };
     if let Err(e) = r {
         if cli::is_broken_pipe(&e) {

@@ -8,6 +8,7 @@ mod interrupt;
 pub mod logits;
 pub mod model_args;
 pub mod run;
+pub mod serve;
 pub mod synth;
 
 /// Whether `e` comes from writing to a reader that went away (`| head`):

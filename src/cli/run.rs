@@ -87,14 +87,7 @@ impl SamplingArgs {
         default_max: Option<usize>,
     ) -> anyhow::Result<SamplingParams> {
         let g = GenerationDefaults::from_dir(dir)?;
-        let mut p = if g.do_sample.is_none() && g.temperature.is_none() {
-            SamplingParams {
-                temperature: 0.0,
-                ..SamplingParams::from_defaults(&g)
-            }
-        } else {
-            SamplingParams::from_defaults(&g)
-        };
+        let mut p = SamplingParams::from_defaults(&g);
         let set = |dst: &mut f32, v: Option<f32>| {
             if let Some(v) = v {
                 *dst = v;

@@ -31,6 +31,9 @@ pub struct SamplingParams {
     pub max_tokens: Option<usize>,
     /// Stop when the text produces one of these (which is not emitted).
     pub stop: Vec<String>,
+    /// Added to the logits of these token ids before anything else
+    /// (OpenAI's `logit_bias`); ids outside the vocabulary are skipped.
+    pub logit_bias: Vec<(u32, f32)>,
 }
 
 impl Default for SamplingParams {
@@ -46,19 +49,23 @@ impl Default for SamplingParams {
             seed: None,
             max_tokens: None,
             stop: Vec::new(),
+            logit_bias: Vec::new(),
         }
     }
 }
 
 impl SamplingParams {
     /// The model authors' defaults from `generation_config.json`: only the
-    /// fields it sets change from `Default` (`do_sample: false` means greedy).
+    /// fields it sets change from `Default`. Decoding is greedy (temperature
+    /// 0) when it says `do_sample: false`, or sets neither `do_sample` nor
+    /// `temperature` (no file at all included), as transformers' `generate`
+    /// is (SPEC.md §7).
     pub fn from_defaults(g: &GenerationDefaults) -> SamplingParams {
         let d = SamplingParams::default();
         SamplingParams {
-            temperature: match g.do_sample {
-                Some(false) => 0.0,
-                _ => g.temperature.unwrap_or(d.temperature),
+            temperature: match (g.do_sample, g.temperature) {
+                (Some(false), _) | (None, None) => 0.0,
+                (_, t) => t.unwrap_or(d.temperature),
             },
             top_k: g.top_k.unwrap_or(d.top_k),
             top_p: g.top_p.unwrap_or(d.top_p),
@@ -91,6 +98,9 @@ impl SamplingParams {
         }
         if !self.frequency_penalty.is_finite() {
             return bad("frequency_penalty", "finite", self.frequency_penalty);
+        }
+        if let Some(&(_, b)) = self.logit_bias.iter().find(|(_, b)| !b.is_finite()) {
+            return bad("logit_bias", "finite", b);
         }
         Ok(())
     }
@@ -127,12 +137,25 @@ impl Sampler {
         &self.params
     }
 
-    /// The next token. The penalties are applied to `logits` in place, over
-    /// `history` (the tokens they count: the caller passes the generated
-    /// tokens, or prompt and generated ones). NaN logits never win. Returns 0
-    /// when `logits` is empty.
+    /// The next token after `history`, all of which counts as output:
+    /// [`Sampler::sample_after`] with no prompt.
     pub fn sample(&mut self, logits: &mut [f32], history: &[u32]) -> u32 {
-        self.apply_penalties(logits, history);
+        self.sample_after(logits, history, 0)
+    }
+
+    /// The next token. The penalties are applied to `logits` in place
+    /// (SPEC.md §7): the repetition penalty over the whole `history`
+    /// (prompt and output, as transformers counts), the presence and
+    /// frequency penalties over the output only, `history[prompt_len..]`
+    /// (as OpenAI counts). NaN logits never win. Returns 0 when `logits` is
+    /// empty.
+    pub fn sample_after(&mut self, logits: &mut [f32], history: &[u32], prompt_len: usize) -> u32 {
+        for &(id, bias) in &self.params.logit_bias {
+            if let Some(l) = logits.get_mut(id as usize) {
+                *l += bias;
+            }
+        }
+        self.apply_penalties(logits, history, prompt_len.min(history.len()));
         let p = &self.params;
         if p.temperature == 0.0 {
             return argmax(logits);
@@ -173,23 +196,29 @@ impl Sampler {
         self.cand.last().map_or(0, |c| c.0)
     }
 
-    fn apply_penalties(&mut self, logits: &mut [f32], history: &[u32]) {
-        let p = &self.params;
-        let rep = p.repetition_penalty;
-        if rep == 1.0 && p.presence_penalty == 0.0 && p.frequency_penalty == 0.0 {
-            return;
-        }
-        self.seen.clear();
-        self.seen
-            .extend(history.iter().filter(|&&t| (t as usize) < logits.len()));
-        self.seen.sort_unstable();
-        for run in self.seen.chunk_by(|a, b| a == b) {
-            let l = &mut logits[run[0] as usize];
-            if rep != 1.0 {
+    fn apply_penalties(&mut self, logits: &mut [f32], history: &[u32], prompt_len: usize) {
+        let rep = self.params.repetition_penalty;
+        let (presence, frequency) = (self.params.presence_penalty, self.params.frequency_penalty);
+        if rep != 1.0 {
+            self.count(history, logits.len());
+            for run in self.seen.chunk_by(|a, b| a == b) {
+                let l = &mut logits[run[0] as usize];
                 *l = if *l > 0.0 { *l / rep } else { *l * rep };
             }
-            *l -= p.presence_penalty + p.frequency_penalty * run.len() as f32;
         }
+        if presence != 0.0 || frequency != 0.0 {
+            self.count(&history[prompt_len..], logits.len());
+            for run in self.seen.chunk_by(|a, b| a == b) {
+                logits[run[0] as usize] -= presence + frequency * run.len() as f32;
+            }
+        }
+    }
+
+    /// `seen` = the ids of `tokens` below `vocab`, sorted.
+    fn count(&mut self, tokens: &[u32], vocab: usize) {
+        self.seen.clear();
+        self.seen.extend(tokens.iter().filter(|&&t| (t as usize) < vocab));
+        self.seen.sort_unstable();
     }
 }
 
@@ -373,6 +402,19 @@ mod tests {
         // A penalty can change the choice.
         assert_eq!(sampler(greedy(1.0, 0.5, 0.0)).sample(&mut [3.0, 2.9], &[0]), 1);
         assert_eq!(sampler(greedy(1.0, 0.0, 0.0)).sample(&mut [3.0, 2.9], &[0]), 0);
+        // A bias comes first: a penalty then sees the biased logit.
+        let biased = SamplingParams {
+            logit_bias: vec![(2, 1.5), (3, -100.0), (77, 5.0)],
+            ..greedy(2.0, 0.0, 0.0)
+        };
+        let mut logits = vec![2.0, -1.0, 0.5, 3.0];
+        assert_eq!(sampler(biased).sample(&mut logits, &[2]), 0);
+        assert_eq!(logits, [2.0, -1.0, 1.0, -97.0]);
+        // After a prompt of 2 tokens: repetition counts all four, presence
+        // and frequency only the output [1, 99].
+        let mut logits = vec![2.0, -1.0, 0.5, 3.0];
+        sampler(greedy(2.0, 0.5, 0.25)).sample_after(&mut logits, &history, 2);
+        assert_eq!(logits, [1.0, -2.75, 0.5, 3.0]);
         let bad = SamplingParams {
             top_p: 0.0,
             ..SamplingParams::default()

@@ -1,0 +1,339 @@
+//! `POST /v1/chat/completions`: messages rendered by the chat template,
+//! the answer split into reasoning (`<think>…</think>`), content and tool
+//! calls, as one JSON reply or as SSE chunks.
+
+use super::api_error::{ApiError, ApiResult};
+use super::openai::{self, Body};
+use super::slots::Running;
+use super::sse::{self, Chunks};
+use super::tools::{self, ToolCall, ToolStream, Tools};
+use super::{AppState, Ready};
+use crate::error::Result;
+use crate::generate::{Generation, Segment, ThinkSplitter};
+use crate::text::ChatRequest;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::{json, Map, Value};
+
+pub async fn handle(State(shared): State<AppState>, body: Bytes) -> Response {
+    respond(&shared, &body)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn respond(shared: &AppState, body: &[u8]) -> ApiResult<Response> {
+    let ready = shared.ready()?;
+    let body = Body::parse(body)?;
+    let opts = openai::options(&body, &ready.text.defaults)?;
+    let tools = tools::parse(&body)?;
+    let prompt = render(ready, &body, &tools)?;
+    let tok = &ready.text.tokenizer;
+    let ids = tok.encode(&prompt.text, false)?;
+    let checkpoint_at = prompt.history.as_deref().map(|h| {
+        let history = tok.encode(h, false).unwrap_or_default();
+        history.iter().zip(&ids).take_while(|(a, b)| a == b).count()
+    });
+    let mut running = shared.start_job(ready, "messages", ids, opts.sampling, checkpoint_at)?;
+    let reply = Reply {
+        id: openai::response_id("chatcmpl"),
+        model: shared.config.model_id.clone(),
+        created: openai::unix_now(),
+    };
+    let thinking = ThinkSplitter::prompt_opens_thought(&prompt.text);
+    if opts.stream {
+        let first = vec![reply.chunk(json!({"role": "assistant", "content": ""}), None)];
+        let chunks = ChatChunks {
+            reply,
+            split: ThinkSplitter::new(thinking),
+            tools: ToolStream::new(tools.parser()),
+            include_usage: opts.include_usage,
+            called: 0,
+        };
+        return Ok(sse::reply(first, running, chunks, shared.config.keep_alive));
+    }
+    let generation = wait(&mut running).await?;
+    Ok(Json(reply.whole(&generation, thinking, &tools)).into_response())
+}
+
+/// Wait for a job's end.
+pub async fn wait(running: &mut Running) -> ApiResult<Generation> {
+    match running.finish().await {
+        Some(result) => Ok(result?),
+        None => Err(ApiError::unavailable("the server is shutting down")),
+    }
+}
+
+/// The prompt, and the conversation without the new assistant header (for
+/// the checkpoint where the next turn diverges).
+pub struct Prompt {
+    pub text: String,
+    pub history: Option<String>,
+}
+
+/// Render the request's messages with the chat template.
+pub fn render(ready: &Ready, body: &Body, tools: &Tools) -> ApiResult<Prompt> {
+    let template = ready.text.template.as_ref().ok_or_else(|| {
+        ApiError::bad_request(
+            "this model has no chat template; use /v1/completions, or restart the server with --chat-template FILE",
+        )
+    })?;
+    let messages = messages(body)?;
+    let extra = match body.object("chat_template_kwargs")? {
+        Some(m) => m.clone(),
+        None => Map::new(),
+    };
+    let add_generation_prompt = body.bool("add_generation_prompt")?.unwrap_or(true);
+    let req = ChatRequest {
+        messages,
+        tools: tools.for_template(),
+        add_generation_prompt,
+        extra,
+    };
+    let in_template = |e: crate::Error| match e {
+        crate::Error::Invalid(msg) if msg.contains("chat template variable") => {
+            ApiError::field("chat_template_kwargs", msg)
+        }
+        e => ApiError {
+            param: Some("messages".into()),
+            ..ApiError::from(e)
+        },
+    };
+    let text = template.render(&req).map_err(in_template)?;
+    let history = if add_generation_prompt {
+        let without = ChatRequest {
+            add_generation_prompt: false,
+            ..req
+        };
+        template.render(&without).ok()
+    } else {
+        None
+    };
+    Ok(Prompt { text, history })
+}
+
+/// `messages` as the template takes them: roles checked, content parts
+/// joined into a string, tool-call arguments given as JSON text parsed.
+pub fn messages(body: &Body) -> ApiResult<Vec<Value>> {
+    let Some(list) = body.get("messages") else {
+        return Err(ApiError::field("messages", "`messages` is required"));
+    };
+    let Some(list) = list.as_array().filter(|l| !l.is_empty()) else {
+        return Err(ApiError::field("messages", "`messages` must be a non-empty list"));
+    };
+    list.iter().enumerate().map(|(i, m)| message(i, m)).collect()
+}
+
+fn message(i: usize, m: &Value) -> ApiResult<Value> {
+    let at = |field: &str| format!("messages[{i}].{field}");
+    let Some(fields) = m.as_object() else {
+        return Err(ApiError::field(
+            &format!("messages[{i}]"),
+            "each message must be an object",
+        ));
+    };
+    let role = match fields.get("role").and_then(Value::as_str) {
+        Some("developer") => "system",
+        Some(r @ ("system" | "user" | "assistant" | "tool")) => r,
+        Some(other) => {
+            return Err(ApiError::field(
+                &at("role"),
+                format!("unknown role `{other}` (expected system, developer, user, assistant or tool)"),
+            ))
+        }
+        None => return Err(ApiError::field(&at("role"), "each message needs a string `role`")),
+    };
+    let mut out = Map::new();
+    out.insert("role".into(), role.into());
+    let content = match fields.get("content") {
+        None | Some(Value::Null) => String::new(),
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Array(parts)) => text_parts(&at("content"), parts)?,
+        Some(_) => {
+            return Err(ApiError::field(
+                &at("content"),
+                "`content` must be a string or a list of text parts",
+            ))
+        }
+    };
+    out.insert("content".into(), content.into());
+    for key in ["name", "tool_call_id", "reasoning_content", "reasoning"] {
+        match fields.get(key) {
+            None | Some(Value::Null) => {}
+            Some(Value::String(s)) => {
+                out.insert(key.into(), s.clone().into());
+            }
+            Some(_) => return Err(ApiError::field(&at(key), format!("`{key}` must be a string"))),
+        }
+    }
+    if let Some(calls) = fields.get("tool_calls").filter(|v| !v.is_null()) {
+        out.insert(
+            "tool_calls".into(),
+            tools::calls_for_template(&at("tool_calls"), calls)?,
+        );
+    }
+    Ok(Value::Object(out))
+}
+
+fn text_parts(param: &str, parts: &[Value]) -> ApiResult<String> {
+    let mut texts = Vec::new();
+    for (j, part) in parts.iter().enumerate() {
+        let kind = part.get("type").and_then(Value::as_str);
+        match (kind, part.get("text").and_then(Value::as_str)) {
+            (Some("text"), Some(t)) => texts.push(t),
+            (Some("text"), None) => {
+                return Err(ApiError::field(
+                    &format!("{param}[{j}].text"),
+                    "a text part needs a string `text`",
+                ))
+            }
+            (other, _) => {
+                return Err(ApiError {
+                    code: Some("unsupported_content"),
+                    ..ApiError::field(
+                        &format!("{param}[{j}].type"),
+                        format!(
+                            "content parts of type `{}` are not supported: this server takes text only",
+                            other.unwrap_or("?")
+                        ),
+                    )
+                })
+            }
+        }
+    }
+    Ok(texts.join("\n"))
+}
+
+/// What every chunk and reply of one request shares.
+struct Reply {
+    id: String,
+    model: String,
+    created: u64,
+}
+
+impl Reply {
+    fn chunk(&self, delta: Value, finish: Option<&str>) -> Value {
+        json!({
+            "id": self.id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}],
+        })
+    }
+
+    /// The non-streamed reply.
+    fn whole(&self, g: &Generation, thinking: bool, tools: &Tools) -> Value {
+        let mut split = ThinkSplitter::new(thinking);
+        let mut segments = split.push(&g.text);
+        segments.extend(split.finish());
+        let (mut reasoning, mut answer) = (String::new(), String::new());
+        for s in segments {
+            match s {
+                Segment::Thinking(t) => reasoning.push_str(&t),
+                Segment::Answer(t) => answer.push_str(&t),
+            }
+        }
+        let (content, calls) = match tools.parser() {
+            Some(p) => tools::extract(p, &answer),
+            None => (answer, Vec::new()),
+        };
+        let mut message = json!({"role": "assistant", "content": content});
+        if !reasoning.is_empty() {
+            message["reasoning_content"] = reasoning.clone().into();
+            message["reasoning"] = reasoning.into();
+        }
+        let mut finish = g.finish.as_openai();
+        if !calls.is_empty() {
+            if message["content"] == "" {
+                message["content"] = Value::Null;
+            }
+            message["tool_calls"] = calls.iter().enumerate().map(|(i, c)| c.to_json(i, false)).collect();
+            finish = "tool_calls";
+        }
+        json!({
+            "id": self.id,
+            "object": "chat.completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": [{"index": 0, "message": message, "logprobs": null, "finish_reason": finish}],
+            "usage": openai::usage(&g.stats),
+            "timings": openai::timings(&g.stats),
+        })
+    }
+}
+
+struct ChatChunks {
+    reply: Reply,
+    split: ThinkSplitter,
+    tools: ToolStream,
+    include_usage: bool,
+    /// Tool calls sent so far.
+    called: usize,
+}
+
+impl ChatChunks {
+    /// One chunk per run of reasoning, content or tool calls.
+    fn deltas(&mut self, segments: Vec<Segment>, end: bool) -> Vec<Value> {
+        let mut out = Vec::new();
+        for s in segments {
+            match s {
+                Segment::Thinking(t) => {
+                    out.push(self.reply.chunk(json!({"reasoning_content": t, "reasoning": t}), None))
+                }
+                Segment::Answer(t) => {
+                    let (text, calls) = self.tools.push(&t);
+                    self.content(&mut out, text, calls);
+                }
+            }
+        }
+        if end {
+            let (text, calls) = self.tools.finish();
+            self.content(&mut out, text, calls);
+        }
+        out
+    }
+
+    fn content(&mut self, out: &mut Vec<Value>, text: String, calls: Vec<ToolCall>) {
+        if !text.is_empty() {
+            out.push(self.reply.chunk(json!({"content": text}), None));
+        }
+        for call in calls {
+            let delta = json!({"tool_calls": [call.to_json(self.called, true)]});
+            out.push(self.reply.chunk(delta, None));
+            self.called += 1;
+        }
+    }
+}
+
+impl Chunks for ChatChunks {
+    fn piece(&mut self, text: &str) -> Vec<Value> {
+        let segments = self.split.push(text);
+        self.deltas(segments, false)
+    }
+
+    fn done(&mut self, result: Result<Generation>) -> Vec<Value> {
+        let g = match result {
+            Ok(g) => g,
+            Err(e) => return vec![ApiError::from(e).to_json()],
+        };
+        let segments = self.split.finish();
+        let mut out = self.deltas(segments, true);
+        let finish = if self.called > 0 {
+            "tool_calls"
+        } else {
+            g.finish.as_openai()
+        };
+        let mut last = self.reply.chunk(json!({}), Some(finish));
+        last["timings"] = openai::timings(&g.stats);
+        out.push(last);
+        if self.include_usage {
+            let mut usage = self.reply.chunk(json!({}), None);
+            usage["choices"] = json!([]);
+            usage["usage"] = openai::usage(&g.stats);
+            out.push(usage);
+        }
+        out
+    }
+}

@@ -1,0 +1,126 @@
+//! `POST /v1/completions`: a raw prompt (text or token ids) continued, as
+//! one JSON reply or as SSE chunks.
+
+use super::api_error::{ApiError, ApiResult};
+use super::chat::wait;
+use super::openai::{self, Body};
+use super::sse::{self, Chunks};
+use super::{AppState, Ready};
+use crate::error::Result;
+use crate::generate::Generation;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::{json, Value};
+
+pub async fn handle(State(shared): State<AppState>, body: Bytes) -> Response {
+    respond(&shared, &body)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn respond(shared: &AppState, body: &[u8]) -> ApiResult<Response> {
+    let ready = shared.ready()?;
+    let body = Body::parse(body)?;
+    let opts = openai::options(&body, &ready.text.defaults)?;
+    let ids = prompt(ready, &body)?;
+    let mut running = shared.start_job(ready, "prompt", ids, opts.sampling, None)?;
+    let reply = Reply {
+        id: openai::response_id("cmpl"),
+        model: shared.config.model_id.clone(),
+        created: openai::unix_now(),
+    };
+    if opts.stream {
+        let chunks = CompletionChunks {
+            reply,
+            include_usage: opts.include_usage,
+        };
+        return Ok(sse::reply(Vec::new(), running, chunks, shared.config.keep_alive));
+    }
+    let g = wait(&mut running).await?;
+    let mut out = reply.chunk(&g.text, Some(g.finish.as_openai()));
+    out["usage"] = openai::usage(&g.stats);
+    out["timings"] = openai::timings(&g.stats);
+    Ok(Json(out).into_response())
+}
+
+/// `prompt`: a string or token ids, or a list holding one of them.
+fn prompt(ready: &Ready, body: &Body) -> ApiResult<Vec<u32>> {
+    let tok = &ready.text.tokenizer;
+    let bad = || ApiError::field("prompt", "`prompt` must be a string or a list of token ids");
+    let ids = |list: &[Value]| -> ApiResult<Vec<u32>> {
+        list.iter()
+            .map(|v| {
+                let id = v.as_u64().and_then(|n| u32::try_from(n).ok()).ok_or_else(bad)?;
+                if id as usize >= tok.vocab_size() {
+                    return Err(ApiError::field(
+                        "prompt",
+                        format!("token id {id} is outside the vocabulary (size {})", tok.vocab_size()),
+                    ));
+                }
+                Ok(id)
+            })
+            .collect()
+    };
+    match body.get("prompt") {
+        None => Err(ApiError::field("prompt", "`prompt` is required")),
+        Some(Value::String(s)) => Ok(tok.encode(s, true)?),
+        Some(Value::Array(list)) => match list.as_slice() {
+            [Value::String(s)] => Ok(tok.encode(s, true)?),
+            [Value::Array(inner)] => ids(inner),
+            l if l.iter().all(Value::is_number) => ids(l),
+            _ => Err(ApiError::field(
+                "prompt",
+                "`prompt` must be one prompt: this server makes one choice per request; send several requests instead",
+            )),
+        },
+        Some(_) => Err(bad()),
+    }
+}
+
+struct Reply {
+    id: String,
+    model: String,
+    created: u64,
+}
+
+impl Reply {
+    fn chunk(&self, text: &str, finish: Option<&str>) -> Value {
+        json!({
+            "id": self.id,
+            "object": "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": [{"index": 0, "text": text, "logprobs": null, "finish_reason": finish}],
+        })
+    }
+}
+
+struct CompletionChunks {
+    reply: Reply,
+    include_usage: bool,
+}
+
+impl Chunks for CompletionChunks {
+    fn piece(&mut self, text: &str) -> Vec<Value> {
+        vec![self.reply.chunk(text, None)]
+    }
+
+    fn done(&mut self, result: Result<Generation>) -> Vec<Value> {
+        let g = match result {
+            Ok(g) => g,
+            Err(e) => return vec![ApiError::from(e).to_json()],
+        };
+        let mut last = self.reply.chunk("", Some(g.finish.as_openai()));
+        last["timings"] = openai::timings(&g.stats);
+        let mut out = vec![last];
+        if self.include_usage {
+            let mut usage = self.reply.chunk("", None);
+            usage["choices"] = json!([]);
+            usage["usage"] = openai::usage(&g.stats);
+            out.push(usage);
+        }
+        out
+    }
+}

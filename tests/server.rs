@@ -1,0 +1,18 @@
+//! `moeflux serve` end to end: the built binary serving the demo model on
+//! 127.0.0.1 (a free port), driven by a small HTTP client.
+
+#[path = "common/mod.rs"]
+mod common;
+
+#[path = "server/client.rs"]
+mod client;
+#[path = "server/endpoints.rs"]
+mod endpoints;
+#[path = "server/errors.rs"]
+mod errors;
+#[path = "server/load.rs"]
+mod load;
+#[path = "server/streams.rs"]
+mod streams;
+#[path = "server/template.rs"]
+mod template;
