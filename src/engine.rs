@@ -132,7 +132,8 @@ fn open_cuda(
     store: &ExpertStore,
     opts: &Options,
 ) -> Result<(Net<CudaBackend>, CacheReport)> {
-    let b = CudaBackend::new(ordinal)?;
+    let codes = crate::backend::cuda::format_codes(&wf.manifest, store.layout());
+    let b = CudaBackend::for_formats(ordinal, &codes)?;
     eprintln!("device: cuda:{ordinal} ({})", b.device_name());
     let net = Net::load(b, config, wf)?;
     let moe: Vec<usize> = (0..config.layers.len())

@@ -1,6 +1,9 @@
 //! ExpertStore: every read mode returns the bytes a plain read of the file
 //! gives; bad files and bad ids are errors; the counters count.
 
+mod common;
+
+use common::convert;
 use moeflux::experts::{ExpertStore, IoMode};
 use moeflux::format::packed::{expert_file_name, LayerLayout, Layout, EXPERTS_DIR, LAYOUT_FILE};
 use std::collections::BTreeMap;
@@ -149,5 +152,24 @@ fn the_counters_count_and_reset() {
         assert_eq!(store.stats(), Default::default());
         store.read(2, &[0]).unwrap();
         assert_eq!(store.stats().experts_read, 1);
+    }
+}
+
+/// The weight formats a CUDA device compiles kernels for are the ones the
+/// model's matrices use: a 4-bit conversion of the `qwen3_moe` fixture has
+/// 4-bit matrices with bf16 scales (code 4), 8-bit routers (code 5) and a
+/// bf16 `o_proj` (code 1: its input, 160, is not a multiple of the group
+/// size); `--bits 16` keeps every matrix bf16, routers included.
+#[test]
+fn format_codes_are_the_formats_of_the_models_matrices() {
+    use moeflux::backend::cuda::format_codes;
+    use moeflux::format::packed::{Layout, WeightsFile};
+    let tmp = tempfile::tempdir().unwrap();
+    for (flags, want) in [(&[][..], vec![1, 4, 5]), (&["--bits", "16"][..], vec![1])] {
+        let dst = tmp.path().join(format!("m{}", flags.len()));
+        convert("qwen3_moe", &dst, flags);
+        let wf = WeightsFile::open(&dst).unwrap();
+        let layout = Layout::read(&dst).unwrap();
+        assert_eq!(format_codes(&wf.manifest, &layout), want, "{flags:?}");
     }
 }

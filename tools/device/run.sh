@@ -3,7 +3,7 @@
 # Run from the repository root there, with the binaries that
 # tools/device/prepare.sh put in target/devbin/ carried along:
 #   tools/device/run.sh STAGE...
-# Stages: probe coldstart ops golden synth resident half quarter zero quarter-nopf cpu
+# Stages: probe coldstart coldstart-model ops golden synth resident half quarter zero quarter-nopf cpu
 # golden-staging pieces quarter-staging quick quick25 kernels resident-nograph
 # quarter-nograph golden-nograph resident-nopdl quarter-nopdl profile.
 # Logs go to $OUT; a short table is printed last.
@@ -84,6 +84,15 @@ for stage in "$@"; do
             t0=$(date +%s%N)
             "$BIN/moeflux" run --model /tmp/demo --device cuda -p "And it came to pass" -n 16 --seed 1 >"$OUT/coldstart-$run.txt" 2>&1
             note "coldstart $run start (rc $?): $(( ($(date +%s%N) - t0) / 1000000 )) ms wall: $(grep -E 'compil' "$OUT/coldstart-$run.txt" | tr '\n' ' ')"
+        done
+        ;;
+    coldstart-model)
+        # The first CUDA start with $MODEL (no kernel cache), then the second.
+        rm -rf "$MOEFLUX_CACHE_DIR"
+        for run in first second; do
+            t0=$(date +%s%N)
+            "$BIN/moeflux" bench --model "$MODEL" --device cuda -p 8 -n 4 -r 1 >"$OUT/coldstart-model-$run.txt" 2>&1
+            note "coldstart-model $run start (rc $?): $(( ($(date +%s%N) - t0) / 1000000 )) ms wall: $(grep -E 'compil' "$OUT/coldstart-model-$run.txt" | tr '\n' ' ')"
         done
         ;;
     zero) bench zero --device cuda --expert-cache 0% -p 512 -n 128 -r 3 ;;

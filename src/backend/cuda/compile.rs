@@ -5,11 +5,12 @@
 //!
 //! The kernels that depend on the weight format (`FOR_FMT` in
 //! `kernels/matvec.cu`) are instantiated for nine formats; compiled as one
-//! module they took 88–96 s on an H100 host. They are compiled as one
-//! module per format instead ([`Module::Format`], `-DMOEFLUX_FMT=code`),
-//! plus one module of everything else ([`Module::Base`]), all at once on
-//! as many threads, so that a first start waits for the slowest module
-//! alone.
+//! module they took 88–96 s on an H100 host. They are compiled instead as
+//! one module per (format, kernel group) ([`Module::Format`],
+//! `-DMOEFLUX_FMT=code -DMOEFLUX_GROUP=g`; the groups are `FG_*` in
+//! `kernels/common.cuh`), for the formats the model uses, plus one module
+//! of everything else ([`Module::Base`]), all at once on as many threads,
+//! so that a first start waits for the slowest module alone.
 
 use crate::error::{Error, Result};
 use cudarc::nvrtc::sys as nv;
@@ -27,6 +28,7 @@ const SOURCES: [&str; 6] = [
 ];
 
 /// The sources of a format module: the files that hold `FOR_FMT` kernels.
+/// (`elementwise.cu`, `attention.cu` and `delta.cu` hold none.)
 const FORMAT_SOURCES: [&str; 3] = [
     include_str!("kernels/common.cuh"),
     include_str!("kernels/matvec.cu"),
@@ -34,37 +36,41 @@ const FORMAT_SOURCES: [&str; 3] = [
 ];
 
 /// Every weight format code (`FMT_*` in `kernels/common.cuh`, `+ 8` for f16
-/// scales), each the code of one format module.
+/// scales).
 pub const FORMAT_CODES: [i32; 9] = [0, 1, 2, 3, 4, 5, 3 + 8, 4 + 8, 5 + 8];
+
+/// The format-dependent kernel groups (`FG_MATVEC` … `FG_MOE_DOWN_COMBINE`
+/// in `kernels/common.cuh`), each compiled as one module per format.
+const FORMAT_GROUPS: std::ops::Range<i32> = 0..5;
 
 /// One compiled module.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Module {
     /// Every kernel that does not depend on the weight format.
     Base,
-    /// The format-dependent kernels of one format code.
-    Format(i32),
+    /// The kernels of one group for one format code.
+    Format { code: i32, group: i32 },
 }
 
 impl Module {
     fn source(self) -> String {
         match self {
             Module::Base => SOURCES.concat(),
-            Module::Format(_) => FORMAT_SOURCES.concat(),
+            Module::Format { .. } => FORMAT_SOURCES.concat(),
         }
     }
 
-    fn define(self) -> String {
+    fn defines(self) -> Vec<String> {
         match self {
-            Module::Base => "-DMOEFLUX_FMT=-1".to_string(),
-            Module::Format(code) => format!("-DMOEFLUX_FMT={code}"),
+            Module::Base => vec!["-DMOEFLUX_FMT=-1".to_string()],
+            Module::Format { code, group } => vec![format!("-DMOEFLUX_FMT={code}"), format!("-DMOEFLUX_GROUP={group}")],
         }
     }
 
     fn label(self) -> String {
         match self {
             Module::Base => "base".to_string(),
-            Module::Format(code) => format!("fmt{code}"),
+            Module::Format { code, group } => format!("fmt{code}-g{group}"),
         }
     }
 }
@@ -135,30 +141,35 @@ pub struct CompileReport {
 /// A module and its CUBIN.
 pub type Image = (Module, Vec<u8>);
 
-/// The CUBIN of each module for compute capability `cc`, from the disk
-/// cache or freshly compiled (the missing ones in parallel).
-pub fn module_images(cc: (i32, i32)) -> Result<(Vec<Image>, CompileReport)> {
+/// The CUBIN of each module for compute capability `cc` and the weight
+/// format codes `codes`, from the disk cache or freshly compiled (the
+/// missing ones in parallel).
+pub fn module_images(cc: (i32, i32), codes: &[i32]) -> Result<(Vec<Image>, CompileReport)> {
     let arch = format!("sm_{}{}", cc.0, cc.1);
     let (vmaj, vmin) = nvrtc_version()?;
     let version = format!("nvrtc {vmaj}.{vmin}");
     let dir = cache_dir();
     let modules: Vec<Module> = std::iter::once(Module::Base)
-        .chain(FORMAT_CODES.iter().map(|&c| Module::Format(c)))
+        .chain(
+            codes
+                .iter()
+                .flat_map(|&code| FORMAT_GROUPS.map(move |group| Module::Format { code, group })),
+        )
         .collect();
     let mut jobs = Vec::new();
     let mut images: Vec<Option<Vec<u8>>> = Vec::with_capacity(modules.len());
     for &m in &modules {
         let source = m.source();
-        let opts = vec![
-            format!("--gpu-architecture={arch}"),
-            "--std=c++17".to_string(),
-            m.define(),
-        ];
+        let mut opts = vec![format!("--gpu-architecture={arch}"), "--std=c++17".to_string()];
+        opts.extend(m.defines());
         let key = fnv1a(&[source.as_bytes(), opts.join(" ").as_bytes(), version.as_bytes()]);
         let path = dir
             .as_ref()
             .map(|d| d.join(format!("{key:016x}-{}-{arch}.cubin", m.label())));
-        let cached = path.as_ref().and_then(|p| std::fs::read(p).ok()).filter(|b| !b.is_empty());
+        let cached = path
+            .as_ref()
+            .and_then(|p| std::fs::read(p).ok())
+            .filter(|b| !b.is_empty());
         if cached.is_none() {
             jobs.push((images.len(), source, opts, path));
         }

@@ -54,8 +54,9 @@ macro_rules! kernels {
             $(pub $name: sys::CUfunction,)*
         }
         impl $ty {
-            fn load(module: sys::CUmodule) -> Result<$ty> {
-                Ok($ty { $($name: function(module, stringify!($name))?,)* })
+            /// Each kernel from the first of `modules` that holds it.
+            fn load(modules: &[sys::CUmodule]) -> Result<$ty> {
+                Ok($ty { $($name: function(modules, stringify!($name))?,)* })
             }
         }
     };
@@ -120,17 +121,27 @@ impl Kernels {
             .map(|(_, k)| k)
             .ok_or_else(|| Error::Backend {
                 backend: "cuda",
-                msg: format!("no kernels for weight format code {fmt}"),
+                msg: format!(
+                    "no kernels for weight format code {fmt}: the device was opened for the formats {:?}",
+                    self.formats.iter().map(|(c, _)| *c).collect::<Vec<_>>()
+                ),
             })
     }
 }
 
-fn function(module: sys::CUmodule, name: &str) -> Result<sys::CUfunction> {
+fn function(modules: &[sys::CUmodule], name: &str) -> Result<sys::CUfunction> {
     let cname = CString::new(name).map_err(|_| Error::Invalid(format!("kernel name {name}")))?;
-    let mut f = std::ptr::null_mut();
-    // SAFETY: `module` is loaded and `cname` outlives the call.
-    unsafe { sys::cuModuleGetFunction(&mut f, module, cname.as_ptr()) }.check(&format!("kernel `{name}`"))?;
-    Ok(f)
+    for &module in modules {
+        let mut f = std::ptr::null_mut();
+        // SAFETY: `module` is loaded and `cname` outlives the call.
+        if unsafe { sys::cuModuleGetFunction(&mut f, module, cname.as_ptr()) } == sys::CUresult::CUDA_SUCCESS {
+            return Ok(f);
+        }
+    }
+    Err(Error::Backend {
+        backend: "cuda",
+        msg: format!("kernel `{name}` is in none of the loaded modules"),
+    })
 }
 
 /// Kernel arguments for [`Gpu::launch`]: pointers to each value, which
@@ -194,8 +205,9 @@ unsafe impl Send for Gpu {}
 unsafe impl Sync for Gpu {}
 
 impl Gpu {
-    /// Open device `ordinal`, compile (or load from the disk cache) the kernels.
-    pub fn open(ordinal: usize) -> Result<Arc<Gpu>> {
+    /// Open device `ordinal`, compile (or load from the disk cache) the
+    /// kernels for the weight format codes `codes`.
+    pub fn open(ordinal: usize, codes: &[i32]) -> Result<Arc<Gpu>> {
         if let Err(why) = probe() {
             return Err(Error::Backend {
                 backend: "cuda",
@@ -207,26 +219,32 @@ impl Gpu {
         let cc = ctx
             .compute_capability()
             .map_err(|e| cuda_err("compute capability", e))?;
-        let (images, _) = compile::module_images(cc)?;
+        let (images, _) = compile::module_images(cc, codes)?;
         let async_alloc = ctx.has_async_alloc();
         let mut modules = Vec::with_capacity(images.len());
-        let mut base = None;
-        let mut formats = Vec::new();
-        for (m, image) in &images {
+        for (_, image) in &images {
             let mut module = std::ptr::null_mut();
             // SAFETY: `image` is a complete CUBIN made by NVRTC for this device.
             unsafe { sys::cuModuleLoadData(&mut module, image.as_ptr() as *const c_void) }
                 .check("loading the kernels")?;
             modules.push(module);
-            match m {
-                Module::Base => base = Some(BaseKernels::load(module)?),
-                Module::Format(code) => formats.push((*code, FormatKernels::load(module)?)),
-            }
         }
-        let base = base.ok_or_else(|| Error::Backend {
-            backend: "cuda",
-            msg: "the base kernel module is missing".into(),
-        })?;
+        let of = |pick: &dyn Fn(Module) -> bool| -> Vec<sys::CUmodule> {
+            images
+                .iter()
+                .zip(&modules)
+                .filter(|((m, _), _)| pick(*m))
+                .map(|(_, &module)| module)
+                .collect()
+        };
+        let base = BaseKernels::load(&of(&|m| m == Module::Base))?;
+        let formats = codes
+            .iter()
+            .map(|&c| {
+                let mods = of(&|m| matches!(m, Module::Format { code, .. } if code == c));
+                FormatKernels::load(&mods).map(|k| (c, k))
+            })
+            .collect::<Result<Vec<_>>>()?;
         let k = Kernels { base, formats };
         let mut stream = std::ptr::null_mut();
         let mut copy = std::ptr::null_mut();

@@ -26,6 +26,7 @@ pub use probe::LaunchCost;
 use super::{AttnArgs, Backend, DeltaArgs, DeltaState, DeltaWeights, MlaArgs, MoeArgs, MoeHint, RopeArgs, Strided};
 use crate::error::{Error, Result};
 use crate::experts::ExpertStore;
+use crate::format::packed::{Layout, Manifest};
 use crate::format::MatrixView;
 use cache::ExpertCache;
 use driver::{Check, Gpu};
@@ -69,11 +70,68 @@ pub struct CacheRequest {
 /// caches, the driver's own).
 const MARGIN_BYTES: u64 = 3 << 30;
 
+/// The weight format codes (`FMT_*` of `kernels/common.cuh`, `+ 8` for f16
+/// scales) of a packed model's matrices: its dense tensors of two or more
+/// dimensions and its experts. An over-estimate is harmless (a module
+/// compiled for nothing); a format left out is an error at its first use.
+pub fn format_codes(manifest: &Manifest, layout: &Layout) -> Vec<i32> {
+    let float = |dtype: &str| match dtype {
+        "F32" => Some(0),
+        "BF16" => Some(1),
+        "F16" => Some(2),
+        _ => None,
+    };
+    let quant = |bits: u32, scales: Option<&str>| {
+        let base = match bits {
+            2 => 3,
+            4 => 4,
+            8 => 5,
+            _ => return None,
+        };
+        Some(base + if scales == Some("F16") { matrix::F16_SCALES } else { 0 })
+    };
+    let mut codes = Vec::new();
+    for (name, t) in &manifest.tensors {
+        let code = match (t.dtype.as_str(), t.bits) {
+            ("U32", Some(bits)) => {
+                let scales = name
+                    .strip_suffix(".weight")
+                    .and_then(|stem| manifest.tensors.get(&format!("{stem}.scales")))
+                    .map(|s| s.dtype.as_str());
+                quant(bits, scales)
+            }
+            (d, _) if t.shape.len() >= 2 => float(d),
+            _ => None,
+        };
+        codes.extend(code);
+    }
+    for l in layout.layers.values() {
+        let dtype = |name: &str| l.components.iter().find(|c| c.name == name).map(|c| c.dtype.as_str());
+        let code = match dtype("gate_proj.weight") {
+            Some("U32") => quant(l.bits, dtype("gate_proj.scales")),
+            Some(d) => float(d),
+            None => None,
+        };
+        codes.extend(code);
+    }
+    codes.sort_unstable();
+    codes.dedup();
+    codes
+}
+
 impl CudaBackend {
-    /// Open CUDA device `ordinal` (compiling the kernels on first use).
+    /// Open CUDA device `ordinal` with the kernels of every weight format
+    /// (compiling them on first use).
     pub fn new(ordinal: usize) -> Result<CudaBackend> {
+        CudaBackend::for_formats(ordinal, &compile::FORMAT_CODES)
+    }
+
+    /// Open CUDA device `ordinal` with the kernels of the weight format
+    /// codes `codes` alone (see [`format_codes`]): a first start compiles
+    /// fewer modules.
+    pub fn for_formats(ordinal: usize, codes: &[i32]) -> Result<CudaBackend> {
         Ok(CudaBackend {
-            gpu: Gpu::open(ordinal)?,
+            gpu: Gpu::open(ordinal, codes)?,
             cache: OnceLock::new(),
         })
     }

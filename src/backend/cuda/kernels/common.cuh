@@ -80,6 +80,22 @@ __device__ float block_max(float v, float* sh) {
     return warp_max(l < nw ? sh[l] : NEG_INF);
 }
 
+// Kernel groups, for compiling the kernels as several modules
+// (cuda/compile.rs): a module made with MOEFLUX_GROUP = g holds the
+// kernels of group g alone; without it, every group. The format-dependent
+// groups are compiled once per weight format (MOEFLUX_FMT, see FOR_FMT in
+// matvec.cu); FG_BASE holds the kernels that need no format.
+#define FG_MATVEC 0            // matvec, gemm, embed
+#define FG_MOE_UP 1            // moe_up
+#define FG_MOE_DOWN 2          // moe_down
+#define FG_MOE_UP_ROUTED 3     // moe_up_routed
+#define FG_MOE_DOWN_COMBINE 4  // moe_down_combine
+#define FG_BASE 5              // everything else
+#ifndef MOEFLUX_GROUP
+#define MOEFLUX_GROUP -1
+#endif
+#define FMT_GROUP_ON(g) (MOEFLUX_GROUP < 0 || MOEFLUX_GROUP == (g))
+
 // Weight formats; kept in step with `Format` in cuda/matrix.rs.
 #define FMT_F32 0
 #define FMT_BF16 1

@@ -13,8 +13,8 @@
 // The kernels are compiled as several modules in parallel
 // (cuda/compile.rs): MOEFLUX_FMT, set by the compiler options, is the one
 // format code whose instantiations a module holds (F = code % 8, S = code
-// ≥ 8), or -1 in the module of the kernels that need no format; without
-// it every format is compiled into one module.
+// ≥ 8), or -1 in the module of the kernels that need no format (FG_BASE);
+// without it every format is compiled into one module.
 #if !defined(MOEFLUX_FMT)
 #define FOR_FMT(fmt, CALL)                                                          \
     switch (fmt) {                                                                  \
@@ -307,10 +307,12 @@ __device__ __forceinline__ void matvec_t(const Mat& m, const float* x, float* y)
 }
 
 // y[rows] = W·x (one token); grid rows/(8·MV_R), 256 threads.
+#if FMT_GROUP_ON(FG_MATVEC)
 extern "C" __global__ void __launch_bounds__(256) matvec(Mat m, const float* x, float* y) {
     GRID_DEP();
     FOR_FMT(m.fmt, (matvec_t<F, S>(m, x, y)));
 }
+#endif
 
 #define MQ_R 4  // rows per warp in matvec_q
 
@@ -465,6 +467,7 @@ struct MatSet {
 // works on the matrix whose range holds it (the format may differ from
 // one matrix to the next). Dynamic shared memory cols·4 bytes, blocks of
 // 64 or 256 threads, grid first[count] blocks.
+#if FMT_GROUP_ON(FG_BASE)
 extern "C" __global__ void __launch_bounds__(256) matvec_q(MatSet s, const float* x, const float* u) {
     GRID_DEP();
     extern __shared__ float4 xs[];
@@ -492,6 +495,7 @@ extern "C" __global__ void __launch_bounds__(256) matvec_q(MatSet s, const float
         default: break;
     }
 }
+#endif
 
 #define GM_BM 128  // weight rows per block
 #define GM_BN 64   // tokens per block
@@ -689,14 +693,17 @@ __device__ __forceinline__ void gemm_t(const Mat& m, const float* x, float* y, i
 
 // y[n, rows] = x[n, cols] · Wᵀ for any n and cols > 0: grid (rows/GM_BM,
 // n/GM_BN), 256 threads, two blocks an SM (≤ 128 registers).
+#if FMT_GROUP_ON(FG_MATVEC)
 extern "C" __global__ void __launch_bounds__(256, 2) gemm(Mat m, const float* x, float* y, int n) {
     GRID_DEP();
     __shared__ __align__(16) float ws[GM_BK][GM_BM];
     __shared__ __align__(16) float xs[GM_BK][GM_BN];
     FOR_FMT(m.fmt, (gemm_t<F, S>(m, x, y, n, ws, xs)));
 }
+#endif
 
 // y[t] = row tokens[t] of the table, dequantized: grid (cols/256, n).
+#if FMT_GROUP_ON(FG_MATVEC)
 extern "C" __global__ void embed(Mat m, const u32* tokens, float* y) {
     GRID_DEP();
     const int t = blockIdx.y;
@@ -707,3 +714,4 @@ extern "C" __global__ void embed(Mat m, const u32* tokens, float* y) {
     FOR_FMT(m.fmt, (v = row_get<F, S>(row, c, m.gs_shift)));
     y[(i64)t * m.cols + c] = v;
 }
+#endif

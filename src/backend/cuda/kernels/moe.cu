@@ -44,6 +44,7 @@ __device__ int block_argmax(const float* v, int n, float* sh_v, int* sh_i) {
 // `scale`. ids, wts [n, k]; with `hint` (another layer's logits [E]),
 // block n routes those into row n. Dynamic shared memory: 2E + n_group
 // floats.
+#if FMT_GROUP_ON(FG_BASE)
 extern "C" __global__ void moe_route(const float* logits, const float* bias, u32* ids, float* wts, int E, int k,
                                      int mode, int norm, int n_group, int topk_group, float scale,
                                      const float* hint, int n) {
@@ -133,6 +134,7 @@ extern "C" __global__ void moe_route(const float* logits, const float* bias, u32
         }
     }
 }
+#endif
 
 // Softmax routing (mode 0 of moe_route) for E ≤ 32·J and k ≤ 32, one warp
 // per token: lane l holds experts l, l + 32, ... in registers, and each of
@@ -188,6 +190,7 @@ __device__ __forceinline__ void route_warp_t(const float* l, u32* ids, float* wt
     }
 }
 
+#if FMT_GROUP_ON(FG_BASE)
 extern "C" __global__ void __launch_bounds__(32)
     moe_route_warp(const float* logits, u32* ids, float* wts, int E, int k, int norm, const float* hint, int n) {
     GRID_DEP();
@@ -200,6 +203,7 @@ extern "C" __global__ void __launch_bounds__(32)
         route_warp_t<32>(l, ids, wts, E, k, norm);
     }
 }
+#endif
 
 // Byte offsets of the nine components inside one expert (gate, up, down ×
 // weight, scales, biases), the weight format, log2 of the group size, and
@@ -474,6 +478,7 @@ __device__ __forceinline__ void moe_up_t(const ELayout& L, const float* x, float
     expert_run<FMT, F16S, true>(w, G, pairs, xsh);
 }
 
+#if FMT_GROUP_ON(FG_MOE_UP)
 extern "C" __global__ void __launch_bounds__(256)
     moe_up(ELayout L, const float* x, float* h, const u64* grp_ptr, const int* grp_start, const int* grp_count,
            const int* pairs, int k, int hidden, int inter, int stage) {
@@ -483,6 +488,7 @@ extern "C" __global__ void __launch_bounds__(256)
     float4* xsh = stage_buf(moe_xs, stage, G);
     FOR_FMT(L.fmt, (moe_up_t<F, S>(L, x, h, G, pairs, k, hidden, inter, xsh)));
 }
+#endif
 
 // d[p] = down·h[p] for the group's pairs, in tiles (expert_group): each
 // warp takes MV_R rows of down. Grid (hidden/(8·MV_R), groups), 256
@@ -509,6 +515,7 @@ __device__ __forceinline__ void moe_down_t(const ELayout& L, const float* h, flo
     expert_run<FMT, F16S, false>(w, G, pairs, xsh);
 }
 
+#if FMT_GROUP_ON(FG_MOE_DOWN)
 extern "C" __global__ void __launch_bounds__(256)
     moe_down(ELayout L, const float* h, float* d, const u64* grp_ptr, const int* grp_start, const int* grp_count,
              const int* pairs, int hidden, int inter, int stage) {
@@ -518,9 +525,11 @@ extern "C" __global__ void __launch_bounds__(256)
     float4* xsh = stage_buf(moe_xs, stage, G);
     FOR_FMT(L.fmt, (moe_down_t<F, S>(L, h, d, G, pairs, hidden, inter, xsh)));
 }
+#endif
 
 // out[t] += Σ_j wts[t, j]·d[t·k + j], j in order (with `assign`, out is
 // known to be zero and is not read).
+#if FMT_GROUP_ON(FG_BASE)
 extern "C" __global__ void moe_combine(float* out, const float* d, const float* wts, int n, int k, int hidden,
                                        int assign) {
     GRID_DEP();
@@ -531,6 +540,7 @@ extern "C" __global__ void moe_combine(float* out, const float* d, const float* 
         out[i] = assign ? a : out[i] + a;
     }
 }
+#endif
 
 // moe_down and moe_combine in one launch, for device routing: block
 // (blockIdx.x, blockIdx.y) takes MV_R rows of token blockIdx.y; warp w runs
@@ -576,12 +586,14 @@ __device__ __forceinline__ void moe_down_combine_t(const ELayout& L, const float
     }
 }
 
+#if FMT_GROUP_ON(FG_MOE_DOWN_COMBINE)
 extern "C" __global__ void __launch_bounds__(256)
     moe_down_combine(ELayout L, const float* h, float* out, const float* wts, const u32* ids, const u64* table, int k,
                      int hidden, int inter, int assign) {
     GRID_DEP();
     FOR_FMT(L.fmt, (moe_down_combine_t<F, S>(L, h, out, wts, ids, table, k, hidden, inter, assign)));
 }
+#endif
 
 // moe_up for device routing (decode: one pair per block row, ids and the
 // resident table on the device): the arithmetic of moe_up's one-token
@@ -618,9 +630,11 @@ __device__ __forceinline__ void moe_up_routed_t(const ELayout& L, const float* x
     }
 }
 
+#if FMT_GROUP_ON(FG_MOE_UP_ROUTED)
 extern "C" __global__ void __launch_bounds__(256, 2)
     moe_up_routed(ELayout L, const float* x, float* h, const u32* ids, const u64* table, int k, int hidden,
                   int inter) {
     GRID_DEP();
     FOR_FMT(L.fmt, (moe_up_routed_t<F, S>(L, x, h, ids, table, k, hidden, inter)));
 }
+#endif
