@@ -9,6 +9,7 @@ use crate::error::{Error, Result};
 use crate::experts::{ExpertStore, IoMode};
 use crate::format::packed::{Layout, WeightsFile, EXPERTS_DIR, LAYOUT_FILE};
 use crate::model::{Net, State};
+use crate::notify::Notifier;
 use std::path::Path;
 
 /// Which device computes.
@@ -64,6 +65,9 @@ pub struct Options {
     /// prefill chunk long enough to need nearly all of them, every expert of
     /// the next layer.
     pub prefetch: bool,
+    /// Where the messages of opening go (the device chosen, kernels
+    /// compiled, the expert cache, fallbacks); dropped by default.
+    pub notify: Notifier,
 }
 
 impl Default for Options {
@@ -74,6 +78,7 @@ impl Default for Options {
             io_threads: 8,
             expert_cache: CacheSize::Auto,
             prefetch: true,
+            notify: Notifier::default(),
         }
     }
 }
@@ -111,13 +116,13 @@ macro_rules! with_net_state {
     };
 }
 
-/// The device `Auto` resolves to, said on stderr.
-fn choose(device: Device) -> Device {
+/// The device `Auto` resolves to (said through `notify` when it is the CPU).
+fn choose(device: Device, notify: &Notifier) -> Device {
     match device {
         Device::Auto => match cuda::probe() {
             Ok(_) => Device::Cuda(0),
             Err(why) => {
-                eprintln!("device: cpu ({why})");
+                notify.say(&format!("device: cpu ({why})"));
                 Device::Cpu
             }
         },
@@ -133,8 +138,9 @@ fn open_cuda(
     opts: &Options,
 ) -> Result<(Net<CudaBackend>, CacheReport)> {
     let codes = crate::backend::cuda::format_codes(&wf.manifest, store.layout());
-    let b = CudaBackend::for_formats(ordinal, &codes)?;
-    eprintln!("device: cuda:{ordinal} ({})", b.device_name());
+    let b = CudaBackend::for_formats(ordinal, &codes, &opts.notify)?;
+    opts.notify
+        .say(&format!("device: cuda:{ordinal} ({})", b.device_name()));
     let net = Net::load(b, config, wf)?;
     let moe: Vec<usize> = (0..config.layers.len())
         .filter(|&i| config.layers[i].ffn == crate::config::FfnKind::Moe)
@@ -147,14 +153,14 @@ fn open_cuda(
     let r = net.b.attach_experts(store, &moe, req)?;
     let gb = |b: u64| b as f64 / 1e9;
     if r.resident {
-        eprintln!(
+        opts.notify.say(&format!(
             "expert cache: all {} experts resident ({:.2} GB, loaded in {:.1} s)",
             r.experts,
             gb(r.expert_bytes),
             r.load_s
-        );
+        ));
     } else {
-        eprintln!(
+        opts.notify.say(&format!(
             "expert cache: {:.2} GB, {} of {} experts ({:.0}% of {:.2} GB{}); the rest stream from the host{}",
             gb(r.budget_bytes),
             r.slots,
@@ -163,7 +169,7 @@ fn open_cuda(
             gb(r.expert_bytes),
             if r.minimum { ", the smallest working set" } else { "" },
             if opts.prefetch { ", prefetch on" } else { "" }
-        );
+        ));
     }
     Ok((net, r))
 }
@@ -187,18 +193,24 @@ impl Model {
         let layout_path = dir.join(EXPERTS_DIR).join(LAYOUT_FILE);
         Layout::read(dir)?.validate_model(&config, &layout_path)?;
         let store = ExpertStore::open(dir, config.num_hidden_layers, opts.io_mode, opts.io_threads)?;
+        if opts.io_mode == IoMode::Direct && store.mode() != IoMode::Direct {
+            opts.notify.say(&format!(
+                "warning: the filesystem refuses O_DIRECT; reading experts with {} instead",
+                store.mode()
+            ));
+        }
         if let Some(e) = check::moe_layouts(&config, store.layout()).into_iter().next() {
             return Err(e);
         }
         let mut cache = None;
-        let engine = match choose(opts.device) {
+        let engine = match choose(opts.device, &opts.notify) {
             Device::Cuda(i) => match open_cuda(i, &config, &wf, &store, opts) {
                 Ok((net, r)) => {
                     cache = Some(r);
                     Engine::Cuda(Box::new(net))
                 }
                 Err(e) if opts.device == Device::Auto => {
-                    eprintln!("device: cpu (CUDA device {i} failed: {e})");
+                    opts.notify.say(&format!("device: cpu (CUDA device {i} failed: {e})"));
                     Engine::Cpu(Box::new(Net::load(CpuBackend::new(), &config, &wf)?))
                 }
                 Err(e) => return Err(e),

@@ -17,6 +17,7 @@ pub mod backend;
 pub mod engine;
 pub mod experts;
 pub mod model;
+pub mod notify;
 pub mod server;
 pub mod session;
 pub mod text;

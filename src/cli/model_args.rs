@@ -7,6 +7,7 @@ use anyhow::Context;
 use clap::Args;
 use moeflux::backend::cuda::CacheSize;
 use moeflux::experts::IoMode;
+use moeflux::notify::Notifier;
 use moeflux::{Device, Model, Options};
 use std::path::PathBuf;
 
@@ -42,6 +43,8 @@ impl ModelArgs {
             io_mode: self.io,
             expert_cache: self.expert_cache,
             prefetch: !self.no_prefetch,
+            // What opening has to say (device, kernels, expert cache) goes to stderr.
+            notify: Notifier::new(|m| eprintln!("{m}")),
             ..Options::default()
         }
     }

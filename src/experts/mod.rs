@@ -142,10 +142,7 @@ impl ExpertStore {
             let file = match ExpertFile::open(&path, len, mode)? {
                 Some(f) => f,
                 None => {
-                    eprintln!(
-                        "warning: {}: the filesystem refuses O_DIRECT; reading experts with pread instead",
-                        path.display()
-                    );
+                    // Said by the caller, which sees the mode change.
                     mode = IoMode::Pread;
                     // Layers opened before this one keep O_DIRECT, which works for them.
                     ExpertFile::open_pread(&path)?

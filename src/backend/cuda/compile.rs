@@ -13,6 +13,7 @@
 //! so that a first start waits for the slowest module alone.
 
 use crate::error::{Error, Result};
+use crate::notify::Notifier;
 use cudarc::nvrtc::sys as nv;
 use std::ffi::{c_char, CStr, CString};
 use std::path::PathBuf;
@@ -128,23 +129,15 @@ fn nvrtc_version() -> Result<(i32, i32)> {
     Ok((major, minor))
 }
 
-/// What [`module_images`] did, for the start-up message.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct CompileReport {
-    pub modules: usize,
-    /// Modules compiled now (the rest came from the disk cache).
-    pub compiled: usize,
-    /// Wall time of the compilation, all modules at once.
-    pub seconds: f64,
-}
-
 /// A module and its CUBIN.
 pub type Image = (Module, Vec<u8>);
 
 /// The CUBIN of each module for compute capability `cc` and the weight
 /// format codes `codes`, from the disk cache or freshly compiled (the
 /// missing ones in parallel).
-pub fn module_images(cc: (i32, i32), codes: &[i32]) -> Result<(Vec<Image>, CompileReport)> {
+/// What was done is said through `notify`: the modules to compile before
+/// the wait, the time it took after; nothing when all came from the cache.
+pub fn module_images(cc: (i32, i32), codes: &[i32], notify: &Notifier) -> Result<Vec<Image>> {
     let arch = format!("sm_{}{}", cc.0, cc.1);
     let (vmaj, vmin) = nvrtc_version()?;
     let version = format!("nvrtc {vmaj}.{vmin}");
@@ -178,10 +171,10 @@ pub fn module_images(cc: (i32, i32), codes: &[i32]) -> Result<(Vec<Image>, Compi
     let t0 = std::time::Instant::now();
     let compiled = jobs.len();
     if !jobs.is_empty() {
-        eprintln!(
+        notify.say(&format!(
             "compiling {} CUDA kernel modules for {arch} ({version}) in parallel; they are cached for the next start",
             jobs.len()
-        );
+        ));
         let built: Vec<(usize, Result<Vec<u8>>, Option<PathBuf>)> = std::thread::scope(|s| {
             let handles: Vec<_> = jobs
                 .into_iter()
@@ -207,7 +200,10 @@ pub fn module_images(cc: (i32, i32), codes: &[i32]) -> Result<(Vec<Image>, Compi
             let cubin = cubin?;
             if let Some(p) = &path {
                 if let Err(e) = store(p, &cubin) {
-                    eprintln!("warning: could not cache the compiled kernels at {}: {e}", p.display());
+                    notify.say(&format!(
+                        "warning: could not cache the compiled kernels at {}: {e}",
+                        p.display()
+                    ));
                 }
             }
             if let Some(slot) = images.get_mut(i) {
@@ -215,13 +211,11 @@ pub fn module_images(cc: (i32, i32), codes: &[i32]) -> Result<(Vec<Image>, Compi
             }
         }
     }
-    let report = CompileReport {
-        modules: modules.len(),
-        compiled,
-        seconds: t0.elapsed().as_secs_f64(),
-    };
     if compiled > 0 {
-        eprintln!("compiled the CUDA kernels in {:.1} s", report.seconds);
+        notify.say(&format!(
+            "compiled {compiled} CUDA kernel modules in {:.1} s",
+            t0.elapsed().as_secs_f64()
+        ));
     }
     let out = modules
         .into_iter()
@@ -233,7 +227,7 @@ pub fn module_images(cc: (i32, i32), codes: &[i32]) -> Result<(Vec<Image>, Compi
             })
         })
         .collect::<Result<Vec<_>>>()?;
-    Ok((out, report))
+    Ok(out)
 }
 
 /// Write to a temporary name in the same directory, then rename.

@@ -6,6 +6,7 @@
 use super::compile::{self, Module};
 use super::graph::Segments;
 use crate::error::{Error, Result};
+use crate::notify::Notifier;
 use cudarc::driver::{sys, CudaContext, DriverError};
 use std::collections::HashMap;
 use std::ffi::{c_void, CString};
@@ -168,6 +169,8 @@ pub(crate) struct Gpu {
     pub copy: sys::CUstream,
     modules: Vec<sys::CUmodule>,
     pub k: Kernels,
+    /// Where this device's messages go (see `crate::notify`).
+    pub notify: Notifier,
     pub name: String,
     pub ordinal: usize,
     /// Stream-ordered allocation (`cuMemAllocAsync`) is available.
@@ -207,7 +210,7 @@ unsafe impl Sync for Gpu {}
 impl Gpu {
     /// Open device `ordinal`, compile (or load from the disk cache) the
     /// kernels for the weight format codes `codes`.
-    pub fn open(ordinal: usize, codes: &[i32]) -> Result<Arc<Gpu>> {
+    pub fn open(ordinal: usize, codes: &[i32], notify: &Notifier) -> Result<Arc<Gpu>> {
         if let Err(why) = probe() {
             return Err(Error::Backend {
                 backend: "cuda",
@@ -219,7 +222,7 @@ impl Gpu {
         let cc = ctx
             .compute_capability()
             .map_err(|e| cuda_err("compute capability", e))?;
-        let (images, _) = compile::module_images(cc, codes)?;
+        let images = compile::module_images(cc, codes, notify)?;
         let async_alloc = ctx.has_async_alloc();
         let mut modules = Vec::with_capacity(images.len());
         for (_, image) in &images {
@@ -275,6 +278,7 @@ impl Gpu {
             copy,
             modules,
             k,
+            notify: notify.clone(),
             name,
             ordinal,
             async_alloc,

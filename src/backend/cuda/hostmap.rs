@@ -76,7 +76,8 @@ pub(crate) fn map_all(gpu: &Arc<Gpu>, store: &ExpertStore, moe_layers: &[usize])
         total += (store.layer_layout(l).ok()?.expert_size * store.num_experts()) as u64;
     }
     if mem_available().is_none_or(|m| total > m / 2) {
-        eprintln!("expert cache: the expert files are over half the available memory; copying through staging buffers");
+        gpu.notify
+            .say("expert cache: the expert files are over half the available memory; copying through staging buffers");
         return None;
     }
     let n = moe_layers.iter().max().map_or(0, |m| m + 1);
@@ -86,7 +87,8 @@ pub(crate) fn map_all(gpu: &Arc<Gpu>, store: &ExpertStore, moe_layers: &[usize])
         match m {
             Ok(m) => maps[l] = Some(m),
             Err(e) => {
-                eprintln!("expert cache: {e}; copying through staging buffers");
+                gpu.notify
+                    .say(&format!("expert cache: {e}; copying through staging buffers"));
                 return None;
             }
         }

@@ -28,6 +28,7 @@ use crate::error::{Error, Result};
 use crate::experts::ExpertStore;
 use crate::format::packed::{Layout, Manifest};
 use crate::format::MatrixView;
+use crate::notify::Notifier;
 use cache::ExpertCache;
 use driver::{Check, Gpu};
 use std::sync::{Arc, OnceLock};
@@ -123,15 +124,16 @@ impl CudaBackend {
     /// Open CUDA device `ordinal` with the kernels of every weight format
     /// (compiling them on first use).
     pub fn new(ordinal: usize) -> Result<CudaBackend> {
-        CudaBackend::for_formats(ordinal, &compile::FORMAT_CODES)
+        CudaBackend::for_formats(ordinal, &compile::FORMAT_CODES, &Notifier::default())
     }
 
     /// Open CUDA device `ordinal` with the kernels of the weight format
     /// codes `codes` alone (see [`format_codes`]): a first start compiles
     /// fewer modules.
-    pub fn for_formats(ordinal: usize, codes: &[i32]) -> Result<CudaBackend> {
+    /// Messages (kernels compiled, expert-cache fallbacks) go to `notify`.
+    pub fn for_formats(ordinal: usize, codes: &[i32], notify: &Notifier) -> Result<CudaBackend> {
         Ok(CudaBackend {
-            gpu: Gpu::open(ordinal, codes)?,
+            gpu: Gpu::open(ordinal, codes, notify)?,
             cache: OnceLock::new(),
         })
     }
