@@ -2,7 +2,7 @@
 //! weights made resident, the expert files opened for streaming.
 
 use crate::backend::cpu::CpuBackend;
-use crate::backend::cuda::{self, CacheReport, CacheRequest, CacheSize, CacheStats, CudaBackend};
+use crate::backend::cuda::{self, CacheReport, CacheRequest, CacheSize, CacheStats, CudaBackend, CudaOptions};
 use crate::check;
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
@@ -65,6 +65,8 @@ pub struct Options {
     /// prefill chunk long enough to need nearly all of them, every expert of
     /// the next layer.
     pub prefetch: bool,
+    /// CUDA: settings of the backend (graphs, PDL, staging, kernel cache).
+    pub cuda: CudaOptions,
     /// Where the messages of opening go (the device chosen, kernels
     /// compiled, the expert cache, fallbacks); dropped by default.
     pub notify: Notifier,
@@ -78,6 +80,7 @@ impl Default for Options {
             io_threads: 8,
             expert_cache: CacheSize::Auto,
             prefetch: true,
+            cuda: CudaOptions::default(),
             notify: Notifier::default(),
         }
     }
@@ -138,7 +141,7 @@ fn open_cuda(
     opts: &Options,
 ) -> Result<(Net<CudaBackend>, CacheReport)> {
     let codes = crate::backend::cuda::format_codes(&wf.manifest, store.layout());
-    let b = CudaBackend::for_formats(ordinal, &codes, &opts.notify)?;
+    let b = CudaBackend::for_formats(ordinal, &codes, &opts.cuda, &opts.notify)?;
     opts.notify
         .say(&format!("device: cuda:{ordinal} ({})", b.device_name()));
     let net = Net::load(b, config, wf)?;

@@ -9,7 +9,7 @@
 mod common;
 
 use common::*;
-use moeflux::backend::cuda::{probe, CacheSize};
+use moeflux::backend::cuda::{probe, CacheSize, CudaOptions};
 use moeflux::{Device, Model, Options};
 
 const GPU_TOL: f64 = 2e-3;
@@ -17,11 +17,27 @@ const GPU_TOL: f64 = 2e-3;
 /// tiled products), the same f32 arithmetic.
 const STEP_TOL: f64 = 1e-4;
 
+/// The backend's settings, from this test binary's environment (the
+/// library reads none): `MOEFLUX_STAGING=1` copies misses through staging
+/// buffers, `MOEFLUX_GRAPHS=0` launches without graphs,
+/// `MOEFLUX_KERNEL_CACHE` keeps the compiled kernels there
+/// (`tools/device/run.sh` stages golden-staging and golden-nograph).
+fn cuda_options() -> CudaOptions {
+    let var = |k: &str| std::env::var(k).ok();
+    CudaOptions {
+        staging: var("MOEFLUX_STAGING").is_some_and(|v| v != "0"),
+        graphs: var("MOEFLUX_GRAPHS").is_none_or(|v| v != "0"),
+        kernel_cache: var("MOEFLUX_KERNEL_CACHE").map(Into::into),
+        ..CudaOptions::default()
+    }
+}
+
 fn open(dir: &std::path::Path, cache: CacheSize, prefetch: bool) -> Model {
     let opts = Options {
         device: Device::Cuda(0),
         expert_cache: cache,
         prefetch,
+        cuda: cuda_options(),
         ..Options::default()
     };
     Model::open(dir, &opts).expect("open converted model on CUDA")

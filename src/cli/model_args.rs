@@ -5,7 +5,7 @@
 
 use anyhow::Context;
 use clap::Args;
-use moeflux::backend::cuda::CacheSize;
+use moeflux::backend::cuda::{CacheSize, CudaOptions};
 use moeflux::experts::IoMode;
 use moeflux::notify::Notifier;
 use moeflux::{Device, Model, Options};
@@ -34,6 +34,24 @@ pub struct ModelArgs {
     /// prefill chunks).
     #[arg(long)]
     pub no_prefetch: bool,
+    /// CUDA: where compiled kernels are kept [default:
+    /// $XDG_CACHE_HOME/moeflux/kernels, else ~/.cache/moeflux/kernels].
+    #[arg(long, value_name = "DIR", env = "MOEFLUX_KERNEL_CACHE")]
+    pub kernel_cache: Option<PathBuf>,
+    /// CUDA, for measuring: launch kernels one by one instead of through
+    /// reused CUDA graphs.
+    #[arg(long, hide = true)]
+    pub no_cuda_graphs: bool,
+    /// CUDA, for measuring: no programmatic dependent launch.
+    #[arg(long, hide = true)]
+    pub no_pdl: bool,
+    /// CUDA, for measuring: copy expert misses through pinned staging
+    /// buffers even where the files could be registered with the driver.
+    #[arg(long, hide = true)]
+    pub staging: bool,
+    /// CUDA, for measuring: KiB of one piece of a staged expert copy.
+    #[arg(long, hide = true, value_name = "KIB", default_value_t = 512)]
+    pub copy_piece_kib: usize,
 }
 
 impl ModelArgs {
@@ -43,6 +61,13 @@ impl ModelArgs {
             io_mode: self.io,
             expert_cache: self.expert_cache,
             prefetch: !self.no_prefetch,
+            cuda: CudaOptions {
+                graphs: !self.no_cuda_graphs,
+                pdl: !self.no_pdl,
+                staging: self.staging,
+                copy_piece_bytes: self.copy_piece_kib.max(4) << 10,
+                kernel_cache: self.kernel_cache.clone(),
+            },
             // What opening has to say (device, kernels, expert cache) goes to stderr.
             notify: Notifier::new(|m| eprintln!("{m}")),
             ..Options::default()

@@ -13,7 +13,7 @@ mkdir -p "$OUT"
 ROOT=$(pwd)
 BIN=$ROOT/target/devbin
 MODEL=${MODEL:-/tmp/q36}
-export MOEFLUX_CACHE_DIR=/tmp/moeflux-kernels
+export MOEFLUX_KERNEL_CACHE=/tmp/moeflux-kernels
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/local/cuda/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}
 export RUST_BACKTRACE=1
 # The test binaries were built in /work/main: fixtures and the moeflux
@@ -64,10 +64,10 @@ for stage in "$@"; do
         note "synth (rc $?, $((SECONDS - t0)) s): $(du -sh "$MODEL" | cut -f1)"
         ;;
     resident) bench resident --device cuda -p 512 -n 128 -r 3 --timing ;;
-    resident-nopdl) MOEFLUX_PDL=0 bench resident-nopdl --device cuda -p 512 -n 128 -r 3 ;;
-    quarter-nopdl) MOEFLUX_PDL=0 bench quarter-nopdl --device cuda --expert-cache 25% -p 512 -n 128 -r 3 ;;
-    resident-nograph) MOEFLUX_GRAPHS=0 bench resident-nograph --device cuda -p 512 -n 128 -r 3 ;;
-    quarter-nograph) MOEFLUX_GRAPHS=0 bench quarter-nograph --device cuda --expert-cache 25% -p 512 -n 128 -r 3 ;;
+    resident-nopdl) bench resident-nopdl --no-pdl --device cuda -p 512 -n 128 -r 3 ;;
+    quarter-nopdl) bench quarter-nopdl --no-pdl --device cuda --expert-cache 25% -p 512 -n 128 -r 3 ;;
+    resident-nograph) bench resident-nograph --no-cuda-graphs --device cuda -p 512 -n 128 -r 3 ;;
+    quarter-nograph) bench quarter-nograph --no-cuda-graphs --device cuda --expert-cache 25% -p 512 -n 128 -r 3 ;;
     golden-nograph)
         t0=$SECONDS
         MOEFLUX_GRAPHS=0 "$BIN/cuda_golden" --test-threads=4 --nocapture >"$OUT/golden-nograph.log" 2>&1
@@ -78,7 +78,7 @@ for stage in "$@"; do
     quarter) bench quarter --device cuda --expert-cache 25% -p 512 -n 128 -r 3 --timing ;;
     coldstart)
         # The first CUDA start on a machine (no kernel cache), then the second.
-        rm -rf "$MOEFLUX_CACHE_DIR"
+        rm -rf "$MOEFLUX_KERNEL_CACHE"
         "$BIN/moeflux" convert tests/fixtures/demo_kjv /tmp/demo --force >/dev/null 2>&1
         for run in first second; do
             t0=$(date +%s%N)
@@ -88,7 +88,7 @@ for stage in "$@"; do
         ;;
     coldstart-model)
         # The first CUDA start with $MODEL (no kernel cache), then the second.
-        rm -rf "$MOEFLUX_CACHE_DIR"
+        rm -rf "$MOEFLUX_KERNEL_CACHE"
         for run in first second; do
             t0=$(date +%s%N)
             "$BIN/moeflux" bench --model "$MODEL" --device cuda -p 8 -n 4 -r 1 >"$OUT/coldstart-model-$run.txt" 2>&1
@@ -108,10 +108,10 @@ for stage in "$@"; do
         ;;
     pieces)
         for kb in 256 1024; do
-            MOEFLUX_STAGING=1 MOEFLUX_COPY_PIECE_KB=$kb bench "staging-piece$kb" --device cuda --expert-cache 25% -p 0 -n 32 -r 2
+            bench "staging-piece$kb" --staging --copy-piece-kib $kb --device cuda --expert-cache 25% -p 0 -n 32 -r 2
         done
         ;;
-    quarter-staging) MOEFLUX_STAGING=1 bench quarter-staging --device cuda --expert-cache 25% -p 512 -n 128 -r 3 ;;
+    quarter-staging) bench quarter-staging --staging --device cuda --expert-cache 25% -p 512 -n 128 -r 3 ;;
     kernels)
         t0=$SECONDS
         "$BIN/cuda_kernels" --test-threads=1 --nocapture >"$OUT/kernels.log" 2>&1

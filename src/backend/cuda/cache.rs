@@ -146,20 +146,10 @@ struct Counters {
 /// Experts per wave of copies; two waves of staging buffers alternate, so
 /// that reading one overlaps the DMA of the other.
 const WAVE: usize = 16;
-/// Experts are read in pieces, by as many threads as there are pieces in a
-/// wave; the copies are issued from one thread once the wave is read
-/// (driver calls on one stream from many threads contend). 512 KiB unless
-/// `MOEFLUX_COPY_PIECE_KB` says otherwise (for measuring).
-fn piece_bytes() -> usize {
-    static P: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *P.get_or_init(|| {
-        std::env::var("MOEFLUX_COPY_PIECE_KB")
-            .ok()
-            .and_then(|v| v.parse::<usize>().ok())
-            .filter(|&k| k > 0)
-            .map_or(512 << 10, |k| k << 10)
-    })
-}
+// Experts are read in pieces (`CudaOptions::copy_piece_bytes`), by as
+// many threads as there are pieces in a wave; the copies are issued from
+// one thread once the wave is read (driver calls on one stream from many
+// threads contend).
 
 /// One wave's staging buffers.
 struct Staging {
@@ -574,7 +564,7 @@ impl ExpertCache {
                 stg.done.synchronize()?;
             }
             // (job, offset, length) for every piece of the wave.
-            let piece = piece_bytes();
+            let piece = self.gpu.opts.copy_piece_bytes.max(4096);
             let pieces: Vec<(usize, usize, usize)> = (0..chunk.len())
                 .flat_map(|j| (0..size).step_by(piece).map(move |o| (j, o, piece.min(size - o))))
                 .collect();

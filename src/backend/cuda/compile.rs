@@ -109,11 +109,11 @@ fn fnv1a(parts: &[&[u8]]) -> u64 {
     h
 }
 
-/// `$MOEFLUX_CACHE_DIR`, else `$XDG_CACHE_HOME/moeflux/kernels`, else
+/// `dir` if given, else `$XDG_CACHE_HOME/moeflux/kernels`, else
 /// `~/.cache/moeflux/kernels`.
-fn cache_dir() -> Option<PathBuf> {
-    if let Some(d) = std::env::var_os("MOEFLUX_CACHE_DIR") {
-        return Some(PathBuf::from(d));
+fn cache_dir(dir: Option<&std::path::Path>) -> Option<PathBuf> {
+    if let Some(d) = dir {
+        return Some(d.to_path_buf());
     }
     let base = match std::env::var_os("XDG_CACHE_HOME") {
         Some(x) if !x.is_empty() => PathBuf::from(x),
@@ -137,11 +137,16 @@ pub type Image = (Module, Vec<u8>);
 /// missing ones in parallel).
 /// What was done is said through `notify`: the modules to compile before
 /// the wait, the time it took after; nothing when all came from the cache.
-pub fn module_images(cc: (i32, i32), codes: &[i32], notify: &Notifier) -> Result<Vec<Image>> {
+pub fn module_images(
+    cc: (i32, i32),
+    codes: &[i32],
+    kernel_cache: Option<&std::path::Path>,
+    notify: &Notifier,
+) -> Result<Vec<Image>> {
     let arch = format!("sm_{}{}", cc.0, cc.1);
     let (vmaj, vmin) = nvrtc_version()?;
     let version = format!("nvrtc {vmaj}.{vmin}");
-    let dir = cache_dir();
+    let dir = cache_dir(kernel_cache);
     let modules: Vec<Module> = std::iter::once(Module::Base)
         .chain(
             codes

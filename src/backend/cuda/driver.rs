@@ -5,6 +5,7 @@
 
 use super::compile::{self, Module};
 use super::graph::Segments;
+use super::CudaOptions;
 use crate::error::{Error, Result};
 use crate::notify::Notifier;
 use cudarc::driver::{sys, CudaContext, DriverError};
@@ -171,6 +172,8 @@ pub(crate) struct Gpu {
     pub k: Kernels,
     /// Where this device's messages go (see `crate::notify`).
     pub notify: Notifier,
+    /// The settings it was opened with.
+    pub opts: CudaOptions,
     pub name: String,
     pub ordinal: usize,
     /// Stream-ordered allocation (`cuMemAllocAsync`) is available.
@@ -180,11 +183,11 @@ pub(crate) struct Gpu {
     /// again at once (later work on the stream runs after earlier uses).
     free: Mutex<FreeList>,
     /// Launches captured into graphs (see `graph`); off with
-    /// `MOEFLUX_GRAPHS=0`.
+    /// `CudaOptions::graphs`.
     graphs: AtomicBool,
     segments: Mutex<Segments>,
     /// Kernels are launched with programmatic stream serialization
-    /// (compute capability 9.0 and later; off with `MOEFLUX_PDL=0`): a
+    /// (compute capability 9.0 and later; off with `CudaOptions::pdl`): a
     /// kernel's launch and prologue overlap the end of the one before it,
     /// and every kernel waits (`griddepcontrol.wait`, `GRID_DEP` in
     /// kernels/common.cuh) for its predecessor before it touches memory.
@@ -210,7 +213,7 @@ unsafe impl Sync for Gpu {}
 impl Gpu {
     /// Open device `ordinal`, compile (or load from the disk cache) the
     /// kernels for the weight format codes `codes`.
-    pub fn open(ordinal: usize, codes: &[i32], notify: &Notifier) -> Result<Arc<Gpu>> {
+    pub fn open(ordinal: usize, codes: &[i32], opts: &CudaOptions, notify: &Notifier) -> Result<Arc<Gpu>> {
         if let Err(why) = probe() {
             return Err(Error::Backend {
                 backend: "cuda",
@@ -222,7 +225,7 @@ impl Gpu {
         let cc = ctx
             .compute_capability()
             .map_err(|e| cuda_err("compute capability", e))?;
-        let images = compile::module_images(cc, codes, notify)?;
+        let images = compile::module_images(cc, codes, opts.kernel_cache.as_deref(), notify)?;
         let async_alloc = ctx.has_async_alloc();
         let mut modules = Vec::with_capacity(images.len());
         for (_, image) in &images {
@@ -283,9 +286,10 @@ impl Gpu {
             ordinal,
             async_alloc,
             free: Mutex::new(FreeList::default()),
-            graphs: AtomicBool::new(std::env::var("MOEFLUX_GRAPHS").map_or(true, |v| v != "0")),
+            graphs: AtomicBool::new(opts.graphs),
             segments: Mutex::new(Segments::default()),
-            pdl: cc.0 >= 9 && std::env::var("MOEFLUX_PDL").map_or(true, |v| v != "0"),
+            pdl: cc.0 >= 9 && opts.pdl,
+            opts: opts.clone(),
         }))
     }
 

@@ -65,10 +65,10 @@ fn mem_available() -> Option<u64> {
 }
 
 /// Every MoE layer's file registered, indexed by layer, when they fit in
-/// half the available memory; `None` (with the reason on stderr) otherwise,
-/// or when `MOEFLUX_STAGING` is set (tests of the staging path).
+/// half the available memory; `None` (with the reason said) otherwise, or
+/// when `CudaOptions::staging` asks for the staging path.
 pub(crate) fn map_all(gpu: &Arc<Gpu>, store: &ExpertStore, moe_layers: &[usize]) -> Option<Vec<Option<HostMap>>> {
-    if std::env::var_os("MOEFLUX_STAGING").is_some() {
+    if gpu.opts.staging {
         return None;
     }
     let mut total = 0u64;

@@ -120,20 +120,56 @@ pub fn format_codes(manifest: &Manifest, layout: &Layout) -> Vec<i32> {
     codes
 }
 
+/// Settings of the CUDA backend. The defaults are what moeflux runs with;
+/// the others exist to measure one mechanism against its absence
+/// (`tools/device/run.sh`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct CudaOptions {
+    /// Record kernel launches into reused CUDA graphs (`graph.rs`).
+    pub graphs: bool,
+    /// Programmatic dependent launch on compute capability 9.0 and later.
+    pub pdl: bool,
+    /// Copy expert misses through pinned staging buffers even where the
+    /// expert files could be registered with the driver.
+    pub staging: bool,
+    /// Bytes of one piece of a staged expert copy (512 KiB by default).
+    pub copy_piece_bytes: usize,
+    /// Where compiled kernels are kept (`None`:
+    /// `$XDG_CACHE_HOME/moeflux/kernels`, else `~/.cache/moeflux/kernels`).
+    pub kernel_cache: Option<std::path::PathBuf>,
+}
+
+impl Default for CudaOptions {
+    fn default() -> CudaOptions {
+        CudaOptions {
+            graphs: true,
+            pdl: true,
+            staging: false,
+            copy_piece_bytes: 512 << 10,
+            kernel_cache: None,
+        }
+    }
+}
+
 impl CudaBackend {
     /// Open CUDA device `ordinal` with the kernels of every weight format
     /// (compiling them on first use).
     pub fn new(ordinal: usize) -> Result<CudaBackend> {
-        CudaBackend::for_formats(ordinal, &compile::FORMAT_CODES, &Notifier::default())
+        CudaBackend::with_options(ordinal, &CudaOptions::default())
+    }
+
+    /// As [`CudaBackend::new`], with `opts`.
+    pub fn with_options(ordinal: usize, opts: &CudaOptions) -> Result<CudaBackend> {
+        CudaBackend::for_formats(ordinal, &compile::FORMAT_CODES, opts, &Notifier::default())
     }
 
     /// Open CUDA device `ordinal` with the kernels of the weight format
     /// codes `codes` alone (see [`format_codes`]): a first start compiles
     /// fewer modules.
     /// Messages (kernels compiled, expert-cache fallbacks) go to `notify`.
-    pub fn for_formats(ordinal: usize, codes: &[i32], notify: &Notifier) -> Result<CudaBackend> {
+    pub fn for_formats(ordinal: usize, codes: &[i32], opts: &CudaOptions, notify: &Notifier) -> Result<CudaBackend> {
         Ok(CudaBackend {
-            gpu: Gpu::open(ordinal, codes, notify)?,
+            gpu: Gpu::open(ordinal, codes, opts, notify)?,
             cache: OnceLock::new(),
         })
     }
