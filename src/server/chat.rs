@@ -7,7 +7,8 @@ use super::openai::{self, Body};
 use super::slots::Running;
 use super::sse::{self, Chunks};
 use super::tools::{self, ToolCall, ToolStream, Tools};
-use super::{AppState, Ready};
+use super::structured;
+use super::{AppState, JobSpec, Ready};
 use crate::error::Result;
 use crate::generate::{Generation, Segment, ThinkSplitter};
 use crate::text::ChatRequest;
@@ -28,6 +29,10 @@ async fn respond(shared: &AppState, body: &[u8]) -> ApiResult<Response> {
     let body = Body::parse(body)?;
     let opts = openai::options(&body, &ready.text.defaults)?;
     let tools = tools::parse(&body)?;
+    let constraint = match structured::tool_call(ready, &tools)? {
+        Some(c) => Some(c),
+        None => structured::response_format(ready, &body)?,
+    };
     let prompt = render(ready, &body, &tools)?;
     let tok = &ready.text.tokenizer;
     let ids = tok.encode(&prompt.text, false)?;
@@ -35,7 +40,12 @@ async fn respond(shared: &AppState, body: &[u8]) -> ApiResult<Response> {
         let history = tok.encode(h, false).unwrap_or_default();
         history.iter().zip(&ids).take_while(|(a, b)| a == b).count()
     });
-    let mut running = shared.start_job(ready, "messages", ids, opts.sampling, checkpoint_at)?;
+    let job = JobSpec {
+        sampling: opts.sampling,
+        checkpoint_at,
+        constraint,
+    };
+    let mut running = shared.start_job(ready, "messages", ids, job)?;
     let reply = Reply {
         id: openai::response_id("chatcmpl"),
         model: shared.config.model_id.clone(),

@@ -5,7 +5,8 @@ use super::api_error::{ApiError, ApiResult};
 use super::chat::wait;
 use super::openai::{self, Body};
 use super::sse::{self, Chunks};
-use super::{AppState, Ready};
+use super::structured;
+use super::{AppState, JobSpec, Ready};
 use crate::error::Result;
 use crate::generate::Generation;
 use axum::body::Bytes;
@@ -25,7 +26,12 @@ async fn respond(shared: &AppState, body: &[u8]) -> ApiResult<Response> {
     let body = Body::parse(body)?;
     let opts = openai::options(&body, &ready.text.defaults)?;
     let ids = prompt(ready, &body)?;
-    let mut running = shared.start_job(ready, "prompt", ids, opts.sampling, None)?;
+    let job = JobSpec {
+        sampling: opts.sampling,
+        checkpoint_at: None,
+        constraint: structured::response_format(ready, &body)?,
+    };
+    let mut running = shared.start_job(ready, "prompt", ids, job)?;
     let reply = Reply {
         id: openai::response_id("cmpl"),
         model: shared.config.model_id.clone(),

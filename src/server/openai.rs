@@ -235,15 +235,6 @@ fn refuse_unsupported(body: &Body) -> ApiResult<()> {
     if body.i64("top_logprobs")?.is_some_and(|n| n > 0) {
         return Err(ApiError::unsupported("top_logprobs", "`top_logprobs`"));
     }
-    if let Some(f) = body.object("response_format")? {
-        let kind = f.get("type").and_then(Value::as_str).unwrap_or("");
-        if kind != "text" {
-            return Err(ApiError::unsupported(
-                "response_format",
-                &format!("`response_format` of type `{kind}` (structured output)"),
-            ));
-        }
-    }
     if body.bool("echo")? == Some(true) {
         return Err(ApiError::unsupported("echo", "`echo`"));
     }

@@ -6,7 +6,7 @@
 use super::metrics::Metrics;
 use crate::error::{Error, Result};
 use crate::generate::{Generation, Generator, Request};
-use crate::text::{SamplingParams, Tokenizer};
+use crate::text::{Constraint, SamplingParams, Tokenizer};
 use crate::Model;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -20,6 +20,8 @@ pub struct Job {
     /// Where the next turn of a chat probably diverges (a checkpoint there
     /// lets a recurrent model rewind to it).
     pub checkpoint_at: Option<usize>,
+    /// The grammar the answer must follow (structured output).
+    pub constraint: Option<Constraint>,
     /// Set when the client goes away or the server shuts down.
     pub cancel: Arc<AtomicBool>,
     pub events: tokio::sync::mpsc::Sender<Event>,
@@ -166,9 +168,9 @@ fn common_prefix(a: &[u32], b: &[u32]) -> usize {
 /// A slot thread: run jobs until the pool closes.
 pub fn work(pool: &Pool, slot: usize, model: &Model, tok: &Tokenizer, metrics: &Metrics, jobs: mpsc::Receiver<Job>) {
     let mut session = model.session();
-    while let Ok(job) = jobs.recv() {
+    while let Ok(mut job) = jobs.recv() {
         let result = match &mut session {
-            Ok(session) => run(session, tok, &job),
+            Ok(session) => run(session, tok, &mut job),
             Err(e) => Err(Error::Server(format!("slot {slot} has no session: {e}"))),
         };
         if let Ok(g) = &result {
@@ -190,9 +192,10 @@ pub fn work(pool: &Pool, slot: usize, model: &Model, tok: &Tokenizer, metrics: &
     }
 }
 
-fn run(session: &mut crate::Session<'_>, tok: &Tokenizer, job: &Job) -> Result<Generation> {
+fn run(session: &mut crate::Session<'_>, tok: &Tokenizer, job: &mut Job) -> Result<Generation> {
     let req = Request {
         checkpoints: true,
+        constraint: job.constraint.take(),
         checkpoint_at: job.checkpoint_at,
         cancel: Some(&job.cancel),
         ..Request::new(&job.prompt, job.sampling.clone())
