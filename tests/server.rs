@@ -14,5 +14,7 @@ mod errors;
 mod load;
 #[path = "server/streams.rs"]
 mod streams;
+#[path = "server/structured.rs"]
+mod structured;
 #[path = "server/template.rs"]
 mod template;

@@ -41,10 +41,16 @@ pub fn response_format(ready: &Ready, body: &Body) -> ApiResult<Option<Constrain
                 ));
             };
             if !spec.get("name").is_some_and(Value::is_string) {
-                return Err(ApiError::field(P, "`response_format.json_schema.name` must be a string"));
+                return Err(ApiError::field(
+                    P,
+                    "`response_format.json_schema.name` must be a string",
+                ));
             }
             if spec.get("strict").is_some_and(|s| !s.is_boolean() && !s.is_null()) {
-                return Err(ApiError::field(P, "`response_format.json_schema.strict` must be true or false"));
+                return Err(ApiError::field(
+                    P,
+                    "`response_format.json_schema.strict` must be true or false",
+                ));
             }
             let c = compiler(ready, P)?;
             match spec.get("schema") {
@@ -81,9 +87,12 @@ pub fn tool_call(ready: &Ready, tools: &Tools) -> ApiResult<Option<Constraint>> 
         Format::Qwen
     };
     let grammar = call_grammar(c, format, &forced, tools.parallel());
-    c.lark(&grammar)
-        .map(Some)
-        .map_err(|e| ApiError::field("tools", format!("a tool's `parameters` is not a usable JSON schema: {e}")))
+    c.lark(&grammar).map(Some).map_err(|e| {
+        ApiError::field(
+            "tools",
+            format!("a tool's `parameters` is not a usable JSON schema: {e}"),
+        )
+    })
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -135,12 +144,25 @@ fn call_grammar(c: &GrammarCompiler, format: Format, tools: &[(String, Value)], 
         };
         rules.push(format!("call_{i}: {rule}"));
     }
-    let calls = (0..tools.len()).map(|i| format!("call_{i}")).collect::<Vec<_>>().join(" | ");
+    let calls = (0..tools.len())
+        .map(|i| format!("call_{i}"))
+        .collect::<Vec<_>>()
+        .join(" | ");
     let more = if parallel { "*" } else { "" };
     let start = match format {
         Format::Qwen => format!("start: call ({} call){more}", lit("\n")),
-        Format::DeepSeek => format!("start: {} call{} {}", lit(DEEPSEEK.0), if parallel { "+" } else { "" }, lit(DEEPSEEK.1)),
-        Format::Kimi => format!("start: {} call{} {}", lit(KIMI.0), if parallel { "+" } else { "" }, lit(KIMI.1)),
+        Format::DeepSeek => format!(
+            "start: {} call{} {}",
+            lit(DEEPSEEK.0),
+            if parallel { "+" } else { "" },
+            lit(DEEPSEEK.1)
+        ),
+        Format::Kimi => format!(
+            "start: {} call{} {}",
+            lit(KIMI.0),
+            if parallel { "+" } else { "" },
+            lit(KIMI.1)
+        ),
     };
     format!("{start}\ncall: {calls}\n{}\n", rules.join("\n"))
 }

@@ -123,7 +123,10 @@ impl Tokenizer {
     /// `tokenizer.json`: what a grammar matches token ids against.
     pub fn token_bytes(&self) -> Result<Vec<Vec<u8>>> {
         let bytes = std::fs::read(&self.path).map_err(|e| Error::io(&self.path, e))?;
-        let json: serde_json::Value = serde_json::from_slice(&bytes).map_err(|e| Error::Json { path: self.path.clone(), err: e })?;
+        let json: serde_json::Value = serde_json::from_slice(&bytes).map_err(|e| Error::Json {
+            path: self.path.clone(),
+            err: e,
+        })?;
         llguidance::token_bytes_from_tokenizer_json(&json)
             .map_err(|e| Error::format(&self.path, format!("cannot read the tokens as bytes: {e}")))
     }
