@@ -17,8 +17,10 @@
 //! or when the caller's cancel flag is set; the text held back until then (an incomplete
 //! character, a possible stop string) comes out as the last piece.
 
+mod logprobs;
 mod think;
 
+pub use logprobs::TokenLogprob;
 pub use think::{Segment, ThinkSplitter};
 
 use crate::backend::cuda::CacheStats;
@@ -59,6 +61,9 @@ pub struct Request<'a> {
     /// A grammar the answer must follow (structured output, forced tool
     /// calls): its mask applies to the logits before sampling.
     pub constraint: Option<Constraint>,
+    /// Record each generated token's log-probability and this many most
+    /// likely alternatives ([`TokenLogprob`]).
+    pub logprobs: Option<usize>,
 }
 
 impl<'a> Request<'a> {
@@ -73,6 +78,7 @@ impl<'a> Request<'a> {
             held: None,
             cancel: None,
             constraint: None,
+            logprobs: None,
         }
     }
 }
@@ -275,6 +281,8 @@ pub struct Generation {
     /// tokens that were evaluated (all but the last one sampled). Pass it
     /// as `Request::held` after reloading a saved state.
     pub session_tokens: Vec<u32>,
+    /// Per generated token, when the request asked for them.
+    pub logprobs: Vec<TokenLogprob>,
 }
 
 /// Counters at one instant.
@@ -291,6 +299,11 @@ pub struct Generator<'a, 'm> {
     session: &'a mut Session<'m>,
     sampler: Sampler,
     constraint: Option<Constraint>,
+    /// `Request::logprobs`, the entries so far, and how many
+    /// [`Generator::take_logprobs`] has handed out.
+    top_logprobs: Option<usize>,
+    logprobs: Vec<TokenLogprob>,
+    logprobs_taken: usize,
     stream: TextStream,
     cancel: Option<&'a AtomicBool>,
     checkpoints: bool,
@@ -347,6 +360,9 @@ impl<'a, 'm> Generator<'a, 'm> {
         let mut g = Generator {
             sampler,
             constraint: req.constraint,
+            top_logprobs: req.logprobs,
+            logprobs: Vec::new(),
+            logprobs_taken: 0,
             stream,
             cancel: req.cancel,
             checkpoints,
@@ -429,12 +445,16 @@ impl<'a, 'm> Generator<'a, 'm> {
                 self.logits = self.session.eval_token(tok, pos)?;
                 self.held.push(tok);
             }
+            let raw = self.top_logprobs.map(|_| self.logits.clone());
             if let Some(c) = &mut self.constraint {
                 c.mask(&mut self.logits)?;
             }
             let tok = self
                 .sampler
                 .sample_after(&mut self.logits, &self.history, self.prompt_len);
+            if let (Some(raw), Some(top)) = (raw, self.top_logprobs) {
+                self.logprobs.push(TokenLogprob::of(&raw, tok, top));
+            }
             let complete = match &mut self.constraint {
                 Some(c) => {
                     c.accept(tok)?;
@@ -463,6 +483,14 @@ impl<'a, 'm> Generator<'a, 'm> {
             }
         }
         Ok(None)
+    }
+
+    /// The log-probabilities of the tokens generated since the last call
+    /// (empty unless the request asked for them).
+    pub fn take_logprobs(&mut self) -> Vec<TokenLogprob> {
+        let new = self.logprobs[self.logprobs_taken..].to_vec();
+        self.logprobs_taken = self.logprobs.len();
+        new
     }
 
     /// Tokens generated so far.
@@ -526,6 +554,7 @@ impl<'a, 'm> Generator<'a, 'm> {
             finish,
             stats: self.stats,
             session_tokens: self.held,
+            logprobs: self.logprobs,
         })
     }
 }
