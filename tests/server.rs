@@ -12,6 +12,8 @@ mod endpoints;
 mod errors;
 #[path = "server/load.rs"]
 mod load;
+#[path = "server/logprobs.rs"]
+mod logprobs;
 #[path = "server/streams.rs"]
 mod streams;
 #[path = "server/structured.rs"]

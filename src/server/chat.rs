@@ -3,6 +3,7 @@
 //! calls, as one JSON reply or as SSE chunks.
 
 use super::api_error::{ApiError, ApiResult};
+use super::logprobs::{self, Pending};
 use super::openai::{self, Body};
 use super::slots::Running;
 use super::sse::{self, Chunks};
@@ -10,7 +11,7 @@ use super::structured;
 use super::tools::{self, ToolCall, ToolStream, Tools};
 use super::{AppState, JobSpec, Ready};
 use crate::error::Result;
-use crate::generate::{Generation, Segment, ThinkSplitter};
+use crate::generate::{Generation, Segment, ThinkSplitter, TokenLogprob};
 use crate::text::ChatRequest;
 use axum::body::Bytes;
 use axum::extract::State;
@@ -44,6 +45,7 @@ async fn respond(shared: &AppState, body: &[u8]) -> ApiResult<Response> {
         sampling: opts.sampling,
         checkpoint_at,
         constraint,
+        logprobs: opts.logprobs,
     };
     let mut running = shared.start_job(ready, "messages", ids, job)?;
     let reply = Reply {
@@ -60,11 +62,16 @@ async fn respond(shared: &AppState, body: &[u8]) -> ApiResult<Response> {
             tools: ToolStream::new(tools.parser()),
             include_usage: opts.include_usage,
             called: 0,
+            logprobs: opts.logprobs.map(|_| Pending::new(tok.clone())),
         };
         return Ok(sse::reply(first, running, chunks, shared.config.keep_alive));
     }
     let generation = wait(&mut running).await?;
-    Ok(Json(reply.whole(&generation, thinking, &tools)).into_response())
+    let mut whole = reply.whole(&generation, thinking, &tools);
+    if opts.logprobs.is_some() {
+        whole["choices"][0]["logprobs"] = logprobs::chat(tok, &generation.logprobs);
+    }
+    Ok(Json(whole).into_response())
 }
 
 /// Wait for a job's end.
@@ -281,6 +288,7 @@ struct ChatChunks {
     include_usage: bool,
     /// Tool calls sent so far.
     called: usize,
+    logprobs: Option<Pending>,
 }
 
 impl ChatChunks {
@@ -318,9 +326,16 @@ impl ChatChunks {
 }
 
 impl Chunks for ChatChunks {
-    fn piece(&mut self, text: &str) -> Vec<Value> {
+    fn piece(&mut self, text: &str, lps: Vec<TokenLogprob>) -> Vec<Value> {
         let segments = self.split.push(text);
-        self.deltas(segments, false)
+        let mut out = self.deltas(segments, false);
+        if let Some(p) = &mut self.logprobs {
+            p.push(lps);
+            if !out.is_empty() {
+                p.attach(&mut out, None);
+            }
+        }
+        out
     }
 
     fn done(&mut self, result: Result<Generation>) -> Vec<Value> {
@@ -338,6 +353,10 @@ impl Chunks for ChatChunks {
         let mut last = self.reply.chunk(json!({}), Some(finish));
         last["timings"] = openai::timings(&g.stats);
         out.push(last);
+        if let Some(p) = &mut self.logprobs {
+            p.rest(&g.logprobs);
+            p.attach(&mut out, None);
+        }
         if self.include_usage {
             let mut usage = self.reply.chunk(json!({}), None);
             usage["choices"] = json!([]);

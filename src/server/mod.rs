@@ -16,6 +16,7 @@
 mod api_error;
 mod chat;
 mod completions;
+mod logprobs;
 mod metrics;
 mod openai;
 mod page;
@@ -132,6 +133,7 @@ impl Shared {
             mut sampling,
             checkpoint_at,
             constraint,
+            logprobs,
         } = job;
         let n = prompt.len();
         if n == 0 {
@@ -158,6 +160,7 @@ impl Shared {
             sampling,
             checkpoint_at,
             constraint,
+            logprobs,
             cancel: cancel.clone(),
             events: tx,
         })?;
@@ -170,6 +173,7 @@ struct JobSpec {
     sampling: SamplingParams,
     checkpoint_at: Option<usize>,
     constraint: Option<Constraint>,
+    logprobs: Option<usize>,
 }
 
 /// A server listening and answering; generation starts with [`Server::run`].

@@ -5,7 +5,7 @@
 
 use super::metrics::Metrics;
 use crate::error::{Error, Result};
-use crate::generate::{Generation, Generator, Request};
+use crate::generate::{Generation, Generator, Request, TokenLogprob};
 use crate::text::{Constraint, SamplingParams, Tokenizer};
 use crate::Model;
 use std::collections::VecDeque;
@@ -22,6 +22,8 @@ pub struct Job {
     pub checkpoint_at: Option<usize>,
     /// The grammar the answer must follow (structured output).
     pub constraint: Option<Constraint>,
+    /// `Request::logprobs`.
+    pub logprobs: Option<usize>,
     /// Set when the client goes away or the server shuts down.
     pub cancel: Arc<AtomicBool>,
     pub events: tokio::sync::mpsc::Sender<Event>,
@@ -29,8 +31,9 @@ pub struct Job {
 
 /// What a slot reports about its job.
 pub enum Event {
-    /// The next piece of generated text.
-    Piece(String),
+    /// The next piece of generated text, and the log-probabilities of
+    /// the tokens sampled since the last piece (when asked for).
+    Piece(String, Vec<TokenLogprob>),
     /// The end: the whole generation, or why it failed.
     Done(Box<Result<Generation>>),
 }
@@ -196,13 +199,15 @@ fn run(session: &mut crate::Session<'_>, tok: &Tokenizer, job: &mut Job) -> Resu
     let req = Request {
         checkpoints: true,
         constraint: job.constraint.take(),
+        logprobs: job.logprobs,
         checkpoint_at: job.checkpoint_at,
         cancel: Some(&job.cancel),
         ..Request::new(&job.prompt, job.sampling.clone())
     };
     let mut g = Generator::start(session, tok, req)?;
     while let Some(piece) = g.next_piece()? {
-        if job.events.blocking_send(Event::Piece(piece)).is_err() {
+        let lps = g.take_logprobs();
+        if job.events.blocking_send(Event::Piece(piece, lps)).is_err() {
             job.cancel.store(true, Ordering::Relaxed);
         }
     }

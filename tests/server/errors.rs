@@ -54,8 +54,12 @@ fn bad_json_fields_and_unsupported_features_are_400_naming_the_field() {
         ),
         (chat("hi", json!({"stop": 3})), "stop"),
         (chat("hi", json!({"n": 2})), "n"),
-        (chat("hi", json!({"logprobs": true})), "logprobs"),
+        (chat("hi", json!({"logprobs": "yes"})), "logprobs"),
         (chat("hi", json!({"top_logprobs": 3})), "top_logprobs"),
+        (
+            chat("hi", json!({"logprobs": true, "top_logprobs": 21})),
+            "top_logprobs",
+        ),
         (chat("hi", json!({"logit_bias": {"five": 10}})), "logit_bias"),
         (chat("hi", json!({"logit_bias": {"5": 1000}})), "logit_bias"),
         (
