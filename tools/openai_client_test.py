@@ -204,6 +204,16 @@ def json_schema_errors_are_400():
 
 
 @check
+def logprobs():
+    r = client.chat.completions.create(
+        model=MODEL, messages=USER, temperature=0, max_tokens=8, logprobs=True, top_logprobs=2
+    )
+    content = r.choices[0].logprobs.content
+    assert len(content) == r.usage.completion_tokens, r
+    assert all(t.logprob <= 0 and len(t.top_logprobs) == 2 for t in content), content
+
+
+@check
 def seed_reproducibility():
     def once(seed):
         r = client.chat.completions.create(model=MODEL, messages=USER, temperature=1, seed=seed, max_tokens=24)
