@@ -418,7 +418,7 @@ impl ModelConfig {
         pos("num_experts", self.num_experts)?;
         pos("num_experts_per_tok", self.num_experts_per_tok)?;
         pos("moe_intermediate_size", self.moe_intermediate_size)?;
-        if self.num_attention_heads % self.num_key_value_heads != 0 {
+        if !self.num_attention_heads.is_multiple_of(self.num_key_value_heads) {
             return Err(Error::config(
                 "num_key_value_heads",
                 format!(
@@ -447,7 +447,7 @@ impl ModelConfig {
         }
         if self.arch != Arch::DeepseekV3 {
             let rd = self.rotary_dim();
-            if rd == 0 || rd % 2 != 0 || rd > self.head_dim {
+            if rd == 0 || !rd.is_multiple_of(2) || rd > self.head_dim {
                 return Err(Error::config(
                     "partial_rotary_factor",
                     format!(
@@ -479,7 +479,7 @@ impl ModelConfig {
             n_group, topk_group, ..
         } = self.routing
         {
-            if n_group == 0 || self.num_experts % n_group != 0 {
+            if n_group == 0 || !self.num_experts.is_multiple_of(n_group) {
                 return Err(Error::config(
                     "n_group",
                     format!("{n_group} does not divide the number of experts {}", self.num_experts),

@@ -87,6 +87,12 @@ pub enum Error {
     #[error("invalid argument: {0}")]
     Invalid(String),
 
+    /// A grammar (JSON schema, Lark) that cannot constrain generation:
+    /// it does not compile, or the tokenizer's vocabulary cannot be read
+    /// as bytes.
+    #[error("grammar: {0}")]
+    Grammar(String),
+
     /// The HTTP server could not start or stopped on an I/O error.
     #[error("server: {0}")]
     Server(String),

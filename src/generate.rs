@@ -12,12 +12,15 @@
 //! session is cut back to the longest common prefix of its tokens and the
 //! prompt (a chat that renders the whole conversation each turn evaluates
 //! only the new turn). Generation ends at an end-of-sequence token, a stop
-//! string, the token budget, the end of the context, or when the caller's
-//! cancel flag is set; the text held back until then (an incomplete
+//! string, the token budget, the end of the context, a complete grammar
+//! (a request's [`Constraint`] lets only the tokens it allows be sampled),
+//! or when the caller's cancel flag is set; the text held back until then (an incomplete
 //! character, a possible stop string) comes out as the last piece.
 
+mod logprobs;
 mod think;
 
+pub use logprobs::TokenLogprob;
 pub use think::{Segment, ThinkSplitter};
 
 use crate::backend::cuda::CacheStats;
@@ -25,7 +28,7 @@ use crate::error::{Error, Result};
 use crate::experts::StatsSnapshot;
 use crate::model::timing::PhaseTimes;
 use crate::session::{Session, DEFAULT_CHUNK};
-use crate::text::{FinishReason, Sampler, SamplingParams, TextStream, Tokenizer};
+use crate::text::{Constraint, FinishReason, Sampler, SamplingParams, TextStream, Tokenizer};
 use serde::Serialize;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
@@ -55,6 +58,12 @@ pub struct Request<'a> {
     /// Checked between prompt chunks and before every token: when set,
     /// generation ends with [`Finish::Cancelled`].
     pub cancel: Option<&'a AtomicBool>,
+    /// A grammar the answer must follow (structured output, forced tool
+    /// calls): its mask applies to the logits before sampling.
+    pub constraint: Option<Constraint>,
+    /// Record each generated token's log-probability and this many most
+    /// likely alternatives ([`TokenLogprob`]).
+    pub logprobs: Option<usize>,
 }
 
 impl<'a> Request<'a> {
@@ -68,6 +77,8 @@ impl<'a> Request<'a> {
             timing: false,
             held: None,
             cancel: None,
+            constraint: None,
+            logprobs: None,
         }
     }
 }
@@ -85,10 +96,13 @@ pub enum Finish {
     ContextFull,
     /// The cancel flag was set.
     Cancelled,
+    /// The request's grammar was complete: nothing more may follow.
+    Complete,
 }
 
 impl Finish {
-    /// A short name: `eos`, `stop`, `length`, `context_full`, `cancelled`.
+    /// A short name: `eos`, `stop`, `length`, `context_full`, `cancelled`,
+    /// `complete`.
     pub fn name(&self) -> &'static str {
         match self {
             Finish::Eos => "eos",
@@ -96,13 +110,14 @@ impl Finish {
             Finish::Length => "length",
             Finish::ContextFull => "context_full",
             Finish::Cancelled => "cancelled",
+            Finish::Complete => "complete",
         }
     }
 
     /// The OpenAI API's `finish_reason`.
     pub fn as_openai(&self) -> &'static str {
         match self {
-            Finish::Eos | Finish::Stop(_) | Finish::Cancelled => "stop",
+            Finish::Eos | Finish::Stop(_) | Finish::Cancelled | Finish::Complete => "stop",
             Finish::Length | Finish::ContextFull => "length",
         }
     }
@@ -266,6 +281,8 @@ pub struct Generation {
     /// tokens that were evaluated (all but the last one sampled). Pass it
     /// as `Request::held` after reloading a saved state.
     pub session_tokens: Vec<u32>,
+    /// Per generated token, when the request asked for them.
+    pub logprobs: Vec<TokenLogprob>,
 }
 
 /// Counters at one instant.
@@ -281,6 +298,12 @@ struct Mark {
 pub struct Generator<'a, 'm> {
     session: &'a mut Session<'m>,
     sampler: Sampler,
+    constraint: Option<Constraint>,
+    /// `Request::logprobs`, the entries so far, and how many
+    /// [`Generator::take_logprobs`] has handed out.
+    top_logprobs: Option<usize>,
+    logprobs: Vec<TokenLogprob>,
+    logprobs_taken: usize,
     stream: TextStream,
     cancel: Option<&'a AtomicBool>,
     checkpoints: bool,
@@ -336,6 +359,10 @@ impl<'a, 'm> Generator<'a, 'm> {
         let checkpoints = req.checkpoints && model.has_recurrent_layers();
         let mut g = Generator {
             sampler,
+            constraint: req.constraint,
+            top_logprobs: req.logprobs,
+            logprobs: Vec::new(),
+            logprobs_taken: 0,
             stream,
             cancel: req.cancel,
             checkpoints,
@@ -418,9 +445,23 @@ impl<'a, 'm> Generator<'a, 'm> {
                 self.logits = self.session.eval_token(tok, pos)?;
                 self.held.push(tok);
             }
+            let raw = self.top_logprobs.map(|_| self.logits.clone());
+            if let Some(c) = &mut self.constraint {
+                c.mask(&mut self.logits)?;
+            }
             let tok = self
                 .sampler
                 .sample_after(&mut self.logits, &self.history, self.prompt_len);
+            if let (Some(raw), Some(top)) = (raw, self.top_logprobs) {
+                self.logprobs.push(TokenLogprob::of(&raw, tok, top));
+            }
+            let complete = match &mut self.constraint {
+                Some(c) => {
+                    c.accept(tok)?;
+                    c.is_complete()
+                }
+                None => false,
+            };
             self.history.push(tok);
             if self.first_token.is_none() {
                 self.first_token = Some(mark(self.session));
@@ -432,12 +473,24 @@ impl<'a, 'm> Generator<'a, 'm> {
                 self.close()?;
                 return Ok(non_empty(step.text));
             }
+            if complete {
+                let tail = self.end(Finish::Complete)?;
+                return Ok(non_empty(step.text + tail.as_deref().unwrap_or("")));
+            }
             self.pending = Some(tok);
             if !step.text.is_empty() {
                 return Ok(Some(step.text));
             }
         }
         Ok(None)
+    }
+
+    /// The log-probabilities of the tokens generated since the last call
+    /// (empty unless the request asked for them).
+    pub fn take_logprobs(&mut self) -> Vec<TokenLogprob> {
+        let new = self.logprobs[self.logprobs_taken..].to_vec();
+        self.logprobs_taken = self.logprobs.len();
+        new
     }
 
     /// Tokens generated so far.
@@ -501,6 +554,7 @@ impl<'a, 'm> Generator<'a, 'm> {
             finish,
             stats: self.stats,
             session_tokens: self.held,
+            logprobs: self.logprobs,
         })
     }
 }

@@ -12,7 +12,11 @@ mod endpoints;
 mod errors;
 #[path = "server/load.rs"]
 mod load;
+#[path = "server/logprobs.rs"]
+mod logprobs;
 #[path = "server/streams.rs"]
 mod streams;
+#[path = "server/structured.rs"]
+mod structured;
 #[path = "server/template.rs"]
 mod template;

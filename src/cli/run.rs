@@ -312,6 +312,7 @@ fn why(finish: &Finish) -> String {
         Finish::Length => "token limit".into(),
         Finish::ContextFull => "context full".into(),
         Finish::Cancelled => "cancelled".into(),
+        Finish::Complete => "grammar complete".into(),
     }
 }
 

@@ -174,7 +174,7 @@ impl ExpertFile {
         let dst = &mut slice[pad..pad + span];
         let mut got = 0usize;
         while got < need {
-            if got % DIRECT_ALIGN != 0 {
+            if !got.is_multiple_of(DIRECT_ALIGN) {
                 return Err(Error::format(
                     &self.path,
                     format!(

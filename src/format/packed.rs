@@ -297,7 +297,7 @@ impl LayerLayout {
                 if !crate::format::quant::check_bits(self.bits) {
                     return Err(format!("`bits` is {}; packed weights have 2, 4 or 8", self.bits));
                 }
-                if group_size == 0 || cols % group_size != 0 || (cols * bits) % 32 != 0 {
+                if group_size == 0 || !cols.is_multiple_of(group_size) || !(cols * bits).is_multiple_of(32) {
                     return Err(format!(
                         "`group_size` {group_size} does not divide the {cols} columns of `{}`",
                         w.name
@@ -353,7 +353,7 @@ impl LayerLayout {
                     return Err(bad(format!("`bits` is {}; packed weights have 2, 4 or 8", self.bits)));
                 }
                 let cols = dim(&c[0], 1)? * 32 / self.bits as usize;
-                if group_size == 0 || cols % group_size != 0 {
+                if group_size == 0 || !cols.is_multiple_of(group_size) {
                     return Err(bad(format!("`group_size` {group_size} does not divide {cols} columns")));
                 }
                 let sd = Dtype::parse(&c[1].dtype, &c[1].name)?;
@@ -534,7 +534,7 @@ impl WeightsFile {
             let gs = w
                 .group_size
                 .ok_or_else(|| Error::format(MANIFEST_FILE, format!("`{wname}` is U32 without `group_size`")))?;
-            if !crate::format::quant::check_bits(bits) || gs == 0 || cols % gs != 0 {
+            if !crate::format::quant::check_bits(bits) || gs == 0 || !cols.is_multiple_of(gs) {
                 return Err(Error::format(
                     MANIFEST_FILE,
                     format!("`{wname}`: bits {bits} / group_size {gs} not usable"),

@@ -20,7 +20,7 @@ pub fn quantize_row(
     scales: &mut Vec<bf16>,
     biases: &mut Vec<bf16>,
 ) {
-    debug_assert!(row.len() % group_size == 0 && check_bits(bits));
+    debug_assert!(row.len().is_multiple_of(group_size) && check_bits(bits));
     let n_levels = ((1u32 << bits) - 1) as f32;
     let per_word = 32 / bits as usize;
     let mut q_row: Vec<u32> = Vec::with_capacity(row.len());

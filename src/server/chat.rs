@@ -3,13 +3,15 @@
 //! calls, as one JSON reply or as SSE chunks.
 
 use super::api_error::{ApiError, ApiResult};
+use super::logprobs::{self, Pending};
 use super::openai::{self, Body};
 use super::slots::Running;
 use super::sse::{self, Chunks};
+use super::structured;
 use super::tools::{self, ToolCall, ToolStream, Tools};
-use super::{AppState, Ready};
+use super::{AppState, JobSpec, Ready};
 use crate::error::Result;
-use crate::generate::{Generation, Segment, ThinkSplitter};
+use crate::generate::{Generation, Segment, ThinkSplitter, TokenLogprob};
 use crate::text::ChatRequest;
 use axum::body::Bytes;
 use axum::extract::State;
@@ -28,6 +30,10 @@ async fn respond(shared: &AppState, body: &[u8]) -> ApiResult<Response> {
     let body = Body::parse(body)?;
     let opts = openai::options(&body, &ready.text.defaults)?;
     let tools = tools::parse(&body)?;
+    let constraint = match structured::tool_call(ready, &tools)? {
+        Some(c) => Some(c),
+        None => structured::response_format(ready, &body)?,
+    };
     let prompt = render(ready, &body, &tools)?;
     let tok = &ready.text.tokenizer;
     let ids = tok.encode(&prompt.text, false)?;
@@ -35,7 +41,13 @@ async fn respond(shared: &AppState, body: &[u8]) -> ApiResult<Response> {
         let history = tok.encode(h, false).unwrap_or_default();
         history.iter().zip(&ids).take_while(|(a, b)| a == b).count()
     });
-    let mut running = shared.start_job(ready, "messages", ids, opts.sampling, checkpoint_at)?;
+    let job = JobSpec {
+        sampling: opts.sampling,
+        checkpoint_at,
+        constraint,
+        logprobs: opts.logprobs,
+    };
+    let mut running = shared.start_job(ready, "messages", ids, job)?;
     let reply = Reply {
         id: openai::response_id("chatcmpl"),
         model: shared.config.model_id.clone(),
@@ -50,11 +62,16 @@ async fn respond(shared: &AppState, body: &[u8]) -> ApiResult<Response> {
             tools: ToolStream::new(tools.parser()),
             include_usage: opts.include_usage,
             called: 0,
+            logprobs: opts.logprobs.map(|_| Pending::new(tok.clone())),
         };
         return Ok(sse::reply(first, running, chunks, shared.config.keep_alive));
     }
     let generation = wait(&mut running).await?;
-    Ok(Json(reply.whole(&generation, thinking, &tools)).into_response())
+    let mut whole = reply.whole(&generation, thinking, &tools);
+    if opts.logprobs.is_some() {
+        whole["choices"][0]["logprobs"] = logprobs::chat(tok, &generation.logprobs);
+    }
+    Ok(Json(whole).into_response())
 }
 
 /// Wait for a job's end.
@@ -271,6 +288,7 @@ struct ChatChunks {
     include_usage: bool,
     /// Tool calls sent so far.
     called: usize,
+    logprobs: Option<Pending>,
 }
 
 impl ChatChunks {
@@ -308,9 +326,16 @@ impl ChatChunks {
 }
 
 impl Chunks for ChatChunks {
-    fn piece(&mut self, text: &str) -> Vec<Value> {
+    fn piece(&mut self, text: &str, lps: Vec<TokenLogprob>) -> Vec<Value> {
         let segments = self.split.push(text);
-        self.deltas(segments, false)
+        let mut out = self.deltas(segments, false);
+        if let Some(p) = &mut self.logprobs {
+            p.push(lps);
+            if !out.is_empty() {
+                p.attach(&mut out, None);
+            }
+        }
+        out
     }
 
     fn done(&mut self, result: Result<Generation>) -> Vec<Value> {
@@ -328,6 +353,10 @@ impl Chunks for ChatChunks {
         let mut last = self.reply.chunk(json!({}), Some(finish));
         last["timings"] = openai::timings(&g.stats);
         out.push(last);
+        if let Some(p) = &mut self.logprobs {
+            p.rest(&g.logprobs);
+            p.attach(&mut out, None);
+        }
         if self.include_usage {
             let mut usage = self.reply.chunk(json!({}), None);
             usage["choices"] = json!([]);

@@ -3,11 +3,13 @@
 
 use super::api_error::{ApiError, ApiResult};
 use super::chat::wait;
+use super::logprobs::{self, Pending};
 use super::openai::{self, Body};
 use super::sse::{self, Chunks};
-use super::{AppState, Ready};
+use super::structured;
+use super::{AppState, JobSpec, Ready};
 use crate::error::Result;
-use crate::generate::Generation;
+use crate::generate::{Generation, TokenLogprob};
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
@@ -25,7 +27,13 @@ async fn respond(shared: &AppState, body: &[u8]) -> ApiResult<Response> {
     let body = Body::parse(body)?;
     let opts = openai::options(&body, &ready.text.defaults)?;
     let ids = prompt(ready, &body)?;
-    let mut running = shared.start_job(ready, "prompt", ids, opts.sampling, None)?;
+    let job = JobSpec {
+        sampling: opts.sampling,
+        checkpoint_at: None,
+        constraint: structured::response_format(ready, &body)?,
+        logprobs: opts.logprobs,
+    };
+    let mut running = shared.start_job(ready, "prompt", ids, job)?;
     let reply = Reply {
         id: openai::response_id("cmpl"),
         model: shared.config.model_id.clone(),
@@ -35,11 +43,16 @@ async fn respond(shared: &AppState, body: &[u8]) -> ApiResult<Response> {
         let chunks = CompletionChunks {
             reply,
             include_usage: opts.include_usage,
+            logprobs: opts.logprobs.map(|_| Pending::new(ready.text.tokenizer.clone())),
+            offset: 0,
         };
         return Ok(sse::reply(Vec::new(), running, chunks, shared.config.keep_alive));
     }
     let g = wait(&mut running).await?;
     let mut out = reply.chunk(&g.text, Some(g.finish.as_openai()));
+    if opts.logprobs.is_some() {
+        out["choices"][0]["logprobs"] = logprobs::completion(&ready.text.tokenizer, &g.logprobs, 0);
+    }
     out["usage"] = openai::usage(&g.stats);
     out["timings"] = openai::timings(&g.stats);
     Ok(Json(out).into_response())
@@ -100,11 +113,20 @@ impl Reply {
 struct CompletionChunks {
     reply: Reply,
     include_usage: bool,
+    logprobs: Option<Pending>,
+    /// Bytes of text sent so far.
+    offset: usize,
 }
 
 impl Chunks for CompletionChunks {
-    fn piece(&mut self, text: &str) -> Vec<Value> {
-        vec![self.reply.chunk(text, None)]
+    fn piece(&mut self, text: &str, lps: Vec<TokenLogprob>) -> Vec<Value> {
+        let mut out = vec![self.reply.chunk(text, None)];
+        if let Some(p) = &mut self.logprobs {
+            p.push(lps);
+            p.attach(&mut out, Some(self.offset));
+        }
+        self.offset += text.len();
+        out
     }
 
     fn done(&mut self, result: Result<Generation>) -> Vec<Value> {
@@ -115,6 +137,10 @@ impl Chunks for CompletionChunks {
         let mut last = self.reply.chunk("", Some(g.finish.as_openai()));
         last["timings"] = openai::timings(&g.stats);
         let mut out = vec![last];
+        if let Some(p) = &mut self.logprobs {
+            p.rest(&g.logprobs);
+            p.attach(&mut out, Some(self.offset));
+        }
         if self.include_usage {
             let mut usage = self.reply.chunk("", None);
             usage["choices"] = json!([]);

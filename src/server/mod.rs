@@ -16,18 +16,20 @@
 mod api_error;
 mod chat;
 mod completions;
+mod logprobs;
 mod metrics;
 mod openai;
 mod page;
 mod slots;
 mod sse;
+mod structured;
 mod tokenize;
 mod tools;
 
 pub use api_error::ApiError;
 
 use crate::error::{Error, Result};
-use crate::text::{ChatTemplate, SamplingParams, Tokenizer};
+use crate::text::{ChatTemplate, Constraint, GrammarCompiler, SamplingParams, Tokenizer};
 use crate::Model;
 use api_error::ApiResult;
 use axum::extract::{Request, State};
@@ -79,6 +81,9 @@ pub struct Text {
 struct Ready {
     text: Text,
     n_ctx: usize,
+    /// Structured output's grammar compiler, built by the first request
+    /// that needs one (or why it cannot be).
+    grammars: OnceLock<std::result::Result<GrammarCompiler, String>>,
 }
 
 struct Shared {
@@ -121,15 +126,15 @@ impl Shared {
 
 impl Shared {
     /// Queue a generation of `prompt` (`param` names the field it came
-    /// from). The token budget is capped by what the context has left.
-    fn start_job(
-        &self,
-        ready: &Ready,
-        param: &str,
-        prompt: Vec<u32>,
-        mut sampling: SamplingParams,
-        checkpoint_at: Option<usize>,
-    ) -> ApiResult<Running> {
+    /// from), under `constraint` if any. The token budget is capped by what
+    /// the context has left.
+    fn start_job(&self, ready: &Ready, param: &str, prompt: Vec<u32>, job: JobSpec) -> ApiResult<Running> {
+        let JobSpec {
+            mut sampling,
+            checkpoint_at,
+            constraint,
+            logprobs,
+        } = job;
         let n = prompt.len();
         if n == 0 {
             return Err(ApiError::field(param, "the prompt has no tokens"));
@@ -154,11 +159,21 @@ impl Shared {
             prompt,
             sampling,
             checkpoint_at,
+            constraint,
+            logprobs,
             cancel: cancel.clone(),
             events: tx,
         })?;
         Ok(Running::new(rx, cancel))
     }
+}
+
+/// How to generate, besides the prompt.
+struct JobSpec {
+    sampling: SamplingParams,
+    checkpoint_at: Option<usize>,
+    constraint: Option<Constraint>,
+    logprobs: Option<usize>,
 }
 
 /// A server listening and answering; generation starts with [`Server::run`].
@@ -250,7 +265,11 @@ impl Server {
             }
             shared.pool.open(senders);
             // Set once: `run` consumes the server.
-            let _ = shared.ready.set(Ready { text, n_ctx });
+            let _ = shared.ready.set(Ready {
+                text,
+                n_ctx,
+                grammars: OnceLock::new(),
+            });
             on_ready(self.addr);
             let served = self.runtime.block_on(self.task);
             shared.pool.close();

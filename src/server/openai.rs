@@ -88,6 +88,9 @@ pub struct Options {
     pub stream: bool,
     /// `stream_options.include_usage`: a last chunk with the usage.
     pub include_usage: bool,
+    /// Log-probabilities of the answer's tokens, with this many
+    /// alternatives each.
+    pub logprobs: Option<usize>,
 }
 
 /// Sampling and streaming fields over the model's defaults (SPEC.md §7):
@@ -158,7 +161,35 @@ pub fn options(body: &Body, defaults: &SamplingParams) -> ApiResult<Options> {
         sampling: p,
         stream,
         include_usage,
+        logprobs: logprobs(body)?,
     })
+}
+
+/// Chat's `logprobs: true` with `top_logprobs` in [0, 20], or text
+/// completions' `logprobs: N` (N alternatives, at most 20).
+fn logprobs(body: &Body) -> ApiResult<Option<usize>> {
+    let top = body.i64("top_logprobs")?;
+    if let Some(n) = top {
+        check((0..=20).contains(&n), "top_logprobs", "must be in [0, 20]")?;
+    }
+    let top = top.unwrap_or(0) as usize;
+    let on = match body.get("logprobs") {
+        None | Some(Value::Null) | Some(Value::Bool(false)) => None,
+        Some(Value::Bool(true)) => Some(top),
+        Some(v) => match v.as_u64().filter(|&n| n <= 20) {
+            Some(n) => Some(n as usize),
+            None => {
+                return Err(ApiError::field(
+                    "logprobs",
+                    "`logprobs` must be true or false (chat) or a number of alternatives in [0, 20]",
+                ))
+            }
+        },
+    };
+    if on.is_none() && top > 0 {
+        return Err(ApiError::field("top_logprobs", "`top_logprobs` needs `logprobs: true`"));
+    }
+    Ok(on)
 }
 
 fn check(ok: bool, key: &str, want: &str) -> ApiResult<()> {
@@ -223,25 +254,6 @@ fn refuse_unsupported(body: &Body) -> ApiResult<()> {
     if let Some(n) = body.i64("best_of")? {
         if n != 1 {
             return Err(ApiError::unsupported("best_of", "`best_of` other than 1"));
-        }
-    }
-    let logprobs = match body.get("logprobs") {
-        None | Some(Value::Bool(false)) => false,
-        Some(v) => v.as_i64() != Some(0),
-    };
-    if logprobs {
-        return Err(ApiError::unsupported("logprobs", "`logprobs`"));
-    }
-    if body.i64("top_logprobs")?.is_some_and(|n| n > 0) {
-        return Err(ApiError::unsupported("top_logprobs", "`top_logprobs`"));
-    }
-    if let Some(f) = body.object("response_format")? {
-        let kind = f.get("type").and_then(Value::as_str).unwrap_or("");
-        if kind != "text" {
-            return Err(ApiError::unsupported(
-                "response_format",
-                &format!("`response_format` of type `{kind}` (structured output)"),
-            ));
         }
     }
     if body.bool("echo")? == Some(true) {

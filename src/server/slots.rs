@@ -5,8 +5,8 @@
 
 use super::metrics::Metrics;
 use crate::error::{Error, Result};
-use crate::generate::{Generation, Generator, Request};
-use crate::text::{SamplingParams, Tokenizer};
+use crate::generate::{Generation, Generator, Request, TokenLogprob};
+use crate::text::{Constraint, SamplingParams, Tokenizer};
 use crate::Model;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -20,6 +20,10 @@ pub struct Job {
     /// Where the next turn of a chat probably diverges (a checkpoint there
     /// lets a recurrent model rewind to it).
     pub checkpoint_at: Option<usize>,
+    /// The grammar the answer must follow (structured output).
+    pub constraint: Option<Constraint>,
+    /// `Request::logprobs`.
+    pub logprobs: Option<usize>,
     /// Set when the client goes away or the server shuts down.
     pub cancel: Arc<AtomicBool>,
     pub events: tokio::sync::mpsc::Sender<Event>,
@@ -27,8 +31,9 @@ pub struct Job {
 
 /// What a slot reports about its job.
 pub enum Event {
-    /// The next piece of generated text.
-    Piece(String),
+    /// The next piece of generated text, and the log-probabilities of
+    /// the tokens sampled since the last piece (when asked for).
+    Piece(String, Vec<TokenLogprob>),
     /// The end: the whole generation, or why it failed.
     Done(Box<Result<Generation>>),
 }
@@ -166,9 +171,9 @@ fn common_prefix(a: &[u32], b: &[u32]) -> usize {
 /// A slot thread: run jobs until the pool closes.
 pub fn work(pool: &Pool, slot: usize, model: &Model, tok: &Tokenizer, metrics: &Metrics, jobs: mpsc::Receiver<Job>) {
     let mut session = model.session();
-    while let Ok(job) = jobs.recv() {
+    while let Ok(mut job) = jobs.recv() {
         let result = match &mut session {
-            Ok(session) => run(session, tok, &job),
+            Ok(session) => run(session, tok, &mut job),
             Err(e) => Err(Error::Server(format!("slot {slot} has no session: {e}"))),
         };
         if let Ok(g) = &result {
@@ -190,16 +195,19 @@ pub fn work(pool: &Pool, slot: usize, model: &Model, tok: &Tokenizer, metrics: &
     }
 }
 
-fn run(session: &mut crate::Session<'_>, tok: &Tokenizer, job: &Job) -> Result<Generation> {
+fn run(session: &mut crate::Session<'_>, tok: &Tokenizer, job: &mut Job) -> Result<Generation> {
     let req = Request {
         checkpoints: true,
+        constraint: job.constraint.take(),
+        logprobs: job.logprobs,
         checkpoint_at: job.checkpoint_at,
         cancel: Some(&job.cancel),
         ..Request::new(&job.prompt, job.sampling.clone())
     };
     let mut g = Generator::start(session, tok, req)?;
     while let Some(piece) = g.next_piece()? {
-        if job.events.blocking_send(Event::Piece(piece)).is_err() {
+        let lps = g.take_logprobs();
+        if job.events.blocking_send(Event::Piece(piece, lps)).is_err() {
             job.cancel.store(true, Ordering::Relaxed);
         }
     }

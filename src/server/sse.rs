@@ -5,7 +5,7 @@
 
 use super::slots::{Event, Running};
 use crate::error::Result;
-use crate::generate::Generation;
+use crate::generate::{Generation, TokenLogprob};
 use axum::body::{Body, Bytes};
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
@@ -15,8 +15,9 @@ use std::time::Duration;
 
 /// Turns a generation's events into the chunks of one endpoint.
 pub trait Chunks: Send + 'static {
-    /// The chunks for a piece of text (none while text is held back).
-    fn piece(&mut self, text: &str) -> Vec<Value>;
+    /// The chunks for a piece of text and its tokens' log-probabilities
+    /// (none while text is held back).
+    fn piece(&mut self, text: &str, logprobs: Vec<TokenLogprob>) -> Vec<Value>;
     /// The last chunks: the held-back text, `finish_reason`, usage; or an
     /// error object when the generation failed.
     fn done(&mut self, result: Result<Generation>) -> Vec<Value>;
@@ -50,8 +51,8 @@ pub fn reply<C: Chunks>(first: Vec<Value>, running: Running, chunks: C, keep_ali
         loop {
             let out = match tokio::time::timeout(s.keep_alive, s.running.events.recv()).await {
                 Err(_) => Bytes::from_static(b": keep-alive\n\n"),
-                Ok(Some(Event::Piece(text))) => {
-                    let chunks = s.chunks.piece(&text);
+                Ok(Some(Event::Piece(text, logprobs))) => {
+                    let chunks = s.chunks.piece(&text, logprobs);
                     if chunks.is_empty() {
                         continue;
                     }

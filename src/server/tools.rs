@@ -17,9 +17,9 @@ use crate::text::Rng;
 use serde_json::{json, Map, Value};
 use std::collections::HashMap;
 
-const QWEN: (&str, &str) = ("<tool_call>", "</tool_call>");
-const DEEPSEEK: (&str, &str) = ("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>");
-const KIMI: (&str, &str) = ("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>");
+pub const QWEN: (&str, &str) = ("<tool_call>", "</tool_call>");
+pub const DEEPSEEK: (&str, &str) = ("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>");
+pub const KIMI: (&str, &str) = ("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>");
 const BLOCKS: [(&str, &str); 3] = [QWEN, DEEPSEEK, KIMI];
 
 /// The request's tools and what it asks of them.
@@ -28,14 +28,16 @@ pub struct Tools {
     list: Vec<Value>,
     /// `tool_choice: "none"`: the template sees no tools, nothing is parsed.
     none: bool,
-    /// A named `tool_choice`: only that tool is shown.
+    /// A named `tool_choice`: only that tool is shown, and called.
     named: Option<String>,
+    /// `tool_choice: "required"`: one of the tools is called.
+    required: bool,
     parallel: bool,
 }
 
-/// `tools`, `tool_choice` and `parallel_tool_calls`. `required` and a
-/// named choice narrow what the template shows; they are not enforced by
-/// constraining the generation.
+/// `tools`, `tool_choice` and `parallel_tool_calls`. A named choice
+/// narrows what the template shows; `required` and a named choice force a
+/// call ([`Tools::forced`], enforced by constrained generation).
 pub fn parse(body: &Body) -> ApiResult<Tools> {
     let mut tools = Tools {
         parallel: body.bool("parallel_tool_calls")?.unwrap_or(true),
@@ -59,7 +61,11 @@ pub fn parse(body: &Body) -> ApiResult<Tools> {
     match body.get("tool_choice") {
         None => {}
         Some(Value::String(s)) => match s.as_str() {
-            "auto" | "required" => {}
+            "auto" => {}
+            "required" if tools.list.is_empty() => {
+                return Err(ApiError::field("tool_choice", "tool_choice `required` needs `tools`"))
+            }
+            "required" => tools.required = true,
             "none" => tools.none = true,
             other => {
                 return Err(ApiError::field(
@@ -99,6 +105,30 @@ impl Tools {
             .iter()
             .filter(|t| self.named.as_ref().is_none_or(|n| t["function"]["name"] == n.as_str()));
         Some(shown.cloned().collect())
+    }
+
+    /// The tools one of which must be called, as (name, parameters schema):
+    /// `tool_choice` `required` (every tool shown) or a named function;
+    /// `None` when no call is forced.
+    pub fn forced(&self) -> Option<Vec<(String, Value)>> {
+        if !self.required && self.named.is_none() {
+            return None;
+        }
+        let shown = self.for_template()?;
+        let list = shown.iter().filter_map(|t| {
+            let f = &t["function"];
+            let params = match f.get("parameters") {
+                None | Some(Value::Null) => json!({"type": "object"}),
+                Some(p) => p.clone(),
+            };
+            Some((f["name"].as_str()?.to_string(), params))
+        });
+        Some(list.collect())
+    }
+
+    /// `parallel_tool_calls` (default true).
+    pub fn parallel(&self) -> bool {
+        self.parallel
     }
 
     /// How to read calls out of the answer; `None` when no tools are offered.

@@ -75,7 +75,7 @@ impl Builder {
     fn matrix(&mut self, base: &str, rows: usize, cols: usize, std: f32, bits: u32) {
         let k = key(self.q.seed, base);
         let gs = self.q.group_size;
-        if cols % gs != 0 {
+        if !cols.is_multiple_of(gs) {
             let bound = std * 3f32.sqrt();
             self.push(
                 format!("{base}.weight"),

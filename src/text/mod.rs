@@ -16,6 +16,7 @@
 
 mod detok;
 mod files;
+mod grammar;
 mod pyjinja;
 mod rng;
 mod sampling;
@@ -25,6 +26,7 @@ mod tokenizer;
 
 pub use detok::Detokenizer;
 pub use files::{GenerationDefaults, TokenizerConfig};
+pub use grammar::{Constraint, GrammarCompiler};
 pub use rng::Rng;
 pub use sampling::{Sampler, SamplingParams};
 pub use stop::{FinishReason, Step, StopMatcher, StopOutput, TextStream};

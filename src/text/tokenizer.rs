@@ -118,6 +118,19 @@ impl Tokenizer {
         self.eos_token.as_deref()
     }
 
+    /// The bytes each token id stands for (`[vocab]`; special tokens start
+    /// with `0xFF`, which no UTF-8 text holds), read again from
+    /// `tokenizer.json`: what a grammar matches token ids against.
+    pub fn token_bytes(&self) -> Result<Vec<Vec<u8>>> {
+        let bytes = std::fs::read(&self.path).map_err(|e| Error::io(&self.path, e))?;
+        let json: serde_json::Value = serde_json::from_slice(&bytes).map_err(|e| Error::Json {
+            path: self.path.clone(),
+            err: e,
+        })?;
+        llguidance::token_bytes_from_tokenizer_json(&json)
+            .map_err(|e| Error::format(&self.path, format!("cannot read the tokens as bytes: {e}")))
+    }
+
     /// The `tokenizer.json` this was read from.
     pub fn path(&self) -> &Path {
         &self.path

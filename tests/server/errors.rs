@@ -54,14 +54,40 @@ fn bad_json_fields_and_unsupported_features_are_400_naming_the_field() {
         ),
         (chat("hi", json!({"stop": 3})), "stop"),
         (chat("hi", json!({"n": 2})), "n"),
-        (chat("hi", json!({"logprobs": true})), "logprobs"),
+        (chat("hi", json!({"logprobs": "yes"})), "logprobs"),
         (chat("hi", json!({"top_logprobs": 3})), "top_logprobs"),
+        (
+            chat("hi", json!({"logprobs": true, "top_logprobs": 21})),
+            "top_logprobs",
+        ),
         (chat("hi", json!({"logit_bias": {"five": 10}})), "logit_bias"),
         (chat("hi", json!({"logit_bias": {"5": 1000}})), "logit_bias"),
         (
-            chat("hi", json!({"response_format": {"type": "json_object"}})),
+            chat("hi", json!({"response_format": {"type": "xml"}})),
             "response_format",
         ),
+        (
+            chat(
+                "hi",
+                json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "wizard"}}}}),
+            ),
+            "response_format",
+        ),
+        (
+            chat(
+                "hi",
+                json!({"response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "object"}}}}),
+            ),
+            "response_format",
+        ),
+        (
+            chat(
+                "hi",
+                json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": 3}}}),
+            ),
+            "response_format",
+        ),
+        (chat("hi", json!({"tool_choice": "required"})), "tool_choice"),
         (chat("hi", json!({"stream": "yes"})), "stream"),
         (
             chat("hi", json!({"chat_template_kwargs": {"messages": []}})),

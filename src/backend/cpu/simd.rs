@@ -26,7 +26,7 @@ pub(crate) fn available() -> bool {
 /// Whether the quantized kernels take this layout: groups of whole
 /// 32-column units.
 pub(crate) fn quant_supported(m: &QuantMat) -> bool {
-    m.group_size % 32 == 0
+    m.group_size.is_multiple_of(32)
 }
 
 /// x `[n, cols]` with its columns in unpacking order: in each block of

@@ -54,7 +54,7 @@ impl Format {
 /// log2 of a quantization group size the kernels take: a power of two, at
 /// least 8, dividing `cols`.
 pub(crate) fn group_shift(gs: usize, cols: usize, bits: u32) -> Result<i32> {
-    if !gs.is_power_of_two() || gs < 8 || cols % gs != 0 || (gs * bits as usize) % 32 != 0 {
+    if !gs.is_power_of_two() || gs < 8 || !cols.is_multiple_of(gs) || !(gs * bits as usize).is_multiple_of(32) {
         return Err(Error::Invalid(format!(
             "group size {gs} with {bits}-bit weights over {cols} columns: the CUDA kernels need a power of two ≥ 8 that divides the columns into whole words"
         )));
@@ -259,7 +259,7 @@ impl CudaMatrix {
             cols: cols as i32,
             fmt,
             gs_shift,
-            vec: (row_bytes % 16 == 0) as i32,
+            vec: row_bytes.is_multiple_of(16) as i32,
             split: 1,
         };
         Ok(CudaMatrix {

@@ -103,7 +103,7 @@ pub(crate) fn expert_layout(ll: &LayerLayout, group_size: usize, hidden: usize, 
                 ll.expert_size
             )));
         }
-        vec &= w.offset % 16 == 0 && rb % 16 == 0;
+        vec &= w.offset % 16 == 0 && rb.is_multiple_of(16);
     }
     let mut off = [0i64; 9];
     for (o, comp) in off.iter_mut().zip(c) {
@@ -140,7 +140,7 @@ fn route(
             routed_scaling_factor,
             norm_topk_prob,
         } => {
-            if n_group == 0 || n_group > MAX_GROUPS || e % n_group != 0 || topk_group > n_group {
+            if n_group == 0 || n_group > MAX_GROUPS || !e.is_multiple_of(n_group) || topk_group > n_group {
                 return Err(Error::Invalid(format!(
                     "noaux_tc routing: {e} experts in {n_group} groups keeping {topk_group} (the CUDA router takes at most {MAX_GROUPS} groups)"
                 )));
@@ -213,7 +213,7 @@ const MAX_SMEM: usize = 48 * 1024;
 /// multiple of 32, or a tile over 48 KiB (and, in the kernel, for a group
 /// of one pair).
 fn stage_smem(el: &ELayout, cols: usize) -> (i32, u32) {
-    if el.vec == 0 || cols % 32 != 0 {
+    if el.vec == 0 || !cols.is_multiple_of(32) {
         return (0, 0);
     }
     // Elements in one 16-byte chunk of a row.

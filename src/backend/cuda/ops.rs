@@ -263,7 +263,7 @@ pub(crate) fn attention(
 ) -> Result<()> {
     limit("head_dim", a.head_dim, ATT_MAX_DIM)?;
     limit("v_dim", a.v_dim, ATT_MAX_DIM)?;
-    if a.n_kv_heads == 0 || a.n_heads % a.n_kv_heads != 0 {
+    if a.n_kv_heads == 0 || !a.n_heads.is_multiple_of(a.n_kv_heads) {
         return Err(Error::Invalid(format!(
             "{} query heads over {} KV heads",
             a.n_heads, a.n_kv_heads
@@ -366,7 +366,7 @@ pub(crate) fn gated_delta(
 ) -> Result<()> {
     limit("linear_conv_kernel_dim", a.kernel, DELTA_MAX_KERNEL)?;
     limit("linear_key_head_dim", a.k_dim, DELTA_MAX_KEY)?;
-    if a.kernel == 0 || a.k_heads == 0 || a.v_heads % a.k_heads != 0 {
+    if a.kernel == 0 || a.k_heads == 0 || !a.v_heads.is_multiple_of(a.k_heads) {
         return Err(Error::Invalid(format!(
             "GatedDeltaNet: kernel {}, {} value heads over {} key heads",
             a.kernel, a.v_heads, a.k_heads

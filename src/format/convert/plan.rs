@@ -321,7 +321,7 @@ impl<'a> Planner<'a> {
         } else {
             0
         };
-        if !lead_ok(w) || !lead_ok(s) || sl == 0 || cols % sl != 0 || bits == 0 {
+        if !lead_ok(w) || !lead_ok(s) || sl == 0 || !cols.is_multiple_of(sl) || bits == 0 {
             return Err(Error::Convert(format!(
                 "tensor `{}`: shape {:?} with scales {:?} is not a quantized {:?} matrix",
                 w.name,
@@ -368,7 +368,7 @@ impl<'a> Planner<'a> {
             (Rule::Router, Some(_)) => 8,
             (Rule::Default, Some(b)) => b,
         };
-        if m.cols % self.set.group_size != 0 {
+        if !m.cols.is_multiple_of(self.set.group_size) {
             return float;
         }
         Target::Quantize {
