@@ -293,17 +293,22 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         writeln!(
             out,
             "{}",
-            serde_json::json!({"model": model.name(), "device": model.device_name(), "io": format!("{:?}", store.mode()),
+            serde_json::json!({"model": model.name(), "device": model.device_name(), "io": store.mode().name(), "io_auto": a.model.io == moeflux::experts::IoMode::Auto,
                 "cold": a.cold, "load_s": load_s, "memcpy_gb_s": bw, "results": j})
         )?;
         return Ok(());
     }
     writeln!(
         out,
-        "model {} | device {} | io {:?}{} | load {:.1} s | memcpy {:.1} GB/s",
+        "model {} | device {} | io {}{}{} | load {:.1} s | memcpy {:.1} GB/s",
         model.name(),
         model.device_name(),
         store.mode(),
+        if a.model.io == moeflux::experts::IoMode::Auto {
+            " (auto)"
+        } else {
+            ""
+        },
         if a.cold { " (cold page cache)" } else { "" },
         load_s,
         bw

@@ -158,7 +158,10 @@ pub fn module_images(cc: (i32, i32)) -> Result<(Vec<Image>, CompileReport)> {
         let path = dir
             .as_ref()
             .map(|d| d.join(format!("{key:016x}-{}-{arch}.cubin", m.label())));
-        let cached = path.as_ref().and_then(|p| std::fs::read(p).ok()).filter(|b| !b.is_empty());
+        let cached = path
+            .as_ref()
+            .and_then(|p| std::fs::read(p).ok())
+            .filter(|b| !b.is_empty());
         if cached.is_none() {
             jobs.push((images.len(), source, opts, path));
         }

@@ -314,7 +314,13 @@ impl CudaMatrix {
             // Tiles of GEMM_ROWS × GEMM_TOKENS outputs.
             let (gx, gy) = (rows.div_ceil(GEMM_ROWS) as u32, n.div_ceil(GEMM_TOKENS) as u32);
             let n = n as i32;
-            gpu.launch(gpu.k.fmt(arg.fmt)?.gemm, (gx, gy, 1), 256, 0, cuda_args![arg, xp, yp, n])
+            gpu.launch(
+                gpu.k.fmt(arg.fmt)?.gemm,
+                (gx, gy, 1),
+                256,
+                0,
+                cuda_args![arg, xp, yp, n],
+            )
         }
     }
 
