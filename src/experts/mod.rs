@@ -230,12 +230,15 @@ impl ExpertStore {
         }
         let t0 = Instant::now();
         let reading = self.stats.begin_read();
-        let blobs: Result<Vec<Region>> = self.pool.install(|| {
-            use rayon::prelude::*;
-            ids.par_iter()
-                .map(|&e| lf.file.read(e as u64 * size as u64, size))
-                .collect()
-        });
+        let read = |&e: &u32| lf.file.read(e as u64 * size as u64, size);
+        // A mapped read is a view (no copy): no need to hand it to the pool.
+        let blobs: Result<Vec<Region>> = match self.mode {
+            IoMode::Mmap => ids.iter().map(read).collect(),
+            _ => self.pool.install(|| {
+                use rayon::prelude::*;
+                ids.par_iter().map(read).collect()
+            }),
+        };
         drop(reading);
         let blobs = blobs?;
         self.stats.experts_read.fetch_add(ids.len() as u64, Ordering::Relaxed);

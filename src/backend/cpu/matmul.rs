@@ -65,54 +65,132 @@ const TASK_BYTES: usize = 32 << 10;
 /// `y[n, rows] = x[n, cols] · Wᵀ` with the given kernel (tests and
 /// benchmarks compare kernels with this).
 pub fn linear_with(kernel: Kernel, w: &MatrixView, x: &[f32], n: usize, y: &mut [f32]) -> Result<()> {
-    let (rows, cols) = (w.rows, w.cols);
-    if x.len() < n * cols || y.len() < n * rows {
-        return Err(Error::Invalid(format!(
-            "linear [{rows}, {cols}] over {n} tokens: x has {} elements (need {}), y has {} (need {})",
-            x.len(),
-            n * cols,
-            y.len(),
-            n * rows
-        )));
-    }
+    linear_set_with(kernel, &mut [Product { w, x, n, y }])
+}
+
+/// One product of a set computed together: `y[n, rows] = x[n, cols] · Wᵀ`.
+pub struct Product<'a> {
+    pub w: &'a MatrixView,
+    /// `[n, cols]`.
+    pub x: &'a [f32],
+    pub n: usize,
+    /// `[n, rows]`.
+    pub y: &'a mut [f32],
+}
+
+/// Every product of `ps` with the fastest kernel of this CPU, in one
+/// parallel loop: the rows of all the matrices are split into tasks
+/// together, so that a set of small matrices (a layer's projections, the
+/// experts of a token) keeps every thread busy for the price of one
+/// dispatch. Each output row is computed by one task, so the result does
+/// not depend on the split.
+pub fn linear_set(ps: &mut [Product]) -> Result<()> {
+    linear_set_with(Kernel::detect(), ps)
+}
+
+/// [`linear_set`] with the given kernel.
+pub fn linear_set_with(kernel: Kernel, ps: &mut [Product]) -> Result<()> {
     if !kernel.available() {
         return Err(Error::Invalid(format!(
             "the {kernel:?} kernel does not run on this CPU"
         )));
     }
-    if n == 0 || rows == 0 {
-        return Ok(());
+    let mut mats = Vec::with_capacity(ps.len());
+    for p in ps.iter() {
+        let (rows, cols, n) = (p.w.rows, p.w.cols, p.n);
+        if p.x.len() < n * cols || p.y.len() < n * rows {
+            return Err(Error::Invalid(format!(
+                "linear [{rows}, {cols}] over {n} tokens: x has {} elements (need {}), y has {} (need {})",
+                p.x.len(),
+                n * cols,
+                p.y.len(),
+                n * rows
+            )));
+        }
+        mats.push(Mat::new(p.w)?);
     }
-    if cols == 0 {
-        y[..n * rows].fill(0.0);
-        return Ok(());
+    // The activations, prepared once per distinct input.
+    let mut acts: Vec<(ActsKey, Acts)> = Vec::new();
+    let mut act_of = Vec::with_capacity(ps.len());
+    for (p, mat) in ps.iter().zip(&mats) {
+        let x: &[f32] = p.x;
+        let key = ActsKey::new(mat, x, p.n, p.w.cols);
+        let i = match acts.iter().position(|(k, _)| *k == key) {
+            Some(i) => i,
+            None => {
+                acts.push((key, prepare(kernel, mat, x, p.n, p.w.cols)));
+                acts.len() - 1
+            }
+        };
+        act_of.push(i);
     }
-    let mat = Mat::new(w)?;
-    let acts = prepare(kernel, &mat, x, n, cols);
-    let run = |r0: usize, out: &mut [f32]| rows_into(kernel, &mat, &acts, r0, out);
-
-    // Tasks: at least TASK_BYTES of weights each, several per thread.
-    let total = rows * mat.row_bytes() * n.div_ceil(4);
-    let tasks = (total / TASK_BYTES).clamp(1, 8 * rayon::current_num_threads());
-    let block = rows.div_ceil(tasks);
-    // One token writes y directly; several go through [rows, n] and a transpose.
-    let mut out_t = vec![0.0f32; if n == 1 { 0 } else { rows * n }];
-    let out: &mut [f32] = if n == 1 { &mut y[..rows] } else { &mut out_t };
-    if tasks == 1 {
-        run(0, out);
+    // Tasks: at least TASK_BYTES of weights each, about eight per thread
+    // over the whole set. One token writes y directly; several go through
+    // [rows, n] and a transpose.
+    let cost = |p: &Product, m: &Mat| p.w.rows * m.row_bytes() * p.n.div_ceil(4);
+    let total: usize = ps.iter().zip(&mats).map(|(p, m)| cost(p, m)).sum();
+    let task_bytes = (total / (8 * rayon::current_num_threads())).max(TASK_BYTES);
+    let mut scratch: Vec<Vec<f32>> = ps
+        .iter()
+        .map(|p| vec![0.0f32; if p.n > 1 { p.w.rows * p.n } else { 0 }])
+        .collect();
+    let mut tasks: Vec<(usize, usize, &mut [f32])> = Vec::new();
+    for (i, (p, s)) in ps.iter_mut().zip(scratch.iter_mut()).enumerate() {
+        let (rows, cols, n) = (p.w.rows, p.w.cols, p.n);
+        if n == 0 || rows == 0 {
+            continue;
+        }
+        if cols == 0 {
+            p.y[..n * rows].fill(0.0);
+            continue;
+        }
+        let out: &mut [f32] = if n == 1 { &mut p.y[..rows] } else { s };
+        let row_cost = mats[i].row_bytes() * n.div_ceil(4);
+        let block = (task_bytes / row_cost.max(1)).clamp(1, rows);
+        tasks.extend(out.chunks_mut(block * n).enumerate().map(|(bi, o)| (i, bi * block, o)));
+    }
+    let run = |(i, r0, o): (usize, usize, &mut [f32])| rows_into(kernel, &mats[i], &acts[act_of[i]].1, r0, o);
+    if tasks.len() == 1 {
+        tasks.into_iter().for_each(run);
     } else {
-        out.par_chunks_mut(block * n)
-            .enumerate()
-            .for_each(|(bi, o)| run(bi * block, o));
+        tasks.into_par_iter().for_each(run);
     }
-    if n > 1 {
-        for (r, o) in out_t.chunks_exact(n).enumerate() {
-            for (t, v) in o.iter().enumerate() {
-                y[t * rows + r] = *v;
+    for (p, s) in ps.iter_mut().zip(&scratch) {
+        if p.n > 1 && p.w.cols > 0 {
+            let rows = p.w.rows;
+            for (r, o) in s.chunks_exact(p.n).enumerate() {
+                for (t, v) in o.iter().enumerate() {
+                    p.y[t * rows + r] = *v;
+                }
             }
         }
     }
     Ok(())
+}
+
+/// What makes two products' prepared activations the same (within one
+/// set, where the kernel is the same).
+#[derive(PartialEq, Eq)]
+struct ActsKey {
+    x: (usize, usize),
+    n: usize,
+    cols: usize,
+    /// Group size and bits of quantized weights.
+    quant: Option<(usize, usize)>,
+}
+
+impl ActsKey {
+    fn new(mat: &Mat, x: &[f32], n: usize, cols: usize) -> ActsKey {
+        ActsKey {
+            x: (x.as_ptr() as usize, x.len()),
+            n,
+            cols,
+            quant: match mat {
+                Mat::Quant(q) => Some((q.group_size, q.bits)),
+                Mat::Float(_) => None,
+            },
+        }
+    }
 }
 
 /// The activations as `kernel` wants them for `mat`.
