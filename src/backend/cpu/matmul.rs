@@ -2,7 +2,8 @@
 //! affine 2/4/8-bit and bf16/f16/f32 weights. Rows are split across the
 //! rayon pool in blocks of a few tens of KiB of weights; inside a block
 //! each row (group) is decoded once and applied to all `n` inputs. The
-//! kernels live in `qmatvec` (scalar) and `simd` (AVX2 + FMA).
+//! kernels live in `qmatvec` (scalar), `simd` (AVX2 + FMA) and `simd512`
+//! (AVX-512, one token), chosen at run time by the CPU's features.
 
 use super::qmatvec::{self, Acts, Mat};
 use crate::error::{Error, Result};
@@ -30,16 +31,18 @@ pub enum Kernel {
     Scalar,
     /// x86_64 AVX2 + FMA + F16C.
     Avx2,
+    /// x86_64 AVX-512 F + BW + VL for the one-token quantized product
+    /// (decode); the AVX2 kernels for everything else.
+    Avx512,
 }
 
 impl Kernel {
     /// The fastest kernel this CPU runs.
     pub fn detect() -> Kernel {
-        #[cfg(target_arch = "x86_64")]
-        if super::simd::available() {
-            return Kernel::Avx2;
-        }
-        Kernel::Scalar
+        [Kernel::Avx512, Kernel::Avx2]
+            .into_iter()
+            .find(|k| k.available())
+            .unwrap_or(Kernel::Scalar)
     }
 
     /// Whether this CPU runs `self`.
@@ -48,8 +51,31 @@ impl Kernel {
             Kernel::Scalar => true,
             #[cfg(target_arch = "x86_64")]
             Kernel::Avx2 => super::simd::available(),
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx512 => super::simd512::available(),
             #[cfg(not(target_arch = "x86_64"))]
-            Kernel::Avx2 => false,
+            Kernel::Avx2 | Kernel::Avx512 => false,
+        }
+    }
+
+    /// A short name for reports (`avx512`, `avx2`, `scalar`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Kernel::Scalar => "scalar",
+            Kernel::Avx2 => "avx2",
+            Kernel::Avx512 => "avx512",
+        }
+    }
+
+    /// The kernel that computes `mat` over `n` tokens when `self` is asked
+    /// for: AVX-512 covers the one-token quantized product of whole 16-byte
+    /// groups, and leaves the rest to the AVX2 kernels.
+    fn for_product(self, mat: &Mat, n: usize) -> Kernel {
+        match (self, mat) {
+            #[cfg(target_arch = "x86_64")]
+            (Kernel::Avx512, Mat::Quant(q)) if n == 1 && super::simd512::quant_supported(q) => Kernel::Avx512,
+            (Kernel::Avx512, _) => Kernel::Avx2,
+            (k, _) => k,
         }
     }
 }
@@ -109,16 +135,18 @@ pub fn linear_set_with(kernel: Kernel, ps: &mut [Product]) -> Result<()> {
         }
         mats.push(Mat::new(p.w)?);
     }
-    // The activations, prepared once per distinct input.
+    // The kernel of each product, and the activations, prepared once per
+    // distinct input and kernel.
+    let kernels: Vec<Kernel> = ps.iter().zip(&mats).map(|(p, m)| kernel.for_product(m, p.n)).collect();
     let mut acts: Vec<(ActsKey, Acts)> = Vec::new();
     let mut act_of = Vec::with_capacity(ps.len());
-    for (p, mat) in ps.iter().zip(&mats) {
+    for ((p, mat), &k) in ps.iter().zip(&mats).zip(&kernels) {
         let x: &[f32] = p.x;
-        let key = ActsKey::new(mat, x, p.n, p.w.cols);
-        let i = match acts.iter().position(|(k, _)| *k == key) {
+        let key = ActsKey::new(k, mat, x, p.n, p.w.cols);
+        let i = match acts.iter().position(|(key2, _)| *key2 == key) {
             Some(i) => i,
             None => {
-                acts.push((key, prepare(kernel, mat, x, p.n, p.w.cols)));
+                acts.push((key, prepare(k, mat, x, p.n, p.w.cols)));
                 acts.len() - 1
             }
         };
@@ -149,7 +177,7 @@ pub fn linear_set_with(kernel: Kernel, ps: &mut [Product]) -> Result<()> {
         let block = (task_bytes / row_cost.max(1)).clamp(1, rows);
         tasks.extend(out.chunks_mut(block * n).enumerate().map(|(bi, o)| (i, bi * block, o)));
     }
-    let run = |(i, r0, o): (usize, usize, &mut [f32])| rows_into(kernel, &mats[i], &acts[act_of[i]].1, r0, o);
+    let run = |(i, r0, o): (usize, usize, &mut [f32])| rows_into(kernels[i], &mats[i], &acts[act_of[i]].1, r0, o);
     if tasks.len() == 1 {
         tasks.into_iter().for_each(run);
     } else {
@@ -168,10 +196,10 @@ pub fn linear_set_with(kernel: Kernel, ps: &mut [Product]) -> Result<()> {
     Ok(())
 }
 
-/// What makes two products' prepared activations the same (within one
-/// set, where the kernel is the same).
+/// What makes two products' prepared activations the same.
 #[derive(PartialEq, Eq)]
 struct ActsKey {
+    kernel: Kernel,
     x: (usize, usize),
     n: usize,
     cols: usize,
@@ -180,8 +208,9 @@ struct ActsKey {
 }
 
 impl ActsKey {
-    fn new(mat: &Mat, x: &[f32], n: usize, cols: usize) -> ActsKey {
+    fn new(kernel: Kernel, mat: &Mat, x: &[f32], n: usize, cols: usize) -> ActsKey {
         ActsKey {
+            kernel,
             x: (x.as_ptr() as usize, x.len()),
             n,
             cols,
@@ -207,19 +236,26 @@ fn prepare<'a>(kernel: Kernel, mat: &Mat, x: &'a [f32], n: usize, cols: usize) -
 /// kernel reads x as it is).
 fn permuted(kernel: Kernel, q: &qmatvec::QuantMat, x: &[f32]) -> Vec<f32> {
     #[cfg(target_arch = "x86_64")]
-    if kernel == Kernel::Avx2 && super::simd::quant_supported(q) {
-        return super::simd::permute_x(x, q.bits);
+    match kernel {
+        Kernel::Avx512 => return super::simd512::permute_x(x, q.bits),
+        Kernel::Avx2 if super::simd::quant_supported(q) => return super::simd::permute_x(x, q.bits),
+        _ => {}
     }
     let _ = (kernel, q, x);
     Vec::new()
 }
 
-/// Rows `r0..r0 + out.len()/n` into `out` `[rows, n]`.
+/// Rows `r0..r0 + out.len()/n` into `out` `[rows, n]` with `kernel`, as
+/// chosen by `Kernel::for_product`.
 fn rows_into(kernel: Kernel, mat: &Mat, a: &Acts, r0: usize, out: &mut [f32]) {
     match (kernel, mat) {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `linear_with` checked that the CPU has the features,
-        // `Mat::new` checked every byte size, and `a` was prepared for `mat`.
+        // SAFETY: `linear_set_with` checked that the CPU has the features,
+        // `Mat::new` checked every byte size, `for_product` checked the
+        // layout and the token count, and `a` was prepared for `mat`.
+        (Kernel::Avx512, Mat::Quant(q)) => unsafe { super::simd512::quant_rows(q, a, r0, out) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above.
         (Kernel::Avx2, Mat::Quant(q)) if super::simd::quant_supported(q) => unsafe {
             super::simd::quant_rows(q, a, r0, out)
         },
