@@ -92,25 +92,45 @@ unsafe fn quant_matvec<const BITS: u32>(m: &QuantMat, a: &Acts, r0: usize, out: 
             btot = _mm512_fmadd_ps(b, xs, btot);
             for (gi, &s) in s16.iter().enumerate().take(gn) {
                 let g = g0 + gi;
-                let mut acc = [_mm512_setzero_ps(); 4];
-                for blk in 0..blocks {
-                    let c = g * gs + 16 * pb * blk; // first column of the block
-                    let wb = w.add(c * BITS as usize / 8);
-                    let mut v = _mm512_cvtepu8_epi32(_mm_loadu_si128(wb as *const __m128i));
-                    for k in 0..pb {
-                        let lv = if k + 1 == pb { v } else { _mm512_and_si512(v, mask) };
-                        let q = _mm512_cvtepi32_ps(lv);
-                        let j = (blk * pb + k) % 4;
-                        acc[j] = _mm512_fmadd_ps(q, _mm512_loadu_ps(xp.add(c + 16 * k)), acc[j]);
-                        if k + 1 < pb {
-                            v = _mm512_srli_epi32::<BITS>(v);
+                // Two sets of accumulators (even and odd blocks), indexed by
+                // level only, so that every index is a constant after
+                // unrolling and the accumulators stay in registers.
+                let mut acc = [[_mm512_setzero_ps(); 4]; 2];
+                let gw = w.add(g * gs * BITS as usize / 8);
+                let gx = xp.add(g * gs);
+                let mut blk = 0;
+                while blk < blocks {
+                    for (half, ah) in acc.iter_mut().enumerate() {
+                        let b = blk + half;
+                        if b < blocks {
+                            block::<BITS>(gw.add(16 * b), gx.add(16 * pb * b), mask, ah);
                         }
                     }
+                    blk += 2;
                 }
-                let sum = _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
+                let mut sum = _mm512_add_ps(acc[0][0], acc[1][0]);
+                for k in 1..pb {
+                    sum = _mm512_add_ps(sum, _mm512_add_ps(acc[0][k], acc[1][k]));
+                }
                 tot[g & 1] = _mm512_fmadd_ps(sum, _mm512_set1_ps(s), tot[g & 1]);
             }
         }
         *o = _mm512_reduce_add_ps(_mm512_add_ps(tot[0], tot[1])) + _mm512_reduce_add_ps(btot);
+    }
+}
+
+/// One 16-byte block of weights at `wb` against x (permuted) at `xb`: level
+/// k of every byte into `acc[k]`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+#[inline]
+unsafe fn block<const BITS: u32>(wb: *const u8, xb: *const f32, mask: __m512i, acc: &mut [__m512; 4]) {
+    let pb = 8 / BITS as usize;
+    let mut v = _mm512_cvtepu8_epi32(_mm_loadu_si128(wb as *const __m128i));
+    for (k, a) in acc.iter_mut().enumerate().take(pb) {
+        let lv = if k + 1 == pb { v } else { _mm512_and_si512(v, mask) };
+        *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lv), _mm512_loadu_ps(xb.add(16 * k)), *a);
+        if k + 1 < pb {
+            v = _mm512_srli_epi32::<BITS>(v);
+        }
     }
 }
