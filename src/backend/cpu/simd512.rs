@@ -109,8 +109,8 @@ unsafe fn quant_matvec<const BITS: u32>(m: &QuantMat, a: &Acts, r0: usize, out: 
                     blk += 2;
                 }
                 let mut sum = _mm512_add_ps(acc[0][0], acc[1][0]);
-                for k in 1..pb {
-                    sum = _mm512_add_ps(sum, _mm512_add_ps(acc[0][k], acc[1][k]));
+                for (a0, a1) in acc[0].iter().zip(&acc[1]).take(pb).skip(1) {
+                    sum = _mm512_add_ps(sum, _mm512_add_ps(*a0, *a1));
                 }
                 tot[g & 1] = _mm512_fmadd_ps(sum, _mm512_set1_ps(s), tot[g & 1]);
             }
