@@ -108,9 +108,15 @@ unsafe fn quant_matvec<const BITS: u32>(m: &QuantMat, a: &Acts, r0: usize, out: 
                     }
                     blk += 2;
                 }
+                // Constant indices (no iterator over `acc`, which would
+                // keep it in memory: 3× slower).
                 let mut sum = _mm512_add_ps(acc[0][0], acc[1][0]);
-                for (a0, a1) in acc[0].iter().zip(&acc[1]).take(pb).skip(1) {
-                    sum = _mm512_add_ps(sum, _mm512_add_ps(*a0, *a1));
+                if pb > 1 {
+                    sum = _mm512_add_ps(sum, _mm512_add_ps(acc[0][1], acc[1][1]));
+                }
+                if pb > 2 {
+                    sum = _mm512_add_ps(sum, _mm512_add_ps(acc[0][2], acc[1][2]));
+                    sum = _mm512_add_ps(sum, _mm512_add_ps(acc[0][3], acc[1][3]));
                 }
                 tot[g & 1] = _mm512_fmadd_ps(sum, _mm512_set1_ps(s), tot[g & 1]);
             }
