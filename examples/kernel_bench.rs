@@ -202,7 +202,14 @@ fn main() {
         rayon::current_num_threads(),
         l3 >> 20
     );
-    println!("kernel: {:?}\n", Kernel::detect());
+    println!(
+        "kernel: {}\n",
+        match Kernel::detect() {
+            Kernel::Avx512 => "avx512 for one-token quantized products, avx2 for the rest (both measured below)",
+            Kernel::Avx2 => "avx2",
+            Kernel::Scalar => "scalar",
+        }
+    );
     if !hot {
         bandwidth();
     }
@@ -233,13 +240,23 @@ fn main() {
         let one = matrix(kind, 1).nbytes();
         let count = if hot { 1 } else { (4 * l3).div_ceil(one) + 1 };
         let mats: Vec<MatrixView> = (0..count as u64).map(|i| matrix(kind, i + 1)).collect();
-        let mut kernels = vec![Kernel::detect()];
-        if Kernel::detect() != Kernel::Scalar && matches!(kind, Kind::Quant(4)) {
-            kernels.push(Kernel::Scalar);
-        }
+        // AVX-512 covers one-token quantized products only; the AVX2
+        // kernels run beside it for comparison (and for the rest).
+        let quant = matches!(kind, Kind::Quant(_));
+        let kernels: Vec<Kernel> = [Kernel::Avx512, Kernel::Avx2, Kernel::Scalar]
+            .into_iter()
+            .filter(|k| k.available())
+            .filter(|&k| match k {
+                Kernel::Avx512 => quant,
+                Kernel::Scalar => Kernel::detect() == Kernel::Scalar || matches!(kind, Kind::Quant(4)),
+                Kernel::Avx2 => true,
+            })
+            .collect();
         for &kernel in &kernels {
             for &n in ns {
-                if kernel == Kernel::Scalar && n > 1 {
+                if n > 1
+                    && (kernel == Kernel::Avx512 || (kernel == Kernel::Scalar && Kernel::detect() != Kernel::Scalar))
+                {
                     continue;
                 }
                 let calls = (160 / n).max(10).max(2 * count);

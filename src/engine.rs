@@ -195,8 +195,15 @@ impl Model {
         let wf = WeightsFile::open(dir)?;
         let layout_path = dir.join(EXPERTS_DIR).join(LAYOUT_FILE);
         Layout::read(dir)?.validate_model(&config, &layout_path)?;
-        let store = ExpertStore::open(dir, config.num_hidden_layers, opts.io_mode, opts.io_threads)?;
-        if opts.io_mode == IoMode::Direct && store.mode() != IoMode::Direct {
+        let device = choose(opts.device, &opts.notify);
+        // CUDA keeps its own choice for `Auto`: it maps the files itself
+        // when they fit and otherwise reads misses with pread.
+        let io_mode = match (device, opts.io_mode) {
+            (Device::Cuda(_), IoMode::Auto) => IoMode::Pread,
+            (_, mode) => mode,
+        };
+        let store = ExpertStore::open(dir, config.num_hidden_layers, io_mode, opts.io_threads)?;
+        if io_mode == IoMode::Direct && store.mode() != IoMode::Direct {
             opts.notify.say(&format!(
                 "warning: the filesystem refuses O_DIRECT; reading experts with {} instead",
                 store.mode()
@@ -205,8 +212,12 @@ impl Model {
         if let Some(e) = check::moe_layouts(&config, store.layout()).into_iter().next() {
             return Err(e);
         }
+        if opts.io_mode == IoMode::Auto && device == Device::Cpu {
+            opts.notify
+                .say(&format!("experts: io {} (chosen by --io auto)", store.mode()));
+        }
         let mut cache = None;
-        let engine = match choose(opts.device, &opts.notify) {
+        let engine = match device {
             Device::Cuda(i) => match open_cuda(i, &config, &wf, &store, opts) {
                 Ok((net, r)) => {
                     cache = Some(r);

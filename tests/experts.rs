@@ -4,7 +4,7 @@
 mod common;
 
 use common::convert;
-use moeflux::experts::{ExpertStore, IoMode};
+use moeflux::experts::{ExpertStore, IoMode, Memory};
 use moeflux::format::packed::{expert_file_name, LayerLayout, Layout, EXPERTS_DIR, LAYOUT_FILE};
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -86,8 +86,36 @@ fn io_mode_parses_from_the_command_line() {
     assert_eq!("Direct".parse::<IoMode>().unwrap(), IoMode::Direct);
     let err = "uring".parse::<IoMode>().unwrap_err().to_string();
     assert!(err.contains("uring") && err.contains("pread, mmap or direct"), "{err}");
-    assert_eq!(IoMode::default(), IoMode::Pread);
+    assert_eq!("auto".parse::<IoMode>().unwrap(), IoMode::Auto);
+    assert_eq!(IoMode::default(), IoMode::Auto);
     assert_eq!(IoMode::Mmap.to_string(), "mmap");
+}
+
+#[test]
+fn auto_maps_what_fits_in_half_the_available_memory() {
+    let text = "MemTotal:       24000000 kB\nMemFree:  100 kB\nMemAvailable:   20000000 kB\n";
+    let mem = Memory::parse(text).expect("meminfo parses");
+    assert_eq!(mem.total, 24_000_000 * 1024);
+    assert_eq!(mem.available, 20_000_000 * 1024);
+    assert_eq!(Memory::parse("MemTotal: 5 kB\n"), None);
+    let gb = 1_000_000_000u64;
+    assert_eq!(IoMode::Auto.resolve(4 * gb, Some(mem)), IoMode::Mmap);
+    assert_eq!(IoMode::Auto.resolve(mem.available / 2 + 1, Some(mem)), IoMode::Pread);
+    assert_eq!(IoMode::Auto.resolve(mem.total + 1, Some(mem)), IoMode::Direct);
+    assert_eq!(IoMode::Auto.resolve(4 * gb, None), IoMode::Pread);
+    for mode in [IoMode::Pread, IoMode::Mmap, IoMode::Direct] {
+        assert_eq!(mode.resolve(4 * gb, Some(mem)), mode);
+        assert_eq!(mode.resolve(100 * gb, Some(mem)), mode);
+    }
+}
+
+#[test]
+fn a_store_opened_with_auto_says_which_mode_it_chose() {
+    let tmp = tempfile::tempdir().unwrap();
+    write_store(tmp.path());
+    let store = ExpertStore::open(tmp.path(), 3, IoMode::Auto, 1).unwrap();
+    // A few hundred KiB of experts fit in any machine's memory.
+    assert_eq!(store.mode(), IoMode::Mmap);
 }
 
 #[test]

@@ -20,9 +20,13 @@ pub struct ModelArgs {
     /// or cuda:N.
     #[arg(long, default_value = "auto")]
     pub device: Device,
-    /// How experts are read from disk: pread, mmap or direct (O_DIRECT,
-    /// for models larger than RAM).
-    #[arg(long, default_value = "pread")]
+    /// How experts are read from disk: auto, pread, mmap or direct
+    /// (O_DIRECT, for models larger than RAM). auto: on the CPU, mmap
+    /// (experts read in place from the page cache) when the expert files
+    /// fit in half the available memory, direct when they are larger than
+    /// the memory, pread otherwise; on CUDA, pread (the backend maps the
+    /// files itself when they fit).
+    #[arg(long, default_value = "auto")]
     pub io: IoMode,
     /// CUDA: device memory for routed experts: auto (free memory less a
     /// margin), a size (8G, 512M) or a share of the expert bytes from 0% to

@@ -16,8 +16,12 @@ pub const DIRECT_ALIGN: usize = 4096;
 /// How expert bytes come off the disk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum IoMode {
-    /// One `pread` per expert into an owned buffer (page cache as the host cache).
+    /// Chosen when the store opens ([`IoMode::auto`]): `Mmap` when the
+    /// expert files fit in half the available memory, `Direct` when they
+    /// are larger than all of it, `Pread` in between.
     #[default]
+    Auto,
+    /// One `pread` per expert into an owned buffer (page cache as the host cache).
     Pread,
     /// Map each layer file; experts are zero-copy views of the map.
     Mmap,
@@ -28,10 +32,61 @@ pub enum IoMode {
 impl IoMode {
     pub fn name(self) -> &'static str {
         match self {
+            IoMode::Auto => "auto",
             IoMode::Pread => "pread",
             IoMode::Mmap => "mmap",
             IoMode::Direct => "direct",
         }
+    }
+}
+
+impl IoMode {
+    /// The mode `Auto` stands for when the expert files hold
+    /// `expert_bytes` and the machine has `mem` (`None`: unknown): read
+    /// in place from the page cache (`Mmap`, no copy) when the files fit
+    /// in half the available memory; `Direct` when they are larger than
+    /// the total memory (the page cache could never hold them); `Pread`
+    /// otherwise. Other modes are returned as they are.
+    pub fn resolve(self, expert_bytes: u64, mem: Option<Memory>) -> IoMode {
+        match (self, mem) {
+            (IoMode::Auto, Some(m)) if expert_bytes <= m.available / 2 => IoMode::Mmap,
+            (IoMode::Auto, Some(m)) if expert_bytes > m.total => IoMode::Direct,
+            (IoMode::Auto, _) => IoMode::Pread,
+            (mode, _) => mode,
+        }
+    }
+}
+
+/// The machine's memory in bytes (`/proc/meminfo`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Memory {
+    /// `MemTotal`.
+    pub total: u64,
+    /// `MemAvailable`: free memory plus what the page cache can give back.
+    pub available: u64,
+}
+
+impl Memory {
+    /// This machine's, or `None` where `/proc/meminfo` cannot be read.
+    pub fn read() -> Option<Memory> {
+        Memory::parse(&std::fs::read_to_string("/proc/meminfo").ok()?)
+    }
+
+    /// From the text of `/proc/meminfo`.
+    pub fn parse(text: &str) -> Option<Memory> {
+        let kb = |key: &str| -> Option<u64> {
+            let line = text.lines().find(|l| l.starts_with(key))?;
+            line[key.len()..]
+                .split_whitespace()
+                .next()?
+                .parse::<u64>()
+                .ok()?
+                .checked_mul(1024)
+        };
+        Some(Memory {
+            total: kb("MemTotal:")?,
+            available: kb("MemAvailable:")?,
+        })
     }
 }
 
@@ -45,11 +100,12 @@ impl std::str::FromStr for IoMode {
     type Err = Error;
     fn from_str(s: &str) -> Result<IoMode> {
         match s.to_ascii_lowercase().as_str() {
+            "auto" => Ok(IoMode::Auto),
             "pread" => Ok(IoMode::Pread),
             "mmap" => Ok(IoMode::Mmap),
             "direct" => Ok(IoMode::Direct),
             _ => Err(Error::Invalid(format!(
-                "unknown I/O mode `{s}`; expected pread, mmap or direct"
+                "unknown I/O mode `{s}`; expected auto, pread, mmap or direct"
             ))),
         }
     }
@@ -70,7 +126,7 @@ impl ExpertFile {
     /// the caller falls back to `Pread`.
     pub fn open(path: &Path, len: u64, mode: IoMode) -> Result<Option<ExpertFile>> {
         match mode {
-            IoMode::Pread => ExpertFile::open_pread(path).map(Some),
+            IoMode::Auto | IoMode::Pread => ExpertFile::open_pread(path).map(Some),
             IoMode::Mmap => {
                 let file = File::open(path).map_err(|e| Error::io(path, e))?;
                 // SAFETY: the file is opened read-only; moeflux never writes a

@@ -5,7 +5,7 @@
 
 mod io;
 
-pub use io::{IoMode, DIRECT_ALIGN};
+pub use io::{IoMode, Memory, DIRECT_ALIGN};
 
 use crate::error::{Error, Result};
 use crate::format::packed::{expert_file_name, LayerLayout, Layout, EXPERTS_DIR, LAYOUT_FILE};
@@ -116,9 +116,11 @@ pub fn check_layer_file(path: &Path, num_experts: usize, layout: &LayerLayout) -
 
 impl ExpertStore {
     /// Open `DIR/packed_experts/`, checking each layer file's size against
-    /// its layout. `IoMode::Direct` on a filesystem that refuses `O_DIRECT`
-    /// falls back to `Pread` with a warning; [`ExpertStore::mode`] says
-    /// which mode is in use.
+    /// its layout. `IoMode::Auto` is resolved against the total size of
+    /// the expert files and this machine's memory ([`IoMode::resolve`]).
+    /// `IoMode::Direct` on a filesystem that refuses `O_DIRECT` falls back
+    /// to `Pread` with a warning; [`ExpertStore::mode`] says which mode is
+    /// in use.
     pub fn open(dir: &Path, num_layers: usize, mode: IoMode, io_threads: usize) -> Result<ExpertStore> {
         let layout = Layout::read(dir)?;
         if layout.num_layers != num_layers {
@@ -130,7 +132,11 @@ impl ExpertStore {
                 ),
             ));
         }
-        let mut mode = mode;
+        let expert_bytes: u64 = (0..num_layers)
+            .filter_map(|i| layout.layer(i))
+            .map(|ll| (ll.expert_size as u64).saturating_mul(layout.num_experts as u64))
+            .fold(0, u64::saturating_add);
+        let mut mode = mode.resolve(expert_bytes, Memory::read());
         let mut layers = Vec::with_capacity(num_layers);
         for i in 0..num_layers {
             let Some(ll) = layout.layer(i) else {
@@ -185,7 +191,7 @@ impl ExpertStore {
     pub fn group_size(&self) -> usize {
         self.group_size
     }
-    /// The mode reads use (`Pread` after an `O_DIRECT` fallback).
+    /// The mode reads use (never `Auto`; `Pread` after an `O_DIRECT` fallback).
     pub fn mode(&self) -> IoMode {
         self.mode
     }
@@ -221,12 +227,15 @@ impl ExpertStore {
         }
         let t0 = Instant::now();
         let reading = self.stats.begin_read();
-        let blobs: Result<Vec<Region>> = self.pool.install(|| {
-            use rayon::prelude::*;
-            ids.par_iter()
-                .map(|&e| lf.file.read(e as u64 * size as u64, size))
-                .collect()
-        });
+        let read = |&e: &u32| lf.file.read(e as u64 * size as u64, size);
+        // A mapped read is a view (no copy): no need to hand it to the pool.
+        let blobs: Result<Vec<Region>> = match self.mode {
+            IoMode::Mmap => ids.iter().map(read).collect(),
+            _ => self.pool.install(|| {
+                use rayon::prelude::*;
+                ids.par_iter().map(read).collect()
+            }),
+        };
         drop(reading);
         let blobs = blobs?;
         self.stats.experts_read.fetch_add(ids.len() as u64, Ordering::Relaxed);

@@ -2,7 +2,8 @@
 //! affine 2/4/8-bit and bf16/f16/f32 weights. Rows are split across the
 //! rayon pool in blocks of a few tens of KiB of weights; inside a block
 //! each row (group) is decoded once and applied to all `n` inputs. The
-//! kernels live in `qmatvec` (scalar) and `simd` (AVX2 + FMA).
+//! kernels live in `qmatvec` (scalar), `simd` (AVX2 + FMA) and `simd512`
+//! (AVX-512, one token), chosen at run time by the CPU's features.
 
 use super::qmatvec::{self, Acts, Mat};
 use crate::error::{Error, Result};
@@ -30,16 +31,18 @@ pub enum Kernel {
     Scalar,
     /// x86_64 AVX2 + FMA + F16C.
     Avx2,
+    /// x86_64 AVX-512 F + BW + VL for the one-token quantized product
+    /// (decode); the AVX2 kernels for everything else.
+    Avx512,
 }
 
 impl Kernel {
     /// The fastest kernel this CPU runs.
     pub fn detect() -> Kernel {
-        #[cfg(target_arch = "x86_64")]
-        if super::simd::available() {
-            return Kernel::Avx2;
-        }
-        Kernel::Scalar
+        [Kernel::Avx512, Kernel::Avx2]
+            .into_iter()
+            .find(|k| k.available())
+            .unwrap_or(Kernel::Scalar)
     }
 
     /// Whether this CPU runs `self`.
@@ -48,8 +51,31 @@ impl Kernel {
             Kernel::Scalar => true,
             #[cfg(target_arch = "x86_64")]
             Kernel::Avx2 => super::simd::available(),
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx512 => super::simd512::available(),
             #[cfg(not(target_arch = "x86_64"))]
-            Kernel::Avx2 => false,
+            Kernel::Avx2 | Kernel::Avx512 => false,
+        }
+    }
+
+    /// A short name for reports (`avx512`, `avx2`, `scalar`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Kernel::Scalar => "scalar",
+            Kernel::Avx2 => "avx2",
+            Kernel::Avx512 => "avx512",
+        }
+    }
+
+    /// The kernel that computes `mat` over `n` tokens when `self` is asked
+    /// for: AVX-512 covers the one-token quantized product of whole 16-byte
+    /// groups, and leaves the rest to the AVX2 kernels.
+    fn for_product(self, mat: &Mat, n: usize) -> Kernel {
+        match (self, mat) {
+            #[cfg(target_arch = "x86_64")]
+            (Kernel::Avx512, Mat::Quant(q)) if n == 1 && super::simd512::quant_supported(q) => Kernel::Avx512,
+            (Kernel::Avx512, _) => Kernel::Avx2,
+            (k, _) => k,
         }
     }
 }
@@ -65,54 +91,135 @@ const TASK_BYTES: usize = 32 << 10;
 /// `y[n, rows] = x[n, cols] · Wᵀ` with the given kernel (tests and
 /// benchmarks compare kernels with this).
 pub fn linear_with(kernel: Kernel, w: &MatrixView, x: &[f32], n: usize, y: &mut [f32]) -> Result<()> {
-    let (rows, cols) = (w.rows, w.cols);
-    if x.len() < n * cols || y.len() < n * rows {
-        return Err(Error::Invalid(format!(
-            "linear [{rows}, {cols}] over {n} tokens: x has {} elements (need {}), y has {} (need {})",
-            x.len(),
-            n * cols,
-            y.len(),
-            n * rows
-        )));
-    }
+    linear_set_with(kernel, &mut [Product { w, x, n, y }])
+}
+
+/// One product of a set computed together: `y[n, rows] = x[n, cols] · Wᵀ`.
+pub struct Product<'a> {
+    pub w: &'a MatrixView,
+    /// `[n, cols]`.
+    pub x: &'a [f32],
+    pub n: usize,
+    /// `[n, rows]`.
+    pub y: &'a mut [f32],
+}
+
+/// Every product of `ps` with the fastest kernel of this CPU, in one
+/// parallel loop: the rows of all the matrices are split into tasks
+/// together, so that a set of small matrices (a layer's projections, the
+/// experts of a token) keeps every thread busy for the price of one
+/// dispatch. Each output row is computed by one task, so the result does
+/// not depend on the split.
+pub fn linear_set(ps: &mut [Product]) -> Result<()> {
+    linear_set_with(Kernel::detect(), ps)
+}
+
+/// [`linear_set`] with the given kernel.
+pub fn linear_set_with(kernel: Kernel, ps: &mut [Product]) -> Result<()> {
     if !kernel.available() {
         return Err(Error::Invalid(format!(
             "the {kernel:?} kernel does not run on this CPU"
         )));
     }
-    if n == 0 || rows == 0 {
-        return Ok(());
+    let mut mats = Vec::with_capacity(ps.len());
+    for p in ps.iter() {
+        let (rows, cols, n) = (p.w.rows, p.w.cols, p.n);
+        if p.x.len() < n * cols || p.y.len() < n * rows {
+            return Err(Error::Invalid(format!(
+                "linear [{rows}, {cols}] over {n} tokens: x has {} elements (need {}), y has {} (need {})",
+                p.x.len(),
+                n * cols,
+                p.y.len(),
+                n * rows
+            )));
+        }
+        mats.push(Mat::new(p.w)?);
     }
-    if cols == 0 {
-        y[..n * rows].fill(0.0);
-        return Ok(());
+    // The kernel of each product, and the activations, prepared once per
+    // distinct input and kernel.
+    let kernels: Vec<Kernel> = ps.iter().zip(&mats).map(|(p, m)| kernel.for_product(m, p.n)).collect();
+    let mut acts: Vec<(ActsKey, Acts)> = Vec::new();
+    let mut act_of = Vec::with_capacity(ps.len());
+    for ((p, mat), &k) in ps.iter().zip(&mats).zip(&kernels) {
+        let x: &[f32] = p.x;
+        let key = ActsKey::new(k, mat, x, p.n, p.w.cols);
+        let i = match acts.iter().position(|(key2, _)| *key2 == key) {
+            Some(i) => i,
+            None => {
+                acts.push((key, prepare(k, mat, x, p.n, p.w.cols)));
+                acts.len() - 1
+            }
+        };
+        act_of.push(i);
     }
-    let mat = Mat::new(w)?;
-    let acts = prepare(kernel, &mat, x, n, cols);
-    let run = |r0: usize, out: &mut [f32]| rows_into(kernel, &mat, &acts, r0, out);
-
-    // Tasks: at least TASK_BYTES of weights each, several per thread.
-    let total = rows * mat.row_bytes() * n.div_ceil(4);
-    let tasks = (total / TASK_BYTES).clamp(1, 8 * rayon::current_num_threads());
-    let block = rows.div_ceil(tasks);
-    // One token writes y directly; several go through [rows, n] and a transpose.
-    let mut out_t = vec![0.0f32; if n == 1 { 0 } else { rows * n }];
-    let out: &mut [f32] = if n == 1 { &mut y[..rows] } else { &mut out_t };
-    if tasks == 1 {
-        run(0, out);
+    // Tasks: at least TASK_BYTES of weights each, about eight per thread
+    // over the whole set. One token writes y directly; several go through
+    // [rows, n] and a transpose.
+    let cost = |p: &Product, m: &Mat| p.w.rows * m.row_bytes() * p.n.div_ceil(4);
+    let total: usize = ps.iter().zip(&mats).map(|(p, m)| cost(p, m)).sum();
+    let task_bytes = (total / (8 * rayon::current_num_threads())).max(TASK_BYTES);
+    let mut scratch: Vec<Vec<f32>> = ps
+        .iter()
+        .map(|p| vec![0.0f32; if p.n > 1 { p.w.rows * p.n } else { 0 }])
+        .collect();
+    let mut tasks: Vec<(usize, usize, &mut [f32])> = Vec::new();
+    for (i, (p, s)) in ps.iter_mut().zip(scratch.iter_mut()).enumerate() {
+        let (rows, cols, n) = (p.w.rows, p.w.cols, p.n);
+        if n == 0 || rows == 0 {
+            continue;
+        }
+        if cols == 0 {
+            p.y[..n * rows].fill(0.0);
+            continue;
+        }
+        let out: &mut [f32] = if n == 1 { &mut p.y[..rows] } else { s };
+        let row_cost = mats[i].row_bytes() * n.div_ceil(4);
+        let block = (task_bytes / row_cost.max(1)).clamp(1, rows);
+        tasks.extend(out.chunks_mut(block * n).enumerate().map(|(bi, o)| (i, bi * block, o)));
+    }
+    let run = |(i, r0, o): (usize, usize, &mut [f32])| rows_into(kernels[i], &mats[i], &acts[act_of[i]].1, r0, o);
+    if tasks.len() == 1 {
+        tasks.into_iter().for_each(run);
     } else {
-        out.par_chunks_mut(block * n)
-            .enumerate()
-            .for_each(|(bi, o)| run(bi * block, o));
+        tasks.into_par_iter().for_each(run);
     }
-    if n > 1 {
-        for (r, o) in out_t.chunks_exact(n).enumerate() {
-            for (t, v) in o.iter().enumerate() {
-                y[t * rows + r] = *v;
+    for (p, s) in ps.iter_mut().zip(&scratch) {
+        if p.n > 1 && p.w.cols > 0 {
+            let rows = p.w.rows;
+            for (r, o) in s.chunks_exact(p.n).enumerate() {
+                for (t, v) in o.iter().enumerate() {
+                    p.y[t * rows + r] = *v;
+                }
             }
         }
     }
     Ok(())
+}
+
+/// What makes two products' prepared activations the same.
+#[derive(PartialEq, Eq)]
+struct ActsKey {
+    kernel: Kernel,
+    x: (usize, usize),
+    n: usize,
+    cols: usize,
+    /// Group size and bits of quantized weights.
+    quant: Option<(usize, usize)>,
+}
+
+impl ActsKey {
+    fn new(kernel: Kernel, mat: &Mat, x: &[f32], n: usize, cols: usize) -> ActsKey {
+        ActsKey {
+            kernel,
+            x: (x.as_ptr() as usize, x.len()),
+            n,
+            cols,
+            quant: match mat {
+                Mat::Quant(q) => Some((q.group_size, q.bits)),
+                Mat::Float(_) => None,
+            },
+        }
+    }
 }
 
 /// The activations as `kernel` wants them for `mat`.
@@ -129,19 +236,26 @@ fn prepare<'a>(kernel: Kernel, mat: &Mat, x: &'a [f32], n: usize, cols: usize) -
 /// kernel reads x as it is).
 fn permuted(kernel: Kernel, q: &qmatvec::QuantMat, x: &[f32]) -> Vec<f32> {
     #[cfg(target_arch = "x86_64")]
-    if kernel == Kernel::Avx2 && super::simd::quant_supported(q) {
-        return super::simd::permute_x(x, q.bits);
+    match kernel {
+        Kernel::Avx512 => return super::simd512::permute_x(x, q.bits),
+        Kernel::Avx2 if super::simd::quant_supported(q) => return super::simd::permute_x(x, q.bits),
+        _ => {}
     }
     let _ = (kernel, q, x);
     Vec::new()
 }
 
-/// Rows `r0..r0 + out.len()/n` into `out` `[rows, n]`.
+/// Rows `r0..r0 + out.len()/n` into `out` `[rows, n]` with `kernel`, as
+/// chosen by `Kernel::for_product`.
 fn rows_into(kernel: Kernel, mat: &Mat, a: &Acts, r0: usize, out: &mut [f32]) {
     match (kernel, mat) {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `linear_with` checked that the CPU has the features,
-        // `Mat::new` checked every byte size, and `a` was prepared for `mat`.
+        // SAFETY: `linear_set_with` checked that the CPU has the features,
+        // `Mat::new` checked every byte size, `for_product` checked the
+        // layout and the token count, and `a` was prepared for `mat`.
+        (Kernel::Avx512, Mat::Quant(q)) => unsafe { super::simd512::quant_rows(q, a, r0, out) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above.
         (Kernel::Avx2, Mat::Quant(q)) if super::simd::quant_supported(q) => unsafe {
             super::simd::quant_rows(q, a, r0, out)
         },

@@ -8,6 +8,8 @@ mod moe;
 mod qmatvec;
 #[cfg(target_arch = "x86_64")]
 mod simd;
+#[cfg(target_arch = "x86_64")]
+mod simd512;
 
 use super::{AttnArgs, Backend, DeltaArgs, DeltaState, DeltaWeights, MlaArgs, MoeArgs, RopeArgs, Strided};
 use crate::error::Result;
@@ -67,6 +69,26 @@ impl Backend for CpuBackend {
 
     fn linear(&self, w: &CpuMatrix, x: &Vec<f32>, n: usize, y: &mut Vec<f32>) -> Result<()> {
         matmul::linear(&w.view, x, n, y)
+    }
+    fn linear_many(&self, ws: &[&CpuMatrix], x: &Vec<f32>, n: usize, ys: &mut [&mut Vec<f32>]) -> Result<()> {
+        if ws.len() != ys.len() {
+            return Err(crate::error::Error::Invalid(format!(
+                "linear_many: {} matrices and {} outputs",
+                ws.len(),
+                ys.len()
+            )));
+        }
+        let mut ps: Vec<matmul::Product> = ws
+            .iter()
+            .zip(ys.iter_mut())
+            .map(|(w, y)| matmul::Product {
+                w: &w.view,
+                x,
+                n,
+                y: y.as_mut_slice(),
+            })
+            .collect();
+        matmul::linear_set(&mut ps)
     }
     fn embed(&self, table: &CpuMatrix, tokens: &[u32], y: &mut Vec<f32>) -> Result<()> {
         matmul::embed(&table.view, tokens, y)

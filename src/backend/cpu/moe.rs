@@ -1,71 +1,121 @@
 //! The MoE step on the CPU: every distinct expert of the chunk is read
-//! once and applied to all tokens routed to it.
+//! once and applied to all tokens routed to it. The gate and up products
+//! of all the experts run as one parallel set, then the down products as
+//! another (rows of every expert split across all threads); the outputs
+//! are combined afterwards in expert order, so the result does not depend
+//! on the timing or the number of threads.
 
-use super::matmul::linear;
+use super::matmul::{linear_set, Product};
 use super::silu;
 use crate::backend::{MoeArgs, Routes};
 use crate::error::{Error, Result};
 use crate::experts::ExpertStore;
 use crate::format::MatrixView;
-use rayon::prelude::*;
+
+/// The tokens routed to one expert and their weights.
+struct Routed {
+    toks: Vec<usize>,
+    wts: Vec<f32>,
+}
+
+fn routed_to(e: u32, routes: &Routes, n: usize) -> Routed {
+    let mut r = Routed {
+        toks: Vec::new(),
+        wts: Vec::new(),
+    };
+    for t in 0..n {
+        for k in 0..routes.k {
+            if routes.ids[t * routes.k + k] == e {
+                r.toks.push(t);
+                r.wts.push(routes.weights[t * routes.k + k]);
+            }
+        }
+    }
+    r
+}
 
 pub fn moe(x: &[f32], routes: &Routes, store: &ExpertStore, a: MoeArgs<'_>, out: &mut [f32]) -> Result<()> {
-    let h = a.hidden;
+    let (h, inter) = (a.hidden, a.inter);
     let mut ids: Vec<u32> = routes.ids.clone();
     ids.sort_unstable();
     ids.dedup();
     let layout = store.layer_layout(a.layer)?;
-    // Experts are read and computed in parallel, each as soon as its own
-    // read completes; their outputs are combined afterwards in expert order,
-    // so the result does not depend on the timing.
-    let outs: Vec<(Vec<usize>, Vec<f32>, Vec<f32>)> = ids
-        .par_iter()
-        .map(|&e| {
-            let blob = store
-                .read(a.layer, &[e])?
-                .pop()
-                .ok_or_else(|| Error::Invalid("empty expert read".into()))?;
-            // Tokens routed to expert e, and their weights.
-            let mut toks = Vec::new();
-            let mut wts = Vec::new();
-            for t in 0..a.n {
-                for k in 0..routes.k {
-                    if routes.ids[t * routes.k + k] == e {
-                        toks.push(t);
-                        wts.push(routes.weights[t * routes.k + k]);
-                    }
-                }
-            }
-            let d = expert_forward(x, &toks, &layout.matrices(&blob, store.group_size())?, h, a.inter)?;
-            Ok((toks, wts, d))
-        })
+    let blobs = store.read(a.layer, &ids)?;
+    if blobs.len() != ids.len() {
+        return Err(Error::Invalid(
+            "expert read returned the wrong number of experts".into(),
+        ));
+    }
+    let mats: Vec<[MatrixView; 3]> = blobs
+        .iter()
+        .map(|b| layout.matrices(b, store.group_size()))
         .collect::<Result<_>>()?;
-    for (toks, wts, d) in &outs {
-        for (i, &t) in toks.iter().enumerate() {
-            for (o, v) in out[t * h..(t + 1) * h].iter_mut().zip(&d[i * h..(i + 1) * h]) {
-                *o += wts[i] * v;
+    let routed: Vec<Routed> = ids.iter().map(|&e| routed_to(e, routes, a.n)).collect();
+    // Each expert's input rows [m, hidden]: x itself for one token.
+    let xs: Vec<Vec<f32>> = routed
+        .iter()
+        .map(|r| match a.n {
+            1 => Vec::new(),
+            _ => r
+                .toks
+                .iter()
+                .flat_map(|&t| x[t * h..(t + 1) * h].iter().copied())
+                .collect(),
+        })
+        .collect();
+    let input = |i: usize| -> &[f32] {
+        match a.n {
+            1 => x,
+            _ => &xs[i],
+        }
+    };
+    // [m, inter] each.
+    let mut g: Vec<Vec<f32>> = routed.iter().map(|r| vec![0.0; r.toks.len() * inter]).collect();
+    let mut u: Vec<Vec<f32>> = routed.iter().map(|r| vec![0.0; r.toks.len() * inter]).collect();
+    let mut ps: Vec<Product> = Vec::with_capacity(2 * ids.len());
+    for (i, (gi, ui)) in g.iter_mut().zip(u.iter_mut()).enumerate() {
+        let m = routed[i].toks.len();
+        let [gate, up, _] = &mats[i];
+        ps.push(Product {
+            w: gate,
+            x: input(i),
+            n: m,
+            y: gi,
+        });
+        ps.push(Product {
+            w: up,
+            x: input(i),
+            n: m,
+            y: ui,
+        });
+    }
+    linear_set(&mut ps)?;
+    drop(ps);
+    for (gi, ui) in g.iter_mut().zip(&u) {
+        for (gv, uv) in gi.iter_mut().zip(ui) {
+            *gv = silu(*gv) * uv;
+        }
+    }
+    // [m, hidden] each.
+    let mut d: Vec<Vec<f32>> = routed.iter().map(|r| vec![0.0; r.toks.len() * h]).collect();
+    let mut ps: Vec<Product> = d
+        .iter_mut()
+        .enumerate()
+        .map(|(i, di)| Product {
+            w: &mats[i][2],
+            x: &g[i],
+            n: routed[i].toks.len(),
+            y: di,
+        })
+        .collect();
+    linear_set(&mut ps)?;
+    drop(ps);
+    for (r, di) in routed.iter().zip(&d) {
+        for (i, &t) in r.toks.iter().enumerate() {
+            for (o, v) in out[t * h..(t + 1) * h].iter_mut().zip(&di[i * h..(i + 1) * h]) {
+                *o += r.wts[i] * v;
             }
         }
     }
     Ok(())
-}
-
-/// SwiGLU expert on the rows `toks` of x `[n, hidden]` → `[toks.len(), hidden]`.
-fn expert_forward(x: &[f32], toks: &[usize], m3: &[MatrixView; 3], h: usize, inter: usize) -> Result<Vec<f32>> {
-    let [gate, up, down] = m3;
-    let m = toks.len();
-    let xs: Vec<f32> = toks
-        .iter()
-        .flat_map(|&t| x[t * h..(t + 1) * h].iter().copied())
-        .collect();
-    let mut g = vec![0.0f32; m * inter];
-    let mut u = vec![0.0f32; m * inter];
-    linear(gate, &xs, m, &mut g)?;
-    linear(up, &xs, m, &mut u)?;
-    for (gv, uv) in g.iter_mut().zip(&u) {
-        *gv = silu(*gv) * uv;
-    }
-    let mut d = vec![0.0f32; m * h];
-    linear(down, &g, m, &mut d)?;
-    Ok(d)
 }

@@ -56,14 +56,6 @@ impl Drop for HostMap {
     }
 }
 
-/// `MemAvailable` of /proc/meminfo in bytes.
-fn mem_available() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
-}
-
 /// Every MoE layer's file registered, indexed by layer, when they fit in
 /// half the available memory; `None` (with the reason said) otherwise, or
 /// when `CudaOptions::staging` asks for the staging path.
@@ -75,7 +67,7 @@ pub(crate) fn map_all(gpu: &Arc<Gpu>, store: &ExpertStore, moe_layers: &[usize])
     for &l in moe_layers {
         total += (store.layer_layout(l).ok()?.expert_size * store.num_experts()) as u64;
     }
-    if mem_available().is_none_or(|m| total > m / 2) {
+    if crate::experts::Memory::read().is_none_or(|m| total > m.available / 2) {
         gpu.notify
             .say("expert cache: the expert files are over half the available memory; copying through staging buffers");
         return None;

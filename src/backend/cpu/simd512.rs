@@ -1,0 +1,142 @@
+//! AVX-512 (F + BW + VL) kernel for the one-token quantized `linear`
+//! (decode), chosen at run time on CPUs that have it; the AVX2 kernels in
+//! `simd` do the rest (several tokens, float weights) on such CPUs.
+//!
+//! 16 bytes of packed weights are widened to sixteen 32-bit lanes
+//! (`vpmovzxbd`) and value k of every byte is taken out with a shift and a
+//! mask, so one register holds columns `PB·i + k` (i = 0..16, PB values per
+//! byte); x is permuted once per call into that order (`permute_x`). Each
+//! group accumulates `Σ q·x` in registers and is scaled once; the biases
+//! multiply the precomputed group sums of x, sixteen groups at a time.
+
+use super::qmatvec::{Acts, QuantMat};
+use std::arch::x86_64::*;
+
+/// Whether this CPU runs this kernel (and the AVX2 ones beside it).
+pub(crate) fn available() -> bool {
+    is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512bw")
+        && is_x86_feature_detected!("avx512vl")
+        && super::simd::available()
+}
+
+/// Whether the kernel takes this layout: groups of whole 16-byte blocks.
+pub(crate) fn quant_supported(m: &QuantMat) -> bool {
+    (m.group_size * m.bits / 8).is_multiple_of(16)
+}
+
+/// x `[n, cols]` with its columns in unpacking order: in each block of
+/// `16·PB` columns (16 bytes of weights), column `PB·i + k` moves to `16k + i`.
+pub(crate) fn permute_x(x: &[f32], bits: usize) -> Vec<f32> {
+    let pb = 8 / bits;
+    let mut out = vec![0.0f32; x.len()];
+    for (o, xb) in out.chunks_exact_mut(16 * pb).zip(x.chunks_exact(16 * pb)) {
+        for i in 0..16 {
+            for k in 0..pb {
+                o[16 * k + i] = xb[pb * i + k];
+            }
+        }
+    }
+    out
+}
+
+/// One token: rows `r0..r0 + out.len()` into `out`. `a.xp` must hold
+/// `permute_x(x, bits)`.
+///
+/// # Safety
+/// `available()` and `quant_supported(m)` must hold, `m` must come from
+/// `Mat::new` (sizes checked), and `a` must be built for it with one token.
+pub(crate) unsafe fn quant_rows(m: &QuantMat, a: &Acts, r0: usize, out: &mut [f32]) {
+    match m.bits {
+        2 => quant_matvec::<2>(m, a, r0, out),
+        4 => quant_matvec::<4>(m, a, r0, out),
+        _ => quant_matvec::<8>(m, a, r0, out),
+    }
+}
+
+/// Up to 16 bf16 (or f16) values at `p` as f32 lanes (missing lanes 0).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+#[inline]
+unsafe fn halves16(p: *const u8, len: usize, f16: bool) -> __m512 {
+    let mask: __mmask16 = if len >= 16 { 0xFFFF } else { (1u16 << len) - 1 };
+    let h = _mm256_maskz_loadu_epi16(mask, p as *const i16);
+    if f16 {
+        _mm512_cvtph_ps(h)
+    } else {
+        _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)))
+    }
+}
+
+/// `out[i] = row r0+i · x`, as `Σ_g s_g·Σ q·x + Σ_g b_g·Σ x`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn quant_matvec<const BITS: u32>(m: &QuantMat, a: &Acts, r0: usize, out: &mut [f32]) {
+    let pb = 8 / BITS as usize;
+    let (gs, groups) = (m.group_size, m.groups());
+    let blocks = gs * BITS as usize / 128; // 16-byte blocks per group
+    let mask = _mm512_set1_epi32((1 << BITS) - 1);
+    let xp = a.xp.as_ptr();
+    let xsum = a.xsum.as_ptr();
+    let mut s16 = [0.0f32; 16];
+    for (i, o) in out.iter_mut().enumerate() {
+        let r = r0 + i;
+        let w = m.weight.as_ptr().add(r * m.row_bytes());
+        let sp = m.scales.as_ptr().add(2 * r * groups);
+        let bp = m.biases.as_ptr().add(2 * r * groups);
+        let mut tot = [_mm512_setzero_ps(); 2];
+        let mut btot = _mm512_setzero_ps();
+        for g0 in (0..groups).step_by(16) {
+            let gn = (groups - g0).min(16);
+            _mm512_storeu_ps(s16.as_mut_ptr(), halves16(sp.add(2 * g0), gn, m.f16_scales));
+            let b = halves16(bp.add(2 * g0), gn, m.f16_scales);
+            let xs = _mm512_maskz_loadu_ps(if gn >= 16 { 0xFFFF } else { (1u16 << gn) - 1 }, xsum.add(g0));
+            btot = _mm512_fmadd_ps(b, xs, btot);
+            for (gi, &s) in s16.iter().enumerate().take(gn) {
+                let g = g0 + gi;
+                // Two sets of accumulators (even and odd blocks), indexed by
+                // level only, so that every index is a constant after
+                // unrolling and the accumulators stay in registers.
+                let mut acc = [[_mm512_setzero_ps(); 4]; 2];
+                let gw = w.add(g * gs * BITS as usize / 8);
+                let gx = xp.add(g * gs);
+                let mut blk = 0;
+                while blk < blocks {
+                    for (half, ah) in acc.iter_mut().enumerate() {
+                        let b = blk + half;
+                        if b < blocks {
+                            block::<BITS>(gw.add(16 * b), gx.add(16 * pb * b), mask, ah);
+                        }
+                    }
+                    blk += 2;
+                }
+                // Constant indices (no iterator over `acc`, which would
+                // keep it in memory: 3× slower).
+                let mut sum = _mm512_add_ps(acc[0][0], acc[1][0]);
+                if pb > 1 {
+                    sum = _mm512_add_ps(sum, _mm512_add_ps(acc[0][1], acc[1][1]));
+                }
+                if pb > 2 {
+                    sum = _mm512_add_ps(sum, _mm512_add_ps(acc[0][2], acc[1][2]));
+                    sum = _mm512_add_ps(sum, _mm512_add_ps(acc[0][3], acc[1][3]));
+                }
+                tot[g & 1] = _mm512_fmadd_ps(sum, _mm512_set1_ps(s), tot[g & 1]);
+            }
+        }
+        *o = _mm512_reduce_add_ps(_mm512_add_ps(tot[0], tot[1])) + _mm512_reduce_add_ps(btot);
+    }
+}
+
+/// One 16-byte block of weights at `wb` against x (permuted) at `xb`: level
+/// k of every byte into `acc[k]`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+#[inline]
+unsafe fn block<const BITS: u32>(wb: *const u8, xb: *const f32, mask: __m512i, acc: &mut [__m512; 4]) {
+    let pb = 8 / BITS as usize;
+    let mut v = _mm512_cvtepu8_epi32(_mm_loadu_si128(wb as *const __m128i));
+    for (k, a) in acc.iter_mut().enumerate().take(pb) {
+        let lv = if k + 1 == pb { v } else { _mm512_and_si512(v, mask) };
+        *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lv), _mm512_loadu_ps(xb.add(16 * k)), *a);
+        if k + 1 < pb {
+            v = _mm512_srli_epi32::<BITS>(v);
+        }
+    }
+}
