@@ -167,6 +167,11 @@ pub trait Backend: Send + Sync + Sized + 'static {
         Ok(())
     }
 
+    /// A forward pass over `tokens` tokens begins: a backend may tune its
+    /// launches to the size of the pass (CUDA launches with programmatic
+    /// dependent launch in decode only). No effect on the results.
+    fn begin_pass(&self, _tokens: usize) {}
+
     /// A zeroed buffer of `len` f32.
     fn alloc(&self, len: usize) -> Result<Self::Buf>;
     fn upload(&self, data: &[f32]) -> Result<Self::Buf>;

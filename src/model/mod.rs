@@ -262,6 +262,7 @@ impl<B: Backend> Net<B> {
             });
         }
         self.reserve(st, pos0 + n, pos0)?;
+        b.begin_pass(n);
         let hid = cfg.hidden_size;
         let ctx = Ctx {
             b,

@@ -160,6 +160,10 @@ macro_rules! cuda_args {
 
 /// Largest grid (in blocks) launched with programmatic stream serialization.
 const PDL_MAX_BLOCKS: u64 = 1056;
+/// Passes of at most this many tokens launch with programmatic stream
+/// serialization: on the H100 it gains decode 4–15% and cost a 512-token
+/// prefill 5.5% when every pass used it (BENCHMARKS.md).
+pub(crate) const PDL_MAX_TOKENS: usize = 4;
 
 /// One GPU: its context, streams and kernels.
 pub(crate) struct Gpu {
@@ -192,6 +196,8 @@ pub(crate) struct Gpu {
     /// and every kernel waits (`griddepcontrol.wait`, `GRID_DEP` in
     /// kernels/common.cuh) for its predecessor before it touches memory.
     pdl: bool,
+    /// The current forward pass is small enough for PDL (`PDL_MAX_TOKENS`).
+    pub pdl_pass: AtomicBool,
 }
 
 #[derive(Default)]
@@ -289,6 +295,7 @@ impl Gpu {
             graphs: AtomicBool::new(opts.graphs),
             segments: Mutex::new(Segments::default()),
             pdl: cc.0 >= 9 && opts.pdl,
+            pdl_pass: AtomicBool::new(true),
             opts: opts.clone(),
         }))
     }
@@ -329,7 +336,10 @@ impl Gpu {
         // grid of about one wave or less. Larger grids launch plainly, so
         // that their blocks, waiting early, take no slots from the kernel
         // still running before them.
-        let r = if self.pdl && (grid.0 as u64) * (grid.1 as u64) * (grid.2 as u64) <= PDL_MAX_BLOCKS {
+        let r = if self.pdl
+            && self.pdl_pass.load(Ordering::Relaxed)
+            && (grid.0 as u64) * (grid.1 as u64) * (grid.2 as u64) <= PDL_MAX_BLOCKS
+        {
             // SAFETY: an all-zero attribute value is valid; the one field
             // read for this attribute is set below.
             let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };

@@ -282,6 +282,12 @@ impl Backend for CudaBackend {
         self.gpu.sync()
     }
 
+    fn begin_pass(&self, tokens: usize) {
+        self.gpu
+            .pdl_pass
+            .store(tokens <= driver::PDL_MAX_TOKENS, std::sync::atomic::Ordering::Relaxed);
+    }
+
     fn alloc(&self, len: usize) -> Result<CudaBuf> {
         self.gpu.bind()?;
         CudaBuf::zeroed(&self.gpu, len)
