@@ -3,8 +3,10 @@
 //! through an I/O thread pool (parallel reads, one per expert) in the
 //! chosen [`IoMode`]; every read is counted.
 
+pub mod budget;
 mod io;
 
+pub use budget::{CacheSize, CacheStats};
 pub use io::{IoMode, Memory, DIRECT_ALIGN};
 
 use crate::error::{Error, Result};

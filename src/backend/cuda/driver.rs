@@ -4,13 +4,14 @@
 //! build time; a machine without a driver never gets here, see `probe`).
 
 use super::compile::{self, Module};
+use super::functions::{BaseKernels, FormatKernels, Kernels};
 use super::graph::Segments;
 use super::CudaOptions;
 use crate::error::{Error, Result};
 use crate::notify::Notifier;
 use cudarc::driver::{sys, CudaContext, DriverError};
 use std::collections::HashMap;
-use std::ffi::{c_void, CString};
+use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -47,103 +48,6 @@ pub fn probe() -> std::result::Result<usize, String> {
         Ok(_) => Err("the CUDA driver reports no device".into()),
         Err(e) => Err(format!("the CUDA driver failed to start: {e}")),
     }
-}
-
-macro_rules! kernels {
-    ($(#[$doc:meta])* $ty:ident { $($name:ident),* $(,)? }) => {
-        $(#[$doc])*
-        pub(crate) struct $ty {
-            $(pub $name: sys::CUfunction,)*
-        }
-        impl $ty {
-            /// Each kernel from the first of `modules` that holds it.
-            fn load(modules: &[sys::CUmodule]) -> Result<$ty> {
-                Ok($ty { $($name: function(modules, stringify!($name))?,)* })
-            }
-        }
-    };
-}
-
-kernels!(
-    /// The kernels of the base module: every kernel that does not
-    /// depend on the weight format.
-    BaseKernels {
-        matvec_q,
-        rms_norm,
-        add,
-        add_scaled_rows,
-        swiglu,
-        sigmoid_mul,
-        copy_strided,
-        rope,
-        attention,
-        mla_attention,
-        delta_conv,
-        delta_step,
-        moe_route,
-        moe_route_warp,
-        moe_combine,
-    }
-);
-
-kernels!(
-    /// The kernels of one format module (`FOR_FMT` in `kernels/matvec.cu`).
-    FormatKernels {
-        matvec,
-        gemm,
-        embed,
-        moe_up,
-        moe_up_routed,
-        moe_down,
-        moe_down_combine,
-    }
-);
-
-/// Every kernel: the base module's, and the format kernels of each format
-/// code (see `compile.rs`).
-pub(crate) struct Kernels {
-    pub base: BaseKernels,
-    formats: Vec<(i32, FormatKernels)>,
-}
-
-impl std::ops::Deref for Kernels {
-    type Target = BaseKernels;
-    fn deref(&self) -> &BaseKernels {
-        &self.base
-    }
-}
-
-impl Kernels {
-    /// The format kernels for weight format code `fmt` (`MatArg::fmt`,
-    /// `ELayout::fmt`).
-    pub fn fmt(&self, fmt: i32) -> Result<&FormatKernels> {
-        self.formats
-            .iter()
-            .find(|(c, _)| *c == fmt)
-            .map(|(_, k)| k)
-            .ok_or_else(|| Error::Backend {
-                backend: "cuda",
-                msg: format!(
-                    "no kernels for weight format code {fmt}: the device was opened for the formats {:?}",
-                    self.formats.iter().map(|(c, _)| *c).collect::<Vec<_>>()
-                ),
-            })
-    }
-}
-
-fn function(modules: &[sys::CUmodule], name: &str) -> Result<sys::CUfunction> {
-    let cname = CString::new(name).map_err(|_| Error::Invalid(format!("kernel name {name}")))?;
-    for &module in modules {
-        let mut f = std::ptr::null_mut();
-        // SAFETY: `module` is loaded and `cname` outlives the call.
-        if unsafe { sys::cuModuleGetFunction(&mut f, module, cname.as_ptr()) } == sys::CUresult::CUDA_SUCCESS {
-            return Ok(f);
-        }
-    }
-    Err(Error::Backend {
-        backend: "cuda",
-        msg: format!("kernel `{name}` is in none of the loaded modules"),
-    })
 }
 
 /// Kernel arguments for [`Gpu::launch`]: pointers to each value, which

@@ -10,6 +10,7 @@ mod buf;
 mod cache;
 mod compile;
 mod driver;
+mod functions;
 mod graph;
 mod hostmap;
 mod matrix;
