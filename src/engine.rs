@@ -2,11 +2,11 @@
 //! weights made resident, the expert files opened for streaming.
 
 use crate::backend::cpu::CpuBackend;
-use crate::backend::cuda::{self, CacheReport, CacheRequest, CacheSize, CacheStats, CudaBackend, CudaOptions};
+use crate::backend::cuda::{self, CacheReport, CacheRequest, CudaBackend, CudaOptions};
 use crate::check;
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
-use crate::experts::{ExpertStore, IoMode};
+use crate::experts::{CacheSize, CacheStats, ExpertStore, IoMode};
 use crate::format::packed::{Layout, WeightsFile, EXPERTS_DIR, LAYOUT_FILE};
 use crate::model::{Net, State};
 use crate::notify::Notifier;

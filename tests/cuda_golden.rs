@@ -9,7 +9,8 @@
 mod common;
 
 use common::*;
-use moeflux::backend::cuda::{probe, CacheSize, CudaOptions};
+use moeflux::backend::cuda::{probe, CudaOptions};
+use moeflux::experts::CacheSize;
 use moeflux::{Device, Model, Options};
 
 const GPU_TOL: f64 = 2e-3;

@@ -7,7 +7,7 @@
 use super::model_args::ModelArgs;
 use anyhow::Context;
 use clap::Args;
-use moeflux::backend::cuda::CacheStats;
+use moeflux::experts::CacheStats;
 use moeflux::experts::StatsSnapshot;
 use moeflux::Model;
 use std::io::Write;

@@ -5,7 +5,8 @@
 
 use anyhow::Context;
 use clap::Args;
-use moeflux::backend::cuda::{CacheSize, CudaOptions};
+use moeflux::backend::cuda::CudaOptions;
+use moeflux::experts::CacheSize;
 use moeflux::experts::IoMode;
 use moeflux::notify::Notifier;
 use moeflux::{Device, Model, Options};

@@ -2,7 +2,7 @@
 //! per-phase times over spans of the run, and the counters they are taken
 //! from.
 
-use crate::backend::cuda::CacheStats;
+use crate::experts::CacheStats;
 use crate::experts::StatsSnapshot;
 use crate::model::timing::PhaseTimes;
 use serde::Serialize;
