@@ -2,7 +2,7 @@
 //! model directory.
 
 use clap::Args;
-use indicatif::HumanBytes;
+use indicatif::{HumanBytes, ProgressBar, ProgressDrawTarget, ProgressStyle};
 use moeflux::format::convert::{convert, ConvertOptions};
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -54,6 +54,20 @@ pub struct ConvertArgs {
     pub force: bool,
 }
 
+/// A bar over the source bytes on stderr when it is a terminal, else none.
+fn progress_bar() -> ProgressBar {
+    if !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
+    let style = ProgressStyle::with_template(
+        "{spinner} [{elapsed_precise}] {wide_bar} {bytes}/{total_bytes} {bytes_per_sec} ETA {eta} {msg}",
+    )
+    .unwrap_or_else(|_| ProgressStyle::default_bar());
+    bar.set_style(style);
+    bar
+}
+
 pub fn run(a: ConvertArgs) -> anyhow::Result<()> {
     let cancel = super::interrupt::install_cancel()?;
     let opts = ConvertOptions {
@@ -61,7 +75,7 @@ pub fn run(a: ConvertArgs) -> anyhow::Result<()> {
         group_size: a.group_size,
         bits_experts: a.bits_experts,
         force: a.force,
-        progress: std::io::stderr().is_terminal(),
+        progress: progress_bar(),
         cancel: Some(cancel),
     };
     eprintln!("converting {} → {}", a.src.display(), a.dst.display());

@@ -28,7 +28,7 @@ pub use source::Source;
 use crate::error::{Error, Result};
 use crate::format::outdir::{self, check_cancel, TempDir};
 use crate::format::packed::{Layout, Manifest, EXPERTS_DIR, LAYOUT_FILE, MANIFEST_FILE, WEIGHTS_FILE};
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use indicatif::ProgressBar;
 use plan::{Item, Settings};
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -60,8 +60,10 @@ pub struct ConvertOptions {
     pub bits_experts: Option<u32>,
     /// Replace an existing destination (a packed model directory only).
     pub force: bool,
-    /// Draw a progress bar on stderr (when it is a terminal).
-    pub progress: bool,
+    /// Advanced over the source bytes as they are converted (its length is
+    /// set here); the caller chooses where, or whether, it is drawn.
+    /// Hidden by default.
+    pub progress: ProgressBar,
     /// Checked while writing: once set, the conversion stops with
     /// [`Error::Cancelled`] and removes what it wrote (e.g. set by Ctrl-C).
     pub cancel: Option<&'static AtomicBool>,
@@ -74,7 +76,7 @@ impl Default for ConvertOptions {
             group_size: 64,
             bits_experts: None,
             force: false,
-            progress: false,
+            progress: ProgressBar::hidden(),
             cancel: None,
         }
     }
@@ -102,20 +104,12 @@ pub struct Progress {
 }
 
 impl Progress {
-    fn new(total: u64, show: bool, cancel: Option<&'static AtomicBool>) -> Progress {
-        if !show {
-            return Progress {
-                bar: ProgressBar::hidden(),
-                cancel,
-            };
+    fn new(total: u64, bar: &ProgressBar, cancel: Option<&'static AtomicBool>) -> Progress {
+        bar.set_length(total);
+        Progress {
+            bar: bar.clone(),
+            cancel,
         }
-        let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
-        let style = ProgressStyle::with_template(
-            "{spinner} [{elapsed_precise}] {wide_bar} {bytes}/{total_bytes} {bytes_per_sec} ETA {eta} {msg}",
-        )
-        .unwrap_or_else(|_| ProgressStyle::default_bar());
-        bar.set_style(style);
-        Progress { bar, cancel }
     }
     pub fn inc(&self, n: u64) {
         self.bar.inc(n);
@@ -209,7 +203,7 @@ fn write_files(source: &Source, plan: &plan::Plan, out: &Path, opts: &ConvertOpt
             std::fs::copy(&from, out.join(f)).map_err(|e| Error::io(&from, e))?;
         }
     }
-    let progress = Progress::new(plan.source_bytes, opts.progress, opts.cancel);
+    let progress = Progress::new(plan.source_bytes, &opts.progress, opts.cancel);
     let mut dense = dense::DenseWriter::create(&out.join(WEIGHTS_FILE))?;
     let mut layers = BTreeMap::new();
     let mut expert_bytes = 0;
