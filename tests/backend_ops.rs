@@ -16,7 +16,9 @@ mod util;
 use fused::{check_add_rms_norm, check_linear_many, check_swiglu_linear};
 use moeflux::backend::cpu::CpuBackend;
 use moeflux::backend::cuda::CudaBackend;
-use moeflux::backend::{AttnArgs, Backend, DeltaArgs, DeltaState, DeltaWeights, MlaArgs, MoeArgs, RopeArgs, Strided};
+use moeflux::backend::{
+    AttnArgs, Backend, DeltaArgs, DeltaState, DeltaWeights, MlaArgs, MoeArgs, MoeInputs, RopeArgs, Strided,
+};
 use moeflux::config::Routing;
 use moeflux::format::Dtype;
 use moeflux::model::router::route;
@@ -434,11 +436,16 @@ pub fn check_moe<B: Backend>(b: &B) {
         let routes = route(routing, &logits, n, k, bias.as_deref());
         let bias_buf = bias.as_ref().map(|v| up(b, v));
         let mut out = up(b, &out0);
+        let (xb, lb) = (up(b, &x), up(b, &logits));
+        let m = MoeInputs {
+            x: &xb,
+            logits: &lb,
+            bias: bias_buf.as_ref(),
+            store: &store,
+            hint: None,
+        };
         b.moe(
-            &up(b, &x),
-            &up(b, &logits),
-            bias_buf.as_ref(),
-            &store,
+            m,
             MoeArgs {
                 layer: 1,
                 n,

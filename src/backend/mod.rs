@@ -154,6 +154,18 @@ pub struct MoeHint<'a, Buf> {
     pub logits: &'a Buf,
 }
 
+/// The tensors of one MoE layer's call: its input x `[n, hidden]`, its
+/// router logits `[n, n_experts]` and selection bias `[n_experts]`, the
+/// experts, and optionally a guess at a later layer's experts (the result
+/// is the same with or without: a hint only moves copies earlier).
+pub struct MoeInputs<'a, Buf> {
+    pub x: &'a Buf,
+    pub logits: &'a Buf,
+    pub bias: Option<&'a Buf>,
+    pub store: &'a ExpertStore,
+    pub hint: Option<MoeHint<'a, Buf>>,
+}
+
 pub trait Backend: Send + Sync + Sized + 'static {
     /// An f32 buffer in the backend's memory.
     type Buf: Send + Sync;
@@ -295,37 +307,13 @@ pub trait Backend: Send + Sync + Sized + 'static {
         out: &mut Self::Buf,
     ) -> Result<()>;
 
-    /// Route the tokens of one layer (`logits` `[n, n_experts]`, `bias`
-    /// `[n_experts]`), run their experts and add the weighted sum into `out`.
-    fn moe(
-        &self,
-        x: &Self::Buf,
-        logits: &Self::Buf,
-        bias: Option<&Self::Buf>,
-        store: &ExpertStore,
-        a: MoeArgs<'_>,
-        out: &mut Self::Buf,
-    ) -> Result<()>;
+    /// Route the tokens of one layer, run their experts and add the
+    /// weighted sum into `out` `[n, hidden]`.
+    fn moe(&self, m: MoeInputs<'_, Self::Buf>, a: MoeArgs<'_>, out: &mut Self::Buf) -> Result<()>;
 
-    /// Whether `moe_hinted` would use a hint for the experts of `store`
+    /// Whether `moe` would use a [`MoeHint`] for the experts of `store`
     /// (they stream, and prefetch is on); the model computes none otherwise.
     fn wants_moe_hint(&self, _store: &ExpertStore) -> bool {
         false
-    }
-
-    /// `moe`, told which experts a later layer will likely route to. The
-    /// result is `moe`'s: a hint only moves copies earlier.
-    #[allow(clippy::too_many_arguments)]
-    fn moe_hinted(
-        &self,
-        x: &Self::Buf,
-        logits: &Self::Buf,
-        bias: Option<&Self::Buf>,
-        store: &ExpertStore,
-        a: MoeArgs<'_>,
-        _hint: MoeHint<'_, Self::Buf>,
-        out: &mut Self::Buf,
-    ) -> Result<()> {
-        self.moe(x, logits, bias, store, a, out)
     }
 }

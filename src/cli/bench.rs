@@ -146,6 +146,7 @@ fn cache_delta(a: CacheStats, b: CacheStats) -> CacheStats {
     CacheStats {
         hits: b.hits - a.hits,
         misses: b.misses - a.misses,
+        bypassed: b.bypassed - a.bypassed,
         prefetched: b.prefetched - a.prefetched,
         prefetch_hits: b.prefetch_hits - a.prefetch_hits,
         bytes_copied: b.bytes_copied - a.bytes_copied,
@@ -163,6 +164,7 @@ fn add_cache(a: Option<CacheStats>, d: CacheStats) -> CacheStats {
     CacheStats {
         hits: a.hits + d.hits,
         misses: a.misses + d.misses,
+        bypassed: a.bypassed + d.bypassed,
         prefetched: a.prefetched + d.prefetched,
         prefetch_hits: a.prefetch_hits + d.prefetch_hits,
         bytes_copied: a.bytes_copied + d.bytes_copied,
@@ -384,7 +386,7 @@ fn print_cuda(
                 let c = r.cache.unwrap_or_default();
                 let cols = cache_cols(&c, r.tokens, r.secs, h2d);
                 serde_json::json!({"test": r.name, "tok_s_mean": m, "tok_s_sd": sd, "runs": r.tps,
-                    "hits": c.hits, "misses": c.misses, "prefetched": c.prefetched, "prefetch_hits": c.prefetch_hits,
+                    "hits": c.hits, "misses": c.misses, "bypassed": c.bypassed, "prefetched": c.prefetched, "prefetch_hits": c.prefetch_hits,
                     "hit_rate": cols.hit_rate, "bytes_streamed_per_token": cols.mb_per_tok * 1e6,
                     "copy_gb_s": cols.copy_gbps, "stall_s": c.stall_ns as f64 * 1e-9, "floor_tok_s": cols.floor})
             })

@@ -104,6 +104,9 @@ pub struct CacheStats {
     pub hits: u64,
     /// Expert lookups that had to be copied from the host.
     pub misses: u64,
+    /// Misses (and guesses) copied into a probation slot instead of over
+    /// a cached expert wanted more often (`experts::cache`).
+    pub bypassed: u64,
     /// Experts copied ahead of need by prefetch.
     pub prefetched: u64,
     /// Hits on a slot that prefetch had filled.

@@ -4,9 +4,11 @@
 //! chosen [`IoMode`]; every read is counted.
 
 pub mod budget;
+pub mod cache;
 mod io;
 
 pub use budget::{CacheSize, CacheStats};
+pub use cache::{Place, SlotTable};
 pub use io::{IoMode, Memory, DIRECT_ALIGN};
 
 use crate::error::{Error, Result};

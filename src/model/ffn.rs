@@ -4,7 +4,7 @@
 
 use super::timing::Phase;
 use super::{load_mat, Ctx};
-use crate::backend::{Backend, MoeArgs, MoeHint};
+use crate::backend::{Backend, MoeArgs, MoeHint, MoeInputs};
 use crate::config::{Arch, ModelConfig};
 use crate::error::Result;
 use crate::format::packed::WeightsFile;
@@ -148,15 +148,16 @@ impl<B: Backend> MoeBlock<B> {
             routing: &cfg.routing,
         };
         // Routing happens inside `moe` (on the device where there is one).
-        c.timer.measure(b, Phase::Experts, || match (next, &hint_logits) {
-            (Some(nm), Some(l)) => {
-                let hint = MoeHint {
-                    layer: nm.layer,
-                    logits: l,
-                };
-                b.moe_hinted(x, &logits, self.bias.as_ref(), c.store, args, hint, out)
-            }
-            _ => b.moe(x, &logits, self.bias.as_ref(), c.store, args, out),
-        })
+        let m = MoeInputs {
+            x,
+            logits: &logits,
+            bias: self.bias.as_ref(),
+            store: c.store,
+            hint: next.zip(hint_logits.as_ref()).map(|(nm, l)| MoeHint {
+                layer: nm.layer,
+                logits: l,
+            }),
+        };
+        c.timer.measure(b, Phase::Experts, || b.moe(m, args, out))
     }
 }

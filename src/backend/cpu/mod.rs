@@ -11,9 +11,8 @@ mod simd;
 #[cfg(target_arch = "x86_64")]
 mod simd512;
 
-use super::{AttnArgs, Backend, DeltaArgs, DeltaState, DeltaWeights, MlaArgs, MoeArgs, RopeArgs, Strided};
+use super::{AttnArgs, Backend, DeltaArgs, DeltaState, DeltaWeights, MlaArgs, MoeArgs, MoeInputs, RopeArgs, Strided};
 use crate::error::Result;
-use crate::experts::ExpertStore;
 use crate::format::MatrixView;
 use matmul::CpuMatrix;
 use rayon::prelude::*;
@@ -209,15 +208,8 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn moe(
-        &self,
-        x: &Vec<f32>,
-        logits: &Vec<f32>,
-        bias: Option<&Vec<f32>>,
-        store: &ExpertStore,
-        a: MoeArgs<'_>,
-        out: &mut Vec<f32>,
-    ) -> Result<()> {
+    fn moe(&self, m: MoeInputs<'_, Vec<f32>>, a: MoeArgs<'_>, out: &mut Vec<f32>) -> Result<()> {
+        let (x, logits, bias, store) = (m.x, m.logits, m.bias, m.store);
         let e = a.n_experts;
         let (Some(l), Some(b)) = (logits.get(..a.n * e), bias.map_or(Some(&[][..]), |b| b.get(..e))) else {
             return Err(crate::error::Error::Invalid(format!(

@@ -13,20 +13,17 @@ use super::hostmap::{self, HostMap};
 use crate::error::{Error, Result};
 pub(crate) use crate::experts::budget::SlotBudget;
 pub use crate::experts::budget::{CacheSize, CacheStats};
-use crate::experts::ExpertStore;
+use crate::experts::{ExpertStore, Place, SlotTable};
 use cudarc::driver::sys;
 use rayon::prelude::*;
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+/// Counters of the copies (the table counts lookups).
 #[derive(Default)]
 struct Counters {
-    hits: AtomicU64,
-    misses: AtomicU64,
-    prefetched: AtomicU64,
-    prefetch_hits: AtomicU64,
     bytes: AtomicU64,
     stall_ns: AtomicU64,
 }
@@ -48,13 +45,8 @@ struct Staging {
 }
 
 struct State {
-    slot_of: HashMap<(usize, u32), usize>,
-    owner: Vec<Option<(usize, u32)>>,
-    /// CLOCK reference bits.
-    referenced: Vec<bool>,
-    /// Filled by prefetch and not looked up since.
-    prefetched: Vec<bool>,
-    hand: usize,
+    /// Which expert is in which slot, what a miss evicts, what to prefetch.
+    table: SlotTable,
     /// Sequence number of the compute-stream work that last read each slot.
     use_seq: Vec<u64>,
     seq: u64,
@@ -66,8 +58,6 @@ struct State {
     /// Copies issued that the compute stream has not been made to wait for.
     pending: bool,
     copied: Event,
-    /// Per layer, the experts of the last single-token step (prefetch).
-    prev: Vec<Vec<u32>>,
 }
 
 pub(crate) struct ExpertCache {
@@ -80,7 +70,6 @@ pub(crate) struct ExpertCache {
     /// `[layers, experts]` slot addresses (resident only).
     table: Option<DevMem>,
     n_experts: usize,
-    /// MoE layers in order (prefetch looks at the next one).
     moe_layers: Vec<usize>,
     prefetch: bool,
     /// The expert files registered with the driver, by layer: misses are
@@ -98,13 +87,15 @@ fn lock_err() -> Error {
 }
 
 impl ExpertCache {
-    /// A cache of `n_slots` slots for the experts of `moe_layers` in `store`;
-    /// all of them loaded (and the table built) when they fit.
+    /// A cache of `n_slots` slots for the experts of `moe_layers` in `store`
+    /// (`probation` of them for experts not admitted: [`SlotTable`]); all
+    /// of them loaded (and the device table built) when they fit.
     pub fn new(
         gpu: &Arc<Gpu>,
         store: &ExpertStore,
         moe_layers: &[usize],
         n_slots: usize,
+        probation: usize,
         prefetch: bool,
     ) -> Result<ExpertCache> {
         let mut size = 0usize;
@@ -141,11 +132,7 @@ impl ExpertCache {
             hostmap::map_all(gpu, store, moe_layers)
         };
         let st = State {
-            slot_of: HashMap::new(),
-            owner: vec![None; n_slots],
-            referenced: vec![false; n_slots],
-            prefetched: vec![false; n_slots],
-            hand: 0,
+            table: SlotTable::new(moe_layers, n_experts, n_slots, probation),
             use_seq: vec![0; n_slots],
             seq: 0,
             done_seq: 0,
@@ -154,7 +141,6 @@ impl ExpertCache {
             wave: 0,
             pending: false,
             copied: Event::new(gpu)?,
-            prev: vec![Vec::new(); n_layers],
         };
         let mut cache = ExpertCache {
             gpu: gpu.clone(),
@@ -191,9 +177,10 @@ impl ExpertCache {
         self.table = Some(DevMem::from_host(&self.gpu, bytemuck::cast_slice(&table))?);
         self.gpu.sync()?;
         // Loading is not traffic of the run that follows.
-        for a in [&self.c.hits, &self.c.misses, &self.c.bytes, &self.c.stall_ns] {
+        for a in [&self.c.bytes, &self.c.stall_ns] {
             a.store(0, Ordering::Relaxed);
         }
+        self.st.get_mut().map_err(|_| lock_err())?.table.reset_counts();
         Ok(())
     }
 
@@ -219,11 +206,13 @@ impl ExpertCache {
 
     pub fn stats(&self) -> CacheStats {
         let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let t = self.st.lock().map(|s| s.table.counts()).unwrap_or_default();
         CacheStats {
-            hits: l(&self.c.hits),
-            misses: l(&self.c.misses),
-            prefetched: l(&self.c.prefetched),
-            prefetch_hits: l(&self.c.prefetch_hits),
+            hits: t.hits,
+            misses: t.misses,
+            bypassed: t.bypassed,
+            prefetched: t.prefetched,
+            prefetch_hits: t.prefetch_hits,
             bytes_copied: l(&self.c.bytes),
             stall_ns: l(&self.c.stall_ns),
             slots: self.n_slots as u64,
@@ -265,8 +254,8 @@ impl ExpertCache {
         st.seq += 1;
         let seq = st.seq;
         st.uses.push_back((seq, ev));
-        for e in experts {
-            if let Some(&s) = st.slot_of.get(&(layer, *e)) {
+        for &e in experts {
+            if let Some(s) = st.table.slot(layer, e) {
                 st.use_seq[s] = seq;
             }
         }
@@ -274,28 +263,16 @@ impl ExpertCache {
     }
 
     /// After a single-token step of `layer` used `experts`: start copying
-    /// the experts the next MoE layer used at the previous token (matched
-    /// as a set: those already in a slot are left alone), and remember
-    /// `experts` for the next token.
+    /// the experts the next MoE layer used at the previous token (those
+    /// already in a slot are left alone; [`SlotTable::predict`]).
     pub fn predict(&self, store: &ExpertStore, layer: usize, experts: &[u32]) -> Result<()> {
         if !self.prefetch || self.resident {
             return Ok(());
         }
-        let next = match self.moe_layers.iter().position(|&l| l == layer) {
-            Some(i) => self.moe_layers[(i + 1) % self.moe_layers.len()],
-            None => return Ok(()),
-        };
         let mut st = self.st.lock().map_err(|_| lock_err())?;
-        if let Some(p) = st.prev.get_mut(layer) {
-            p.clear();
-            p.extend_from_slice(experts);
+        if let Some((next, want)) = st.table.predict(layer, experts) {
+            self.lookup(&mut st, store, next, &want, true)?;
         }
-        let want: Vec<u32> = st.prev.get(next).cloned().unwrap_or_default();
-        // Leave room: never let prefetch take more than a third of the slots.
-        if want.is_empty() || want.len() * 3 > self.n_slots {
-            return Ok(());
-        }
-        self.lookup(&mut st, store, next, &want, true)?;
         Ok(())
     }
 
@@ -304,22 +281,13 @@ impl ExpertCache {
     /// current layer's input): those already in a slot are left alone, and
     /// a guess never takes more than a third of the slots.
     pub fn prefetch_hint(&self, store: &ExpertStore, layer: usize, experts: &[u32]) -> Result<()> {
-        if !self.prefetch || self.resident || experts.is_empty() || experts.len() * 3 > self.n_slots {
-            return Ok(());
-        }
         let mut want = experts.to_vec();
         want.sort_unstable();
         want.dedup();
-        if want.iter().any(|&e| e as usize >= self.n_experts) {
-            return Err(Error::Backend {
-                backend: "cuda",
-                msg: format!(
-                    "a prefetch hint names an expert past the {} of the model",
-                    self.n_experts
-                ),
-            });
-        }
         let mut st = self.st.lock().map_err(|_| lock_err())?;
+        if !self.prefetch || self.resident || !st.table.guess_fits(want.len()) {
+            return Ok(());
+        }
         self.lookup(&mut st, store, layer, &want, true)?;
         Ok(())
     }
@@ -337,21 +305,14 @@ impl ExpertCache {
     /// compute. Only when the cache holds three layers' worth (this layer,
     /// the next, and room to spare), and never past the last layer.
     pub fn prefetch_next_layer(&self, store: &ExpertStore, layer: usize, n: usize, k: usize) -> Result<()> {
-        if !self.prefetch || self.resident || n < 2 {
+        if !self.prefetch || self.resident {
             return Ok(());
         }
-        let e = self.n_experts;
-        let miss_all = (1.0 - k as f64 / e as f64).powi(n.min(i32::MAX as usize) as i32);
-        if 1.0 - miss_all < 0.95 || 3 * e > self.n_slots {
-            return Ok(());
-        }
-        let next = match self.moe_layers.iter().position(|&l| l == layer) {
-            Some(i) if i + 1 < self.moe_layers.len() => self.moe_layers[i + 1],
-            _ => return Ok(()),
-        };
-        let all: Vec<u32> = (0..e as u32).collect();
         let mut st = self.st.lock().map_err(|_| lock_err())?;
-        self.lookup(&mut st, store, next, &all, true)?;
+        if let Some(next) = st.table.next_layer_for_all(layer, n, k) {
+            let all: Vec<u32> = (0..self.n_experts as u32).collect();
+            self.lookup(&mut st, store, next, &all, true)?;
+        }
         Ok(())
     }
 
@@ -364,64 +325,21 @@ impl ExpertCache {
         experts: &[u32],
         prefetch: bool,
     ) -> Result<Vec<u64>> {
-        if experts.len() > self.n_slots {
-            return Err(Error::Backend {
-                backend: "cuda",
-                msg: format!("{} experts asked of a cache of {} slots", experts.len(), self.n_slots),
-            });
-        }
-        let mut addrs = vec![0u64; experts.len()];
-        let mut protect = vec![false; self.n_slots];
-        let mut misses = Vec::new();
-        for (i, &e) in experts.iter().enumerate() {
-            match st.slot_of.get(&(layer, e)) {
-                Some(&s) => {
-                    addrs[i] = self.addr(s);
-                    protect[s] = true;
-                    if !prefetch {
-                        st.referenced[s] = true;
-                        self.c.hits.fetch_add(1, Ordering::Relaxed);
-                        if st.prefetched[s] {
-                            st.prefetched[s] = false;
-                            self.c.prefetch_hits.fetch_add(1, Ordering::Relaxed);
-                        }
-                    }
-                }
-                None => misses.push(i),
-            }
-        }
-        if misses.is_empty() {
+        let places = st.table.place(layer, experts, prefetch)?;
+        let addrs = places.iter().map(|p| self.addr(p.slot())).collect();
+        let jobs: Vec<(u32, usize)> = experts
+            .iter()
+            .zip(&places)
+            .filter_map(|(&e, p)| match p {
+                Place::Fill(s) => Some((e, *s)),
+                Place::Hit(_) => None,
+            })
+            .collect();
+        if jobs.is_empty() {
             return Ok(addrs);
         }
         let t0 = Instant::now();
-        // Victims by CLOCK, never a slot this call uses.
-        let mut latest_use = 0u64;
-        let mut jobs = Vec::with_capacity(misses.len()); // (expert, slot)
-        for &i in &misses {
-            let s = loop {
-                let h = st.hand;
-                st.hand = (h + 1) % self.n_slots;
-                if protect[h] {
-                    continue;
-                }
-                if st.referenced[h] {
-                    st.referenced[h] = false;
-                    continue;
-                }
-                break h;
-            };
-            if let Some(old) = st.owner[s].take() {
-                st.slot_of.remove(&old);
-            }
-            st.owner[s] = Some((layer, experts[i]));
-            st.slot_of.insert((layer, experts[i]), s);
-            st.referenced[s] = !prefetch;
-            st.prefetched[s] = prefetch;
-            protect[s] = true;
-            latest_use = latest_use.max(st.use_seq[s]);
-            addrs[i] = self.addr(s);
-            jobs.push((experts[i], s));
-        }
+        let latest_use = jobs.iter().map(|&(_, s)| st.use_seq[s]).max().unwrap_or(0);
         // The copy stream must not overwrite a slot before the kernels that
         // read it are done.
         self.wait_uses(st, latest_use)?;
@@ -440,7 +358,7 @@ impl ExpertCache {
                 }
                 .check("copying an expert to the device")?;
             }
-            self.account(st, &jobs, size, prefetch, t0);
+            self.account(st, &jobs, size, t0);
             return Ok(addrs);
         }
         let wave = st.staging[0].bufs.len();
@@ -480,19 +398,14 @@ impl ExpertCache {
             st.staging[w].done.record(self.gpu.copy)?;
             st.staging[w].used = true;
         }
-        self.account(st, &jobs, size, prefetch, t0);
+        self.account(st, &jobs, size, t0);
         Ok(addrs)
     }
 
     /// Count the copies just issued.
-    fn account(&self, st: &mut State, jobs: &[(u32, usize)], size: usize, prefetch: bool, t0: Instant) {
+    fn account(&self, st: &mut State, jobs: &[(u32, usize)], size: usize, t0: Instant) {
         st.pending = true;
         let n = jobs.len() as u64;
-        if prefetch {
-            self.c.prefetched.fetch_add(n, Ordering::Relaxed);
-        } else {
-            self.c.misses.fetch_add(n, Ordering::Relaxed);
-        }
         self.c.bytes.fetch_add(n * size as u64, Ordering::Relaxed);
         self.c
             .stall_ns

@@ -24,7 +24,7 @@ pub use cache::{CacheSize, CacheStats};
 pub use matrix::CudaMatrix;
 pub use probe::LaunchCost;
 
-use super::{AttnArgs, Backend, DeltaArgs, DeltaState, DeltaWeights, MlaArgs, MoeArgs, MoeHint, RopeArgs, Strided};
+use super::{AttnArgs, Backend, DeltaArgs, DeltaState, DeltaWeights, MlaArgs, MoeArgs, MoeInputs, RopeArgs, Strided};
 use crate::error::{Error, Result};
 use crate::experts::ExpertStore;
 use crate::format::packed::{Layout, Manifest};
@@ -216,7 +216,11 @@ impl CudaBackend {
             room: (free as u64).saturating_sub(MARGIN_BYTES),
         })?;
         let t0 = std::time::Instant::now();
-        let cache = ExpertCache::new(&self.gpu, store, moe_layers, slots, req.prefetch)?;
+        // Probation holds misses that are not admitted: an eighth of the
+        // slots, at most two tokens' experts of a layer or a prefill
+        // launch's worth (experts::cache measures the choice).
+        let probation = (slots / 8).min((2 * req.min_slots).max(moe::STREAM_CHUNK));
+        let cache = ExpertCache::new(&self.gpu, store, moe_layers, slots, probation, req.prefetch)?;
         let report = CacheReport {
             budget_bytes: slots as u64 * slot,
             expert_bytes,
@@ -440,48 +444,13 @@ impl Backend for CudaBackend {
         ops::gated_delta(&self.gpu, bufs, state.conv, state.ssm, args, out)
     }
 
-    fn moe(
-        &self,
-        x: &CudaBuf,
-        logits: &CudaBuf,
-        bias: Option<&CudaBuf>,
-        store: &ExpertStore,
-        a: MoeArgs<'_>,
-        out: &mut CudaBuf,
-    ) -> Result<()> {
+    fn moe(&self, m: MoeInputs<'_, CudaBuf>, a: MoeArgs<'_>, out: &mut CudaBuf) -> Result<()> {
         self.gpu.bind()?;
-        let io = moe::MoeIo {
-            x,
-            logits,
-            bias,
-            store,
-            hint: None,
-        };
-        moe::moe(&self.gpu, self.cache_for(store), io, a, out)
+        let cache = self.cache_for(m.store);
+        moe::moe(&self.gpu, cache, m, a, out)
     }
 
     fn wants_moe_hint(&self, store: &ExpertStore) -> bool {
         self.cache_for(store).is_some_and(|c| c.prefetching())
-    }
-
-    fn moe_hinted(
-        &self,
-        x: &CudaBuf,
-        logits: &CudaBuf,
-        bias: Option<&CudaBuf>,
-        store: &ExpertStore,
-        a: MoeArgs<'_>,
-        hint: MoeHint<'_, CudaBuf>,
-        out: &mut CudaBuf,
-    ) -> Result<()> {
-        self.gpu.bind()?;
-        let io = moe::MoeIo {
-            x,
-            logits,
-            bias,
-            store,
-            hint: Some((hint.layer, hint.logits)),
-        };
-        moe::moe(&self.gpu, self.cache_for(store), io, a, out)
     }
 }

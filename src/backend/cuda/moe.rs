@@ -13,11 +13,10 @@ use super::buf::{CudaBuf, DevMem};
 use super::cache::ExpertCache;
 use super::driver::Gpu;
 use super::matrix::{group_shift, Format, F16_SCALES, MAX_GRID_Y};
-use crate::backend::MoeArgs;
+use crate::backend::{MoeArgs, MoeInputs};
 use crate::config::Routing;
 use crate::cuda_args;
 use crate::error::{Error, Result};
-use crate::experts::ExpertStore;
 use crate::format::packed::LayerLayout;
 use crate::format::Dtype;
 use std::collections::BTreeMap;
@@ -38,7 +37,7 @@ pub(crate) struct ELayout {
 const DEVICE_ROUTE_TOKENS: usize = 4;
 /// Experts per launch while streaming: the GPU computes one chunk while
 /// the next is read and copied.
-const STREAM_CHUNK: usize = 32;
+pub(crate) const STREAM_CHUNK: usize = 32;
 /// Most experts per token the router kernel takes.
 const MAX_K: usize = 64;
 /// Softmax routing over at most 32 × this many experts (and k ≤ 32) runs
@@ -293,16 +292,7 @@ fn group_pairs(ids: &[u32], n_experts: usize) -> Result<BTreeMap<u32, Vec<i32>>>
     Ok(by)
 }
 
-/// The tensors of one MoE call.
-pub(crate) struct MoeIo<'a> {
-    pub x: &'a CudaBuf,
-    pub logits: &'a CudaBuf,
-    pub bias: Option<&'a CudaBuf>,
-    pub store: &'a ExpertStore,
-    /// The next MoE layer and its router logits `[E]` on this layer's
-    /// input (one-token steps only): its likely experts are copied early.
-    pub hint: Option<(usize, &'a CudaBuf)>,
-}
+type MoeIo<'a> = MoeInputs<'a, CudaBuf>;
 
 /// `out[t] += Σ_j w[t,j] · expert_j(x[t])` for one layer; `cache` is the
 /// model's expert cache when `store` is the one it holds.
@@ -330,6 +320,8 @@ pub(crate) fn moe(gpu: &Arc<Gpu>, cache: Option<&ExpertCache>, io: MoeIo, a: Moe
     // A hint is used only where it can help: one token, streaming.
     let hint = io
         .hint
+        .as_ref()
+        .map(|h| (h.layer, h.logits))
         .filter(|_| n == 1 && cache.is_some_and(|c| c.prefetching() && c.store_id() == io.store.id()));
     let rows = n + hint.is_some() as usize;
     let ids = DevMem::new(gpu, rows * k * 4)?;
@@ -407,7 +399,7 @@ fn grouped(
     let cache = match cache {
         Some(c) => c,
         None => {
-            own = ExpertCache::new(gpu, io.store, &[a.layer], experts.len(), false)?;
+            own = ExpertCache::new(gpu, io.store, &[a.layer], experts.len(), 0, false)?;
             &own
         }
     };
