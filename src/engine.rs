@@ -6,7 +6,7 @@ use crate::backend::cuda::{self, CacheReport, CacheRequest, CudaBackend, CudaOpt
 use crate::check;
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
-use crate::experts::{CacheSize, CacheStats, ExpertStore, IoMode};
+use crate::experts::{CacheSize, CacheStats, ExpertStore, Hybrid, IoMode};
 use crate::format::packed::{Layout, WeightsFile, EXPERTS_DIR, LAYOUT_FILE};
 use crate::model::{Net, State};
 use crate::notify::Notifier;
@@ -65,6 +65,10 @@ pub struct Options {
     /// prefill chunk long enough to need nearly all of them, every expert of
     /// the next layer.
     pub prefetch: bool,
+    /// CUDA: who computes the experts that miss the cache: split between
+    /// copies to the device and the CPU by a cost model (`Auto`), all
+    /// copied (`Off`), or all on the CPU (`Cpu`, for testing).
+    pub hybrid: Hybrid,
     /// CUDA: settings of the backend (graphs, PDL, staging, kernel cache).
     pub cuda: CudaOptions,
     /// Where the messages of opening go (the device chosen, kernels
@@ -80,6 +84,7 @@ impl Default for Options {
             io_threads: 8,
             expert_cache: CacheSize::Auto,
             prefetch: true,
+            hybrid: Hybrid::Auto,
             cuda: CudaOptions::default(),
             notify: Notifier::default(),
         }
@@ -152,6 +157,7 @@ fn open_cuda(
         size: opts.expert_cache,
         prefetch: opts.prefetch,
         min_slots: config.num_experts_per_tok,
+        hybrid: opts.hybrid,
     };
     let r = net.b.attach_experts(store, &moe, req)?;
     let gb = |b: u64| b as f64 / 1e9;
@@ -173,6 +179,9 @@ fn open_cuda(
             if r.minimum { ", the smallest working set" } else { "" },
             if opts.prefetch { ", prefetch on" } else { "" }
         ));
+        if let Some(m) = &r.split {
+            opts.notify.say(&m.describe());
+        }
     }
     Ok((net, r))
 }

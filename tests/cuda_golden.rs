@@ -10,7 +10,7 @@ mod common;
 
 use common::*;
 use moeflux::backend::cuda::{probe, CudaOptions};
-use moeflux::experts::CacheSize;
+use moeflux::experts::{CacheSize, Hybrid};
 use moeflux::{Device, Model, Options};
 
 const GPU_TOL: f64 = 2e-3;
@@ -33,11 +33,12 @@ fn cuda_options() -> CudaOptions {
     }
 }
 
-fn open(dir: &std::path::Path, cache: CacheSize, prefetch: bool) -> Model {
+fn open(dir: &std::path::Path, cache: CacheSize, prefetch: bool, hybrid: Hybrid) -> Model {
     let opts = Options {
         device: Device::Cuda(0),
         expert_cache: cache,
         prefetch,
+        hybrid,
         cuda: cuda_options(),
         ..Options::default()
     };
@@ -65,7 +66,7 @@ fn check(name: &str, flags: &[&str]) {
     let dst = tmp.path().join("packed");
     convert(name, &dst, flags);
     let r = reference(name);
-    let model = open(&dst, CacheSize::Auto, true);
+    let model = open(&dst, CacheSize::Auto, true, Hybrid::Auto);
     assert!(
         model.expert_cache().is_some_and(|c| c.resident),
         "{name}: the tiny model should be resident"
@@ -106,7 +107,7 @@ fn check(name: &str, flags: &[&str]) {
         (CacheSize::Percent(50.0), true),
         (CacheSize::Percent(50.0), false),
     ] {
-        let m = open(&dst, cache, prefetch);
+        let m = open(&dst, cache, prefetch, Hybrid::Off);
         let report = m.expert_cache().expect("a cache report");
         assert!(!report.resident, "{name}: {cache:?} should not hold every expert");
         let (c2, s2) = run(&m, &r.tokens);
@@ -121,6 +122,39 @@ fn check(name: &str, flags: &[&str]) {
             bits(&s2) == bits(&steps),
             "{name}: {cache:?} prefetch={prefetch}: token-by-token logits differ from the resident run"
         );
+    }
+    // Misses of one-token steps computed on the CPU (every one, or as the
+    // cost model splits them): other arithmetic, the same f32 values to
+    // within the step tolerance.
+    let three = CacheSize::Bytes(3 * size.div_ceil(256) as u64 * 256);
+    for (cache, hybrid) in [
+        (three, Hybrid::Cpu),
+        (CacheSize::Percent(50.0), Hybrid::Cpu),
+        (CacheSize::Percent(50.0), Hybrid::Auto),
+    ] {
+        let m = open(&dst, cache, true, hybrid);
+        let (c2, s2) = run(&m, &r.tokens);
+        let stats = m.expert_cache_stats().expect("cache stats");
+        eprintln!("{name}: {cache:?} hybrid={hybrid}: {stats:?}");
+        if hybrid == Hybrid::Cpu {
+            assert!(stats.on_host > 0, "{name}: {cache:?}: no miss computed on the CPU");
+        }
+        assert!(
+            bits(&c2) == bits(&chunk),
+            "{name}: {cache:?} hybrid={hybrid}: chunk logits (no split in prefill) differ"
+        );
+        for pos in 0..r.tokens.len() {
+            let (a, b) = (
+                &s2[pos * vocab..(pos + 1) * vocab],
+                &steps[pos * vocab..(pos + 1) * vocab],
+            );
+            let e = rel_l2(a, b);
+            assert!(
+                e <= STEP_TOL,
+                "{name}: {cache:?} hybrid={hybrid}: position {pos}: {e:.3e} from the resident steps"
+            );
+            assert_eq!(argmax(a), argmax(b), "{name}: hybrid={hybrid}: argmax differs at {pos}");
+        }
     }
 }
 

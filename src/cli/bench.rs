@@ -7,8 +7,8 @@
 use super::model_args::ModelArgs;
 use anyhow::Context;
 use clap::Args;
-use moeflux::experts::CacheStats;
 use moeflux::experts::StatsSnapshot;
+use moeflux::experts::{CacheStats, SplitModel};
 use moeflux::Model;
 use std::io::Write;
 use std::path::Path;
@@ -150,6 +150,8 @@ fn cache_delta(a: CacheStats, b: CacheStats) -> CacheStats {
         prefetched: b.prefetched - a.prefetched,
         prefetch_hits: b.prefetch_hits - a.prefetch_hits,
         bytes_copied: b.bytes_copied - a.bytes_copied,
+        on_host: b.on_host - a.on_host,
+        bytes_on_host: b.bytes_on_host - a.bytes_on_host,
         stall_ns: b.stall_ns - a.stall_ns,
         ..b
     }
@@ -168,6 +170,8 @@ fn add_cache(a: Option<CacheStats>, d: CacheStats) -> CacheStats {
         prefetched: a.prefetched + d.prefetched,
         prefetch_hits: a.prefetch_hits + d.prefetch_hits,
         bytes_copied: a.bytes_copied + d.bytes_copied,
+        on_host: a.on_host + d.on_host,
+        bytes_on_host: a.bytes_on_host + d.bytes_on_host,
         stall_ns: a.stall_ns + d.stall_ns,
         ..a
     }
@@ -177,24 +181,32 @@ fn add_cache(a: Option<CacheStats>, d: CacheStats) -> CacheStats {
 struct CacheCols {
     hit_rate: f64,
     mb_per_tok: f64,
+    /// Expert MB per token computed on the CPU (`--hybrid`).
+    cpu_mb_per_tok: f64,
     copy_gbps: f64,
     floor: Option<f64>,
 }
 
 /// `copy_gbps` is the achieved streaming rate: bytes copied over the
-/// timed runs' wall time.
-fn cache_cols(c: &CacheStats, tokens: usize, secs: f64, h2d_gbps: f64) -> CacheCols {
+/// timed runs' wall time. The floor: copies at the pinned H2D rate and,
+/// with a split, the CPU's share at its modelled rate, both at once.
+fn cache_cols(c: &CacheStats, tokens: usize, secs: f64, h2d_gbps: f64, split: Option<&SplitModel>) -> CacheCols {
     let looked = (c.hits + c.misses).max(1) as f64;
     let per_tok = c.bytes_copied as f64 / tokens.max(1) as f64;
+    let cpu_per_tok = c.bytes_on_host as f64 / tokens.max(1) as f64;
+    let cpu_s = split.map_or(0.0, |m| cpu_per_tok * m.cpu_s_per_byte);
+    let copy_s = per_tok / (h2d_gbps * 1e9);
+    let floor_s = copy_s.max(cpu_s);
     CacheCols {
         hit_rate: c.hits as f64 / looked,
         mb_per_tok: per_tok / 1e6,
+        cpu_mb_per_tok: cpu_per_tok / 1e6,
         copy_gbps: if secs > 0.0 {
             c.bytes_copied as f64 / secs / 1e9
         } else {
             0.0
         },
-        floor: (per_tok > 0.0).then(|| h2d_gbps * 1e9 / per_tok),
+        floor: (floor_s > 0.0).then(|| 1.0 / floor_s),
     }
 }
 
@@ -358,6 +370,7 @@ fn print_cuda(
 ) -> anyhow::Result<()> {
     let gpu = model.gpu_name().unwrap_or("?");
     let cache = model.expert_cache();
+    let split = cache.and_then(|c| c.split);
     let cache_desc = match cache {
         Some(c) if c.resident => format!(
             "all {} experts resident ({:.2} GB)",
@@ -384,10 +397,12 @@ fn print_cuda(
             .map(|r| {
                 let (m, sd) = mean_sd(&r.tps);
                 let c = r.cache.unwrap_or_default();
-                let cols = cache_cols(&c, r.tokens, r.secs, h2d);
+                let cols = cache_cols(&c, r.tokens, r.secs, h2d, split.as_ref());
                 serde_json::json!({"test": r.name, "tok_s_mean": m, "tok_s_sd": sd, "runs": r.tps,
-                    "hits": c.hits, "misses": c.misses, "bypassed": c.bypassed, "prefetched": c.prefetched, "prefetch_hits": c.prefetch_hits,
+                    "hits": c.hits, "misses": c.misses, "bypassed": c.bypassed, "on_cpu": c.on_host,
+                    "prefetched": c.prefetched, "prefetch_hits": c.prefetch_hits,
                     "hit_rate": cols.hit_rate, "bytes_streamed_per_token": cols.mb_per_tok * 1e6,
+                    "bytes_on_cpu_per_token": cols.cpu_mb_per_tok * 1e6,
                     "copy_gb_s": cols.copy_gbps, "stall_s": c.stall_ns as f64 * 1e-9, "floor_tok_s": cols.floor})
             })
             .collect();
@@ -395,7 +410,7 @@ fn print_cuda(
             out,
             "{}",
             serde_json::json!({"model": model.name(), "device": format!("{} ({gpu})", a.model.device), "expert_cache": cache_desc,
-                "load_s": load_s, "h2d_pinned_gb_s": h2d, "results": j})
+                "hybrid": split.map(|m| m.describe()), "load_s": load_s, "h2d_pinned_gb_s": h2d, "results": j})
         )?;
         return Ok(());
     }
@@ -404,24 +419,28 @@ fn print_cuda(
         "model {} | device cuda ({gpu}) | expert cache {cache_desc} | load {load_s:.1} s | pinned H2D {h2d:.1} GB/s",
         model.name()
     )?;
+    if let Some(m) = &split {
+        writeln!(out, "{}", m.describe())?;
+    }
     writeln!(
         out,
-        "| test | tok/s | hit rate | MB streamed/token | copy GB/s | floor tok/s (H2D) |"
+        "| test | tok/s | hit rate | MB streamed/token | MB on CPU/token | copy GB/s | floor tok/s |"
     )?;
-    writeln!(out, "|---|---|---|---|---|---|")?;
+    writeln!(out, "|---|---|---|---|---|---|---|")?;
     for r in rows {
         let (m, sd) = mean_sd(&r.tps);
         let c = r.cache.unwrap_or_default();
-        let cols = cache_cols(&c, r.tokens, r.secs, h2d);
+        let cols = cache_cols(&c, r.tokens, r.secs, h2d, split.as_ref());
         let floor = cols.floor.map_or("-".to_string(), |f| format!("{f:.1}"));
         writeln!(
             out,
-            "| {} | {:.2} ± {:.2} | {:.1}% | {:.1} | {:.1} | {floor} |",
+            "| {} | {:.2} ± {:.2} | {:.1}% | {:.1} | {:.1} | {:.1} | {floor} |",
             r.name,
             m,
             sd,
             100.0 * cols.hit_rate,
             cols.mb_per_tok,
+            cols.cpu_mb_per_tok,
             cols.copy_gbps
         )?;
     }

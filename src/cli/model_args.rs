@@ -6,8 +6,8 @@
 use anyhow::Context;
 use clap::Args;
 use moeflux::backend::cuda::CudaOptions;
-use moeflux::experts::CacheSize;
 use moeflux::experts::IoMode;
+use moeflux::experts::{CacheSize, Hybrid};
 use moeflux::notify::Notifier;
 use moeflux::{Device, Model, Options};
 use std::path::PathBuf;
@@ -39,6 +39,12 @@ pub struct ModelArgs {
     /// prefill chunks).
     #[arg(long)]
     pub no_prefetch: bool,
+    /// CUDA: who computes the experts that miss the device cache: auto
+    /// (the CPU computes some from host memory while the others are
+    /// copied, split by a cost model measured at start), off (copy them
+    /// all) or cpu (compute them all on the CPU).
+    #[arg(long, default_value = "auto", value_name = "MODE")]
+    pub hybrid: Hybrid,
     /// CUDA: where compiled kernels are kept [default:
     /// $XDG_CACHE_HOME/moeflux/kernels, else ~/.cache/moeflux/kernels].
     #[arg(long, value_name = "DIR", env = "MOEFLUX_KERNEL_CACHE")]
@@ -66,6 +72,7 @@ impl ModelArgs {
             io_mode: self.io,
             expert_cache: self.expert_cache,
             prefetch: !self.no_prefetch,
+            hybrid: self.hybrid,
             cuda: CudaOptions {
                 graphs: !self.no_cuda_graphs,
                 pdl: !self.no_pdl,
@@ -104,8 +111,16 @@ impl ModelArgs {
             if self.no_prefetch {
                 notes.push(format!("--no-prefetch has no effect on the {device}"));
             }
-        } else if self.no_prefetch && cache.is_some_and(|c| c.resident) {
-            notes.push("--no-prefetch has no effect: every expert is resident on the device".into());
+            if self.hybrid != Hybrid::Auto {
+                notes.push(format!("--hybrid has no effect on the {device}"));
+            }
+        } else if cache.is_some_and(|c| c.resident) {
+            if self.no_prefetch {
+                notes.push("--no-prefetch has no effect: every expert is resident on the device".into());
+            }
+            if self.hybrid != Hybrid::Auto {
+                notes.push("--hybrid has no effect: every expert is resident on the device".into());
+            }
         }
         notes
     }

@@ -113,6 +113,10 @@ pub struct CacheStats {
     pub prefetch_hits: u64,
     /// Bytes copied host→device.
     pub bytes_copied: u64,
+    /// Misses computed on the CPU from host memory instead of copied
+    /// (`--hybrid`), and their bytes.
+    pub on_host: u64,
+    pub bytes_on_host: u64,
     /// Host time spent on misses and prefetches: issuing the copies, and
     /// where the files are not registered with the driver, reading them
     /// into pinned staging buffers and waiting for those.

@@ -16,6 +16,7 @@
 //! (prefetch) take the same path. With every expert in a slot (resident)
 //! there is no probation.
 
+use super::split::HostShare;
 use crate::error::{Error, Result};
 use std::collections::{HashMap, VecDeque};
 
@@ -26,12 +27,15 @@ pub enum Place {
     Hit(usize),
     /// Copy it into this slot (whatever the slot held is evicted).
     Fill(usize),
+    /// Compute it where it is (host memory); no slot.
+    Host,
 }
 
 impl Place {
-    pub fn slot(self) -> usize {
+    pub fn slot(self) -> Option<usize> {
         match self {
-            Place::Hit(s) | Place::Fill(s) => s,
+            Place::Hit(s) | Place::Fill(s) => Some(s),
+            Place::Host => None,
         }
     }
 }
@@ -43,6 +47,8 @@ pub struct TableCounts {
     pub misses: u64,
     /// Misses and guesses that went to probation (not admitted to main).
     pub bypassed: u64,
+    /// Misses computed where they are (not copied).
+    pub on_host: u64,
     pub prefetched: u64,
     pub prefetch_hits: u64,
 }
@@ -187,6 +193,18 @@ impl SlotTable {
     /// a prefetch (not counted as a request; hits are left alone). At most
     /// [`SlotTable::n_slots`] experts per call.
     pub fn place(&mut self, layer: usize, experts: &[u32], guess: bool) -> Result<Vec<Place>> {
+        self.place_split(layer, experts, guess, HostShare::Nothing)
+    }
+
+    /// How many of `experts` of `layer` are in no slot.
+    pub fn missing(&self, layer: usize, experts: &[u32]) -> usize {
+        experts.iter().filter(|&&e| self.slot(layer, e).is_none()).count()
+    }
+
+    /// [`SlotTable::place`], with up to `host` of the misses left where
+    /// they are ([`Place::Host`]): those not admitted to main first, or
+    /// every miss with [`HostShare::All`].
+    pub fn place_split(&mut self, layer: usize, experts: &[u32], guess: bool, host: HostShare) -> Result<Vec<Place>> {
         if experts.len() > self.n_slots {
             return Err(Error::Invalid(format!(
                 "{} experts asked of a cache of {} slots",
@@ -227,9 +245,28 @@ impl SlotTable {
                 None => misses.push(i),
             }
         }
+        let mut host_left = match host {
+            HostShare::Nothing => 0,
+            HostShare::UpTo(c) => c,
+            HostShare::All => usize::MAX,
+        };
         for i in misses {
             let key = (layer, experts[i]);
+            if host == HostShare::All && !guess {
+                self.counts.misses += 1;
+                self.counts.on_host += 1;
+                out[i] = Place::Host;
+                continue;
+            }
             let v = self.main_victim(&protect);
+            let admitted = v.is_some_and(|v| self.admits(key, v));
+            if !admitted && host_left > 0 && !guess {
+                host_left -= 1;
+                self.counts.misses += 1;
+                self.counts.on_host += 1;
+                out[i] = Place::Host;
+                continue;
+            }
             let s = match v {
                 Some(v) if self.admits(key, v) => v,
                 _ => match self.probation_victim(&protect) {
@@ -400,7 +437,7 @@ mod tests {
         let mut t = SlotTable::new(&[0, 1], 8, 6, 2);
         let a = t.place(0, &[1, 2, 3], false).unwrap();
         assert!(a.iter().all(|p| matches!(p, Place::Fill(_))));
-        let mut s: Vec<usize> = a.iter().map(|p| p.slot()).collect();
+        let mut s: Vec<usize> = a.iter().filter_map(|p| p.slot()).collect();
         s.sort_unstable();
         s.dedup();
         assert_eq!(s.len(), 3);
@@ -408,9 +445,9 @@ mod tests {
         assert_eq!(
             b,
             vec![
-                Place::Hit(a[2].slot()),
-                Place::Hit(a[1].slot()),
-                Place::Hit(a[0].slot())
+                Place::Hit(a[2].slot().unwrap()),
+                Place::Hit(a[1].slot().unwrap()),
+                Place::Hit(a[0].slot().unwrap())
             ]
         );
         consistent(&t);
@@ -427,7 +464,7 @@ mod tests {
         let mut t = SlotTable::new(&[0, 1, 2], 64, 8, 8);
         for (l, ex) in trace(3, 64, 8, 50, 0.0, 1) {
             let p = t.place(l, &ex, false).unwrap();
-            let mut s: Vec<usize> = p.iter().map(|p| p.slot()).collect();
+            let mut s: Vec<usize> = p.iter().filter_map(|p| p.slot()).collect();
             s.sort_unstable();
             s.dedup();
             assert_eq!(s.len(), 8, "one slot per expert of the call");
@@ -448,7 +485,7 @@ mod tests {
             let guess = rng.next_u64().is_multiple_of(4);
             let p = t.place(l, &ex, guess).unwrap();
             for (i, &e) in ex.iter().enumerate() {
-                assert_eq!(t.slot(l, e), Some(p[i].slot()));
+                assert_eq!(t.slot(l, e), p[i].slot());
             }
             consistent(&t);
         }
@@ -502,7 +539,7 @@ mod tests {
         // Fill main with four experts asked once.
         t.place(0, &[0, 1, 2, 3], false).unwrap();
         // Expert 9 misses; main's victims have the same count: probation.
-        let s = t.place(0, &[9], false).unwrap()[0].slot();
+        let s = t.place(0, &[9], false).unwrap()[0].slot().unwrap();
         assert!(!t.main[s]);
         assert_eq!(t.counts().bypassed, 1);
         // Asked again: now wanted more than main's victim, promoted in place.
@@ -533,6 +570,29 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn misses_not_admitted_are_left_on_the_host_up_to_the_share() {
+        let mut t = SlotTable::new(&[0], 32, 8, 2);
+        t.place(0, &[0, 1, 2, 3, 4, 5], false).unwrap();
+        // Main is full of experts asked once; three new misses tie with
+        // the victims (not admitted): two stay on the host, one goes to
+        // probation.
+        let p = t.place_split(0, &[10, 11, 12, 0], false, HostShare::UpTo(2)).unwrap();
+        assert_eq!(p.iter().filter(|p| **p == Place::Host).count(), 2);
+        assert_eq!(p[3], Place::Hit(t.slot(0, 0).unwrap()));
+        assert_eq!(t.counts().on_host, 2);
+        assert_eq!(t.counts().misses, 6 + 3);
+        let host: Vec<u32> = [10, 11, 12].into_iter().filter(|&e| t.slot(0, e).is_none()).collect();
+        assert_eq!(host.len(), 2, "host-computed experts take no slot");
+        // All: every miss, admitted or not; guesses are never left.
+        let p = t.place_split(0, &[20, 21], false, HostShare::All).unwrap();
+        assert_eq!(p, vec![Place::Host, Place::Host]);
+        let g = t.place_split(0, &[22], true, HostShare::All).unwrap();
+        assert!(matches!(g[0], Place::Fill(_)));
+        assert_eq!(t.missing(0, &[0, 20, 22, 23]), 2);
+        consistent(&t);
     }
 
     #[test]

@@ -6,10 +6,12 @@
 pub mod budget;
 pub mod cache;
 mod io;
+pub mod split;
 
 pub use budget::{CacheSize, CacheStats};
 pub use cache::{Place, SlotTable};
 pub use io::{IoMode, Memory, DIRECT_ALIGN};
+pub use split::{HostShare, Hybrid, SplitModel};
 
 use crate::error::{Error, Result};
 use crate::format::packed::{expert_file_name, LayerLayout, Layout, EXPERTS_DIR, LAYOUT_FILE};

@@ -4,7 +4,7 @@
 mod attn;
 mod delta;
 pub mod matmul;
-mod moe;
+pub(crate) mod moe;
 mod qmatvec;
 #[cfg(target_arch = "x86_64")]
 mod simd;

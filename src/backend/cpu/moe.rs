@@ -13,21 +13,22 @@ use crate::experts::ExpertStore;
 use crate::format::MatrixView;
 
 /// The tokens routed to one expert and their weights.
-struct Routed {
-    toks: Vec<usize>,
-    wts: Vec<f32>,
+pub(crate) struct Routed {
+    pub toks: Vec<usize>,
+    pub wts: Vec<f32>,
 }
 
-fn routed_to(e: u32, routes: &Routes, n: usize) -> Routed {
+/// The tokens of `ids`/`weights` (`[n, k]`) routed to expert `e`.
+pub(crate) fn routed_to(e: u32, ids: &[u32], weights: &[f32], n: usize, k: usize) -> Routed {
     let mut r = Routed {
         toks: Vec::new(),
         wts: Vec::new(),
     };
     for t in 0..n {
-        for k in 0..routes.k {
-            if routes.ids[t * routes.k + k] == e {
+        for j in 0..k {
+            if ids[t * k + j] == e {
                 r.toks.push(t);
-                r.wts.push(routes.weights[t * routes.k + k]);
+                r.wts.push(weights[t * k + j]);
             }
         }
     }
@@ -35,7 +36,6 @@ fn routed_to(e: u32, routes: &Routes, n: usize) -> Routed {
 }
 
 pub fn moe(x: &[f32], routes: &Routes, store: &ExpertStore, a: MoeArgs<'_>, out: &mut [f32]) -> Result<()> {
-    let (h, inter) = (a.hidden, a.inter);
     let mut ids: Vec<u32> = routes.ids.clone();
     ids.sort_unstable();
     ids.dedup();
@@ -50,11 +50,37 @@ pub fn moe(x: &[f32], routes: &Routes, store: &ExpertStore, a: MoeArgs<'_>, out:
         .iter()
         .map(|b| layout.matrices(b, store.group_size()))
         .collect::<Result<_>>()?;
-    let routed: Vec<Routed> = ids.iter().map(|&e| routed_to(e, routes, a.n)).collect();
+    let routed: Vec<Routed> = ids
+        .iter()
+        .map(|&e| routed_to(e, &routes.ids, &routes.weights, a.n, routes.k))
+        .collect();
+    apply(x, a.n, a.hidden, a.inter, &mats, &routed, out)
+}
+
+/// `out[t] += Σ w · expert(x[t])` over the experts `mats` and the tokens
+/// `routed` to each (x `[n, hidden]`).
+pub(crate) fn apply(
+    x: &[f32],
+    n: usize,
+    h: usize,
+    inter: usize,
+    mats: &[[MatrixView; 3]],
+    routed: &[Routed],
+    out: &mut [f32],
+) -> Result<()> {
+    if mats.len() != routed.len() || x.len() < n * h || out.len() < n * h {
+        return Err(Error::Invalid(format!(
+            "moe: {} experts with {} token lists, x of {} and out of {} for {n} tokens of {h}",
+            mats.len(),
+            routed.len(),
+            x.len(),
+            out.len()
+        )));
+    }
     // Each expert's input rows [m, hidden]: x itself for one token.
     let xs: Vec<Vec<f32>> = routed
         .iter()
-        .map(|r| match a.n {
+        .map(|r| match n {
             1 => Vec::new(),
             _ => r
                 .toks
@@ -64,7 +90,7 @@ pub fn moe(x: &[f32], routes: &Routes, store: &ExpertStore, a: MoeArgs<'_>, out:
         })
         .collect();
     let input = |i: usize| -> &[f32] {
-        match a.n {
+        match n {
             1 => x,
             _ => &xs[i],
         }
@@ -72,7 +98,7 @@ pub fn moe(x: &[f32], routes: &Routes, store: &ExpertStore, a: MoeArgs<'_>, out:
     // [m, inter] each.
     let mut g: Vec<Vec<f32>> = routed.iter().map(|r| vec![0.0; r.toks.len() * inter]).collect();
     let mut u: Vec<Vec<f32>> = routed.iter().map(|r| vec![0.0; r.toks.len() * inter]).collect();
-    let mut ps: Vec<Product> = Vec::with_capacity(2 * ids.len());
+    let mut ps: Vec<Product> = Vec::with_capacity(2 * mats.len());
     for (i, (gi, ui)) in g.iter_mut().zip(u.iter_mut()).enumerate() {
         let m = routed[i].toks.len();
         let [gate, up, _] = &mats[i];

@@ -13,7 +13,8 @@ use super::hostmap::{self, HostMap};
 use crate::error::{Error, Result};
 pub(crate) use crate::experts::budget::SlotBudget;
 pub use crate::experts::budget::{CacheSize, CacheStats};
-use crate::experts::{ExpertStore, Place, SlotTable};
+use crate::experts::{ExpertStore, HostShare, Place, SlotTable, SplitModel};
+use crate::format::Region;
 use cudarc::driver::sys;
 use rayon::prelude::*;
 use std::collections::VecDeque;
@@ -26,6 +27,8 @@ use std::time::Instant;
 struct Counters {
     bytes: AtomicU64,
     stall_ns: AtomicU64,
+    /// Bytes of experts computed on the CPU from host memory.
+    host_bytes: AtomicU64,
 }
 
 /// Experts per wave of copies; two waves of staging buffers alternate, so
@@ -77,6 +80,8 @@ pub(crate) struct ExpertCache {
     host: Option<Vec<Option<HostMap>>>,
     st: Mutex<State>,
     c: Counters,
+    /// How misses are split between copies and the CPU (none: all copied).
+    split: Mutex<Option<SplitModel>>,
 }
 
 fn lock_err() -> Error {
@@ -156,6 +161,7 @@ impl ExpertCache {
             host,
             st: Mutex::new(st),
             c: Counters::default(),
+            split: Mutex::new(None),
         };
         // The pool is allocated in stream order; the copy stream may use it
         // only once that allocation is done.
@@ -214,6 +220,8 @@ impl ExpertCache {
             prefetched: t.prefetched,
             prefetch_hits: t.prefetch_hits,
             bytes_copied: l(&self.c.bytes),
+            on_host: t.on_host,
+            bytes_on_host: l(&self.c.host_bytes),
             stall_ns: l(&self.c.stall_ns),
             slots: self.n_slots as u64,
             resident: self.resident,
@@ -224,8 +232,24 @@ impl ExpertCache {
     /// missing ones; the compute stream is made to wait for the copies.
     /// At most [`ExpertCache::n_slots`] experts per call.
     pub fn fetch(&self, store: &ExpertStore, layer: usize, experts: &[u32]) -> Result<Vec<u64>> {
+        let addrs = self.fetch_split(store, layer, experts, HostShare::Nothing)?;
+        addrs
+            .into_iter()
+            .map(|a| a.ok_or_else(|| Error::Invalid("an expert was left on the host unasked".into())))
+            .collect()
+    }
+
+    /// [`ExpertCache::fetch`], leaving up to `host` of the misses where
+    /// they are (`None`: the caller computes them on the CPU).
+    pub fn fetch_split(
+        &self,
+        store: &ExpertStore,
+        layer: usize,
+        experts: &[u32],
+        host: HostShare,
+    ) -> Result<Vec<Option<u64>>> {
         let mut st = self.st.lock().map_err(|_| lock_err())?;
-        let addrs = self.lookup(&mut st, store, layer, experts, false)?;
+        let addrs = self.lookup(&mut st, store, layer, experts, false, host)?;
         if st.pending {
             st.copied.record(self.gpu.copy)?;
             st.copied.wait_on(self.gpu.stream)?;
@@ -271,7 +295,7 @@ impl ExpertCache {
         }
         let mut st = self.st.lock().map_err(|_| lock_err())?;
         if let Some((next, want)) = st.table.predict(layer, experts) {
-            self.lookup(&mut st, store, next, &want, true)?;
+            self.lookup(&mut st, store, next, &want, true, HostShare::Nothing)?;
         }
         Ok(())
     }
@@ -288,8 +312,55 @@ impl ExpertCache {
         if !self.prefetch || self.resident || !st.table.guess_fits(want.len()) {
             return Ok(());
         }
-        self.lookup(&mut st, store, layer, &want, true)?;
+        self.lookup(&mut st, store, layer, &want, true, HostShare::Nothing)?;
         Ok(())
+    }
+
+    /// Let the CPU compute misses, split by `m` (not when resident).
+    pub fn set_split(&self, m: SplitModel) -> Result<()> {
+        *self.split.lock().map_err(|_| lock_err())? = (!self.resident).then_some(m);
+        Ok(())
+    }
+
+    /// The split model, when the CPU may compute misses.
+    pub fn split(&self) -> Option<SplitModel> {
+        self.split.lock().ok().and_then(|m| *m)
+    }
+
+    /// How many of `experts` of `layer` (experts of `bytes`, `tokens`
+    /// tokens each on average) the CPU should compute.
+    pub fn host_share(&self, layer: usize, experts: &[u32], bytes: u64, tokens: usize) -> Result<HostShare> {
+        let Some(m) = self.split() else {
+            return Ok(HostShare::Nothing);
+        };
+        let st = self.st.lock().map_err(|_| lock_err())?;
+        Ok(m.host_share(st.table.missing(layer, experts), bytes, tokens))
+    }
+
+    /// A CPU step computed `c` experts of `bytes` for `tokens` tokens each
+    /// in `secs`.
+    pub fn observe_host(&self, c: usize, bytes: u64, tokens: usize, secs: f64) -> Result<()> {
+        self.c.host_bytes.fetch_add(c as u64 * bytes, Ordering::Relaxed);
+        if let Some(m) = self.split.lock().map_err(|_| lock_err())?.as_mut() {
+            m.observe(c, bytes, tokens, secs);
+        }
+        Ok(())
+    }
+
+    /// The bytes of `experts` of `layer` for the CPU: in place where the
+    /// file is mapped for the driver, read from the store otherwise.
+    pub fn host_regions(&self, store: &ExpertStore, layer: usize, experts: &[u32]) -> Result<Vec<Region>> {
+        let size = store.layer_layout(layer)?.expert_size;
+        if let Some(m) = self.host.as_ref().and_then(|h| h.get(layer)).and_then(|m| m.as_ref()) {
+            return experts
+                .iter()
+                .map(|&e| {
+                    m.region(e as usize * size, size)
+                        .ok_or_else(|| Error::Invalid(format!("expert {e} of layer {layer} lies past its mapped file")))
+                })
+                .collect();
+        }
+        store.read(layer, experts)
     }
 
     /// Whether copies ahead of need are allowed (and useful: not resident).
@@ -311,7 +382,7 @@ impl ExpertCache {
         let mut st = self.st.lock().map_err(|_| lock_err())?;
         if let Some(next) = st.table.next_layer_for_all(layer, n, k) {
             let all: Vec<u32> = (0..self.n_experts as u32).collect();
-            self.lookup(&mut st, store, next, &all, true)?;
+            self.lookup(&mut st, store, next, &all, true, HostShare::Nothing)?;
         }
         Ok(())
     }
@@ -324,15 +395,16 @@ impl ExpertCache {
         layer: usize,
         experts: &[u32],
         prefetch: bool,
-    ) -> Result<Vec<u64>> {
-        let places = st.table.place(layer, experts, prefetch)?;
-        let addrs = places.iter().map(|p| self.addr(p.slot())).collect();
+        host: HostShare,
+    ) -> Result<Vec<Option<u64>>> {
+        let places = st.table.place_split(layer, experts, prefetch, host)?;
+        let addrs = places.iter().map(|p| p.slot().map(|s| self.addr(s))).collect();
         let jobs: Vec<(u32, usize)> = experts
             .iter()
             .zip(&places)
             .filter_map(|(&e, p)| match p {
                 Place::Fill(s) => Some((e, *s)),
-                Place::Hit(_) => None,
+                Place::Hit(_) | Place::Host => None,
             })
             .collect();
         if jobs.is_empty() {

@@ -417,6 +417,20 @@ impl Gpu {
         self.sync()
     }
 
+    /// Several device ranges to the host with one wait for the stream.
+    pub fn dtoh_many(&self, parts: &mut [(&mut [u8], u64)]) -> Result<()> {
+        self.flush()?;
+        for (dst, src) in parts.iter_mut() {
+            if dst.is_empty() {
+                continue;
+            }
+            // SAFETY: as in `dtoh`; every `dst` outlives the sync below.
+            unsafe { sys::cuMemcpyDtoHAsync_v2(dst.as_mut_ptr() as *mut c_void, *src, dst.len(), self.stream) }
+                .check("copy to the host")?;
+        }
+        self.sync()
+    }
+
     pub fn dtod(&self, dst: u64, src: u64, bytes: usize) -> Result<()> {
         if bytes == 0 {
             return Ok(());

@@ -7,13 +7,14 @@
 use super::driver::{Check, Gpu};
 use crate::error::{Error, Result};
 use crate::experts::ExpertStore;
+use crate::format::Region;
 use cudarc::driver::sys;
 use memmap2::Mmap;
 use std::path::Path;
 use std::sync::Arc;
 
 pub(crate) struct HostMap {
-    map: Mmap,
+    map: Arc<Mmap>,
     gpu: Arc<Gpu>,
 }
 
@@ -33,7 +34,15 @@ impl HostMap {
         // SAFETY: the mapping lives as long as `self`, which unregisters it.
         unsafe { sys::cuMemHostRegister_v2(map.as_ptr() as *mut std::ffi::c_void, map.len(), flags) }
             .check(&format!("registering {} with the driver", path.display()))?;
-        Ok(HostMap { map, gpu: gpu.clone() })
+        Ok(HostMap {
+            map: Arc::new(map),
+            gpu: gpu.clone(),
+        })
+    }
+
+    /// Bytes `[off, off + len)` of the file, for the CPU to read in place.
+    pub fn region(&self, off: usize, len: usize) -> Option<Region> {
+        (off.checked_add(len)? <= self.map.len()).then(|| Region::new(self.map.clone(), off, len))
     }
 
     /// The address of byte `off` of the file.

@@ -13,6 +13,7 @@ mod driver;
 mod functions;
 mod graph;
 mod hostmap;
+mod hybrid;
 mod matrix;
 mod moe;
 mod ops;
@@ -26,7 +27,7 @@ pub use probe::LaunchCost;
 
 use super::{AttnArgs, Backend, DeltaArgs, DeltaState, DeltaWeights, MlaArgs, MoeArgs, MoeInputs, RopeArgs, Strided};
 use crate::error::{Error, Result};
-use crate::experts::ExpertStore;
+use crate::experts::{ExpertStore, Hybrid, SplitModel};
 use crate::format::packed::{Layout, Manifest};
 use crate::format::MatrixView;
 use crate::notify::Notifier;
@@ -56,6 +57,8 @@ pub struct CacheReport {
     /// active experts), which was used instead.
     pub minimum: bool,
     pub load_s: f64,
+    /// How misses are split between copies and the CPU (streaming only).
+    pub split: Option<SplitModel>,
 }
 
 /// How [`CudaBackend::attach_experts`] sizes and runs the expert cache.
@@ -66,6 +69,8 @@ pub struct CacheRequest {
     pub prefetch: bool,
     /// The smallest working set in experts: the active experts of one layer.
     pub min_slots: usize,
+    /// Who computes the misses (`experts::split`).
+    pub hybrid: Hybrid,
 }
 
 /// Device memory left free besides the expert cache (activations, KV
@@ -204,6 +209,7 @@ impl CudaBackend {
                 resident: true,
                 minimum: false,
                 load_s: 0.0,
+                split: None,
             });
         }
         let slot = (largest.div_ceil(256) * 256) as u64;
@@ -221,6 +227,17 @@ impl CudaBackend {
         // launch's worth (experts::cache measures the choice).
         let probation = (slots / 8).min((2 * req.min_slots).max(moe::STREAM_CHUNK));
         let cache = ExpertCache::new(&self.gpu, store, moe_layers, slots, probation, req.prefetch)?;
+        let load_s = t0.elapsed().as_secs_f64();
+        let split = match (cache.resident(), req.hybrid, moe_layers.first()) {
+            (false, Hybrid::Auto | Hybrid::Cpu, Some(&l)) => {
+                let m = hybrid::measure(req.hybrid, &cache, store, l, || {
+                    self.pinned_copy_bandwidth().map(|g| g * 1e9)
+                })?;
+                cache.set_split(m)?;
+                Some(m)
+            }
+            _ => None,
+        };
         let report = CacheReport {
             budget_bytes: slots as u64 * slot,
             expert_bytes,
@@ -228,7 +245,8 @@ impl CudaBackend {
             experts,
             resident: cache.resident(),
             minimum,
-            load_s: t0.elapsed().as_secs_f64(),
+            load_s,
+            split,
         };
         self.cache
             .set(cache)

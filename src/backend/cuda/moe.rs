@@ -12,11 +12,13 @@
 use super::buf::{CudaBuf, DevMem};
 use super::cache::ExpertCache;
 use super::driver::Gpu;
+use super::hybrid::{self, HostStep, HYBRID_TOKENS};
 use super::matrix::{group_shift, Format, F16_SCALES, MAX_GRID_Y};
 use crate::backend::{MoeArgs, MoeInputs};
 use crate::config::Routing;
 use crate::cuda_args;
 use crate::error::{Error, Result};
+use crate::experts::HostShare;
 use crate::format::packed::LayerLayout;
 use crate::format::Dtype;
 use std::collections::BTreeMap;
@@ -359,7 +361,7 @@ pub(crate) fn moe(gpu: &Arc<Gpu>, cache: Option<&ExpertCache>, io: MoeIo, a: Moe
         }
         _ => {
             let d = CudaBuf::zeroed(gpu, n * k * a.hidden)?; // [pairs, hidden]
-            grouped(gpu, cache, &io, el, &ids, hint.map(|h| h.0), &h, &d, &a)?;
+            let cpu_part = grouped(gpu, cache, &io, el, &ids, &wts, hint.map(|h| h.0), &h, &d, &a)?;
             let (dp, wp, nn) = (d.read(gpu)?, wts.read(gpu)?, n as i32);
             let grid = ((n * a.hidden).div_ceil(256).clamp(1, 8192) as u32, 1, 1);
             gpu.launch(
@@ -368,13 +370,19 @@ pub(crate) fn moe(gpu: &Arc<Gpu>, cache: Option<&ExpertCache>, io: MoeIo, a: Moe
                 256,
                 0,
                 cuda_args![op, dp, wp, nn, kk, hid, assign],
-            )
+            )?;
+            match cpu_part {
+                Some(p) => super::ops::add(gpu, out, &p, n * a.hidden),
+                None => Ok(()),
+            }
         }
     }
 }
 
 /// The host-grouped path: download the ids, fetch the experts (in chunks
-/// that fit the cache), launch per chunk.
+/// that fit the cache), launch per chunk. With a split model, the misses
+/// of a short step are shared with the CPU; its weighted sum `[n, hidden]`
+/// is returned, to be added to the output.
 #[allow(clippy::too_many_arguments)]
 fn grouped(
     gpu: &Arc<Gpu>,
@@ -382,15 +390,28 @@ fn grouped(
     io: &MoeIo,
     el: ELayout,
     ids: &DevMem,
+    wts: &CudaBuf,
     hint: Option<usize>,
     h: &CudaBuf,
     d: &CudaBuf,
     a: &MoeArgs,
-) -> Result<()> {
+) -> Result<Option<CudaBuf>> {
     let (n, k) = (a.n, a.k);
-    // The ids of the n tokens, then (with a hint) the next layer's guess.
+    let split = cache.filter(|c| n <= HYBRID_TOKENS && c.split().is_some());
+    // The ids of the n tokens, then (with a hint) the next layer's guess;
+    // for a split, the weights and the activations in the same wait.
     let mut host = vec![0u32; (n + hint.is_some() as usize) * k];
-    gpu.dtoh(bytemuck::cast_slice_mut(&mut host), ids.ptr())?;
+    let mut wh = vec![0f32; if split.is_some() { n * k } else { 0 }];
+    let mut xh = vec![0f32; if split.is_some() { n * a.hidden } else { 0 }];
+    let (wp, xp) = match split {
+        Some(_) => (wts.read(gpu)?, io.x.read(gpu)?),
+        None => (0, 0),
+    };
+    gpu.dtoh_many(&mut [
+        (bytemuck::cast_slice_mut(&mut host), ids.ptr()),
+        (bytemuck::cast_slice_mut(&mut wh), wp),
+        (bytemuck::cast_slice_mut(&mut xh), xp),
+    ])?;
     let by = group_pairs(&host[..n * k], a.n_experts)?;
     let experts: Vec<u32> = by.keys().copied().collect();
     // Without the model's cache (a store it does not hold), a cache just
@@ -408,8 +429,7 @@ fn grouped(
     } else {
         STREAM_CHUNK.min(cache.n_slots())
     };
-    for chunk in experts.chunks(per_launch) {
-        let addrs = cache.fetch(io.store, a.layer, chunk)?;
+    let launch = |chunk: &[u32], addrs: &[u64]| -> Result<()> {
         let groups = chunk.len();
         let mut starts = Vec::with_capacity(groups);
         let mut counts = Vec::with_capacity(groups);
@@ -422,7 +442,7 @@ fn grouped(
         }
         // One upload: [ptrs u64 × G][starts i32 × G][counts i32 × G][pairs i32 × P].
         let mut desc: Vec<u8> = Vec::with_capacity(16 * groups + 4 * pairs.len());
-        desc.extend_from_slice(bytemuck::cast_slice(&addrs));
+        desc.extend_from_slice(bytemuck::cast_slice(addrs));
         desc.extend_from_slice(bytemuck::cast_slice(&starts));
         desc.extend_from_slice(bytemuck::cast_slice(&counts));
         desc.extend_from_slice(bytemuck::cast_slice(&pairs));
@@ -436,7 +456,53 @@ fn grouped(
             pairs: base + 16 * groups as u64,
         };
         run_experts(gpu, el, io.x, h, d, &g, a)?;
-        cache.release(a.layer, chunk)?;
+        cache.release(a.layer, chunk)
+    };
+    let mut cpu_part = None;
+    let share = match split {
+        Some(c) if experts.len() <= per_launch => {
+            let bytes = io.store.layer_layout(a.layer)?.expert_size as u64;
+            c.host_share(a.layer, &experts, bytes, (n * k).div_ceil(experts.len().max(1)))?
+        }
+        _ => HostShare::Nothing,
+    };
+    if share == HostShare::Nothing {
+        for chunk in experts.chunks(per_launch) {
+            let addrs = cache.fetch(io.store, a.layer, chunk)?;
+            launch(chunk, &addrs)?;
+        }
+    } else {
+        let addrs = cache.fetch_split(io.store, a.layer, &experts, share)?;
+        let (mut on_gpu, mut gpu_addrs, mut on_host) = (Vec::new(), Vec::new(), Vec::new());
+        for (&e, addr) in experts.iter().zip(&addrs) {
+            match addr {
+                Some(p) => {
+                    on_gpu.push(e);
+                    gpu_addrs.push(*p);
+                }
+                None => on_host.push(e),
+            }
+        }
+        let gpu_part = || match on_gpu.is_empty() {
+            true => Ok(()),
+            false => launch(&on_gpu, &gpu_addrs),
+        };
+        if on_host.is_empty() {
+            gpu_part()?;
+        } else {
+            let step = HostStep {
+                ids: &host[..n * k],
+                weights: &wh,
+                x: &xh,
+                n,
+                k,
+                hidden: a.hidden,
+                inter: a.inter,
+            };
+            cpu_part = Some(hybrid::with_cpu_part(
+                gpu, cache, io.store, a.layer, &on_host, &step, gpu_part,
+            )?);
+        }
     }
     if n == 1 {
         cache.predict(io.store, a.layer, &experts)?;
@@ -446,5 +512,5 @@ fn grouped(
     } else {
         cache.prefetch_next_layer(io.store, a.layer, n, k)?;
     }
-    Ok(())
+    Ok(cpu_part)
 }

@@ -1,0 +1,121 @@
+//! Misses computed on the CPU while the GPU copies and computes the
+//! others (`--hybrid`; the split is `experts::split`'s). For a one-token
+//! step: the token's activations come back with its expert ids (one
+//! sync), the CPU computes the experts left on the host straight from the
+//! page cache (the registered mapping, or reads), the GPU runs the rest
+//! meanwhile, and the CPU's weighted sum is added to the output on the
+//! device after the GPU's.
+
+use super::buf::CudaBuf;
+use super::cache::ExpertCache;
+use super::driver::Gpu;
+use crate::backend::cpu::moe::{apply, routed_to, Routed};
+use crate::error::{Error, Result};
+use crate::experts::{ExpertStore, Hybrid, SplitModel};
+use crate::format::MatrixView;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Tokens up to which a step may split its misses (decode and speculative
+/// steps; longer prefill chunks reuse each copied expert across tokens).
+pub(crate) const HYBRID_TOKENS: usize = 4;
+
+/// What the CPU is given of one step: the host copies of the routing and
+/// of the activations `[n, hidden]`.
+pub(crate) struct HostStep<'a> {
+    pub ids: &'a [u32],
+    pub weights: &'a [f32],
+    pub x: &'a [f32],
+    pub n: usize,
+    pub k: usize,
+    pub hidden: usize,
+    pub inter: usize,
+}
+
+/// The matrices of `experts` of `layer`, from host memory.
+fn host_mats(cache: &ExpertCache, store: &ExpertStore, layer: usize, experts: &[u32]) -> Result<Vec<[MatrixView; 3]>> {
+    let layout = store.layer_layout(layer)?;
+    cache
+        .host_regions(store, layer, experts)?
+        .iter()
+        .map(|r| layout.matrices(r, store.group_size()))
+        .collect()
+}
+
+/// Run `gpu_part` on this thread while the CPU computes the weighted sum
+/// of `experts` for the tokens of `s`; the CPU's sum `[n, hidden]` is
+/// returned on the device, to be added to the step's output.
+pub(crate) fn with_cpu_part(
+    gpu: &Arc<Gpu>,
+    cache: &ExpertCache,
+    store: &ExpertStore,
+    layer: usize,
+    experts: &[u32],
+    s: &HostStep,
+    gpu_part: impl FnOnce() -> Result<()>,
+) -> Result<CudaBuf> {
+    let mats = host_mats(cache, store, layer, experts)?;
+    let routed: Vec<Routed> = experts
+        .iter()
+        .map(|&e| routed_to(e, s.ids, s.weights, s.n, s.k))
+        .collect();
+    let mut sum = vec![0f32; s.n * s.hidden];
+    let mut cpu: Result<f64> = Ok(0.0);
+    let mut on_gpu: Result<()> = Ok(());
+    rayon::in_place_scope(|sc| {
+        sc.spawn(|_| {
+            let t0 = Instant::now();
+            cpu = apply(s.x, s.n, s.hidden, s.inter, &mats, &routed, &mut sum).map(|_| t0.elapsed().as_secs_f64());
+        });
+        on_gpu = gpu.bind().and_then(|_| gpu_part());
+    });
+    on_gpu?;
+    let secs = cpu?;
+    let pairs: usize = routed.iter().map(|r| r.toks.len()).sum();
+    let bytes = store.layer_layout(layer)?.expert_size as u64;
+    cache.observe_host(experts.len(), bytes, pairs.div_ceil(experts.len().max(1)), secs)?;
+    CudaBuf::from_host(gpu, &sum)
+}
+
+/// The split model for a cache that streams: the copy rate `copy_bps`
+/// measured by the caller and the CPU timed here on one and on four
+/// experts of `layer` (best of three each, after a first touch that pages
+/// them in). `Cpu` and `Off` need no timing.
+pub(crate) fn measure(
+    mode: Hybrid,
+    cache: &ExpertCache,
+    store: &ExpertStore,
+    layer: usize,
+    copy_bps: impl FnOnce() -> Result<f64>,
+) -> Result<SplitModel> {
+    if mode != Hybrid::Auto {
+        return Ok(SplitModel::new(mode, 1.0, 1, 0.0, 0.0));
+    }
+    let n = store.num_experts().min(4);
+    let ids: Vec<u32> = (0..n as u32).collect();
+    let mats = host_mats(cache, store, layer, &ids)?;
+    let (hidden, inter) = match mats.first() {
+        Some([gate, _, _]) => (gate.cols, gate.rows),
+        None => return Err(Error::Invalid(format!("layer {layer} has no experts to time"))),
+    };
+    let x = vec![0.01f32; hidden];
+    let time = |c: usize| -> Result<f64> {
+        let routed: Vec<Routed> = (0..c)
+            .map(|_| Routed {
+                toks: vec![0],
+                wts: vec![1.0],
+            })
+            .collect();
+        let mut best = f64::MAX;
+        for _ in 0..4 {
+            let mut out = vec![0f32; hidden];
+            let t0 = Instant::now();
+            apply(&x, 1, hidden, inter, &mats[..c], &routed, &mut out)?;
+            best = best.min(t0.elapsed().as_secs_f64());
+        }
+        Ok(best)
+    };
+    let (one, four) = (time(1)?, time(n)? * 4.0 / n as f64);
+    let bytes = store.layer_layout(layer)?.expert_size as u64;
+    Ok(SplitModel::new(mode, copy_bps()?, bytes, one, four))
+}

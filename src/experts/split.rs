@@ -1,0 +1,209 @@
+//! Where a step's expert misses are computed: copied to the device and
+//! computed there, or computed on the CPU straight from host memory (the
+//! page cache) while the copies of the others run — both at once, so that
+//! neither PCIe nor the CPU alone sets the floor. The split comes from a
+//! cost model: the copy rate measured at start, the CPU's cost per expert
+//! (a fixed part and a part per byte) measured at start and corrected by
+//! every CPU step that follows.
+
+use crate::error::{Error, Result};
+
+/// `--hybrid`: who computes the experts that are not on the device.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Hybrid {
+    /// Split by the cost model.
+    #[default]
+    Auto,
+    /// Copy every miss (the device computes everything).
+    Off,
+    /// Compute every miss on the CPU (for testing and comparison).
+    Cpu,
+}
+
+impl Hybrid {
+    pub fn name(self) -> &'static str {
+        match self {
+            Hybrid::Auto => "auto",
+            Hybrid::Off => "off",
+            Hybrid::Cpu => "cpu",
+        }
+    }
+}
+
+impl std::fmt::Display for Hybrid {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for Hybrid {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Hybrid> {
+        match s.to_ascii_lowercase().as_str() {
+            "auto" => Ok(Hybrid::Auto),
+            "off" => Ok(Hybrid::Off),
+            "cpu" => Ok(Hybrid::Cpu),
+            _ => Err(Error::Invalid(format!(
+                "unknown --hybrid `{s}`; expected auto, off or cpu"
+            ))),
+        }
+    }
+}
+
+/// How many misses of one call may be computed where they are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HostShare {
+    /// None: every miss is copied.
+    Nothing,
+    /// Up to this many (those not admitted to the cache first).
+    UpTo(usize),
+    /// Every miss.
+    All,
+}
+
+/// The costs the split weighs, in seconds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SplitModel {
+    pub mode: Hybrid,
+    /// Copying one byte to the device.
+    pub copy_s_per_byte: f64,
+    /// The CPU computing one byte of expert for one token.
+    pub cpu_s_per_byte: f64,
+    /// The CPU's fixed cost of a step (waking threads, moving the
+    /// activations and the result).
+    pub cpu_fixed_s: f64,
+    /// CPU steps observed since start.
+    pub observed: u64,
+}
+
+/// How much of the old estimate each observation keeps.
+const KEEP: f64 = 0.9;
+
+impl SplitModel {
+    /// From the copy rate (bytes/s) and two timings of the CPU at start:
+    /// `one` second(s) for one expert of `bytes`, `four` for four.
+    pub fn new(mode: Hybrid, copy_bps: f64, bytes: u64, one: f64, four: f64) -> SplitModel {
+        let b = bytes.max(1) as f64;
+        let per = ((four - one) / 3.0).max(one / 4.0).max(1e-9);
+        SplitModel {
+            mode,
+            copy_s_per_byte: 1.0 / copy_bps.max(1.0),
+            cpu_s_per_byte: per / b,
+            cpu_fixed_s: (one - per).max(0.0),
+            observed: 0,
+        }
+    }
+
+    /// One line for the run's summary.
+    pub fn describe(&self) -> String {
+        match self.mode {
+            Hybrid::Off => "hybrid: off (every miss copied to the device)".into(),
+            Hybrid::Cpu => "hybrid: cpu (every miss computed on the CPU from host memory)".into(),
+            Hybrid::Auto => format!(
+                "hybrid: misses split between copies ({:.1} GB/s) and the CPU ({:.1} GB/s + {:.0} µs a step)",
+                1e-9 / self.copy_s_per_byte,
+                1e-9 / self.cpu_s_per_byte,
+                self.cpu_fixed_s * 1e6
+            ),
+        }
+    }
+
+    /// Predicted seconds for the CPU to compute `c` experts of `bytes`
+    /// for `tokens` tokens each.
+    pub fn cpu_s(&self, c: usize, bytes: u64, tokens: usize) -> f64 {
+        if c == 0 {
+            return 0.0;
+        }
+        self.cpu_fixed_s + (c * tokens.max(1)) as f64 * bytes as f64 * self.cpu_s_per_byte
+    }
+
+    /// Predicted seconds to copy `g` experts of `bytes`.
+    pub fn copy_s(&self, g: usize, bytes: u64) -> f64 {
+        g as f64 * bytes as f64 * self.copy_s_per_byte
+    }
+
+    /// How many of `misses` experts of `bytes` (each routed to `tokens`
+    /// tokens on average) the CPU should compute so that the copies of
+    /// the rest and the CPU finish soonest.
+    pub fn host_share(&self, misses: usize, bytes: u64, tokens: usize) -> HostShare {
+        match self.mode {
+            Hybrid::Off => return HostShare::Nothing,
+            Hybrid::Cpu => return HostShare::All,
+            Hybrid::Auto => {}
+        }
+        let cost = |c: usize| self.copy_s(misses - c, bytes).max(self.cpu_s(c, bytes, tokens));
+        let best = (0..=misses).min_by(|&a, &b| cost(a).total_cmp(&cost(b))).unwrap_or(0);
+        match best {
+            0 => HostShare::Nothing,
+            c => HostShare::UpTo(c),
+        }
+    }
+
+    /// A CPU step computed `c` experts of `bytes` for `tokens` tokens each
+    /// in `secs`: move the per-byte cost toward what it showed.
+    pub fn observe(&mut self, c: usize, bytes: u64, tokens: usize, secs: f64) {
+        let work = (c * tokens.max(1)) as f64 * bytes as f64;
+        if work <= 0.0 || !secs.is_finite() {
+            return;
+        }
+        let per = ((secs - self.cpu_fixed_s).max(secs / 4.0) / work).max(1e-15);
+        self.cpu_s_per_byte = KEEP * self.cpu_s_per_byte + (1.0 - KEEP) * per;
+        self.observed += 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MB: u64 = 1 << 20;
+
+    #[test]
+    fn modes_parse_and_force_the_extremes() {
+        assert_eq!("AUTO".parse::<Hybrid>().unwrap(), Hybrid::Auto);
+        assert_eq!("off".parse::<Hybrid>().unwrap(), Hybrid::Off);
+        assert_eq!("cpu".parse::<Hybrid>().unwrap(), Hybrid::Cpu);
+        assert!("gpu"
+            .parse::<Hybrid>()
+            .unwrap_err()
+            .to_string()
+            .contains("auto, off or cpu"));
+        let m = |mode| SplitModel::new(mode, 50e9, 2 * MB, 1e-4, 2e-4);
+        assert_eq!(m(Hybrid::Off).host_share(8, 2 * MB, 1), HostShare::Nothing);
+        assert_eq!(m(Hybrid::Cpu).host_share(8, 2 * MB, 1), HostShare::All);
+    }
+
+    #[test]
+    fn the_split_balances_copy_and_cpu() {
+        // Copies at 50 GB/s, the CPU at 25 GB/s with no fixed cost: the
+        // CPU should take a third of the misses.
+        let bytes = 2 * MB;
+        let per = bytes as f64 / 25e9;
+        let m = SplitModel::new(Hybrid::Auto, 50e9, bytes, per, 4.0 * per);
+        assert!(m.cpu_fixed_s.abs() < 1e-12);
+        assert_eq!(m.host_share(9, bytes, 1), HostShare::UpTo(3));
+        // Prefill-like steps (many tokens per expert) leave it to copies.
+        assert_eq!(m.host_share(9, bytes, 16), HostShare::Nothing);
+        // A fixed cost larger than copying everything: nothing to the CPU.
+        let slow = SplitModel::new(Hybrid::Auto, 50e9, bytes, 1e-3, 1e-3 + 3.0 * per);
+        assert_eq!(slow.host_share(8, bytes, 1), HostShare::Nothing);
+        assert_eq!(m.host_share(0, bytes, 1), HostShare::Nothing);
+    }
+
+    #[test]
+    fn observations_correct_the_cpu_estimate() {
+        let bytes = 2 * MB;
+        let per = bytes as f64 / 25e9;
+        let mut m = SplitModel::new(Hybrid::Auto, 50e9, bytes, per, 4.0 * per);
+        // The CPU turns out four times slower than measured at start.
+        for _ in 0..100 {
+            m.observe(3, bytes, 1, 12.0 * per);
+        }
+        assert!((m.cpu_s_per_byte * bytes as f64 / per - 4.0).abs() < 0.05);
+        assert_eq!(m.host_share(9, bytes, 1), HostShare::UpTo(1));
+        assert_eq!(m.observed, 100);
+        m.observe(0, bytes, 1, 1.0);
+        m.observe(3, bytes, 1, f64::NAN);
+        assert_eq!(m.observed, 100, "empty or broken observations are ignored");
+    }
+}
