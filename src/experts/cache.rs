@@ -53,6 +53,9 @@ pub struct TableCounts {
     pub prefetch_hits: u64,
 }
 
+/// Main slots looked at for the least wanted one when probation grows.
+const COLD_SCAN: usize = 256;
+
 /// The slot table of one cache of `n_slots` slots over `layers × experts`.
 pub struct SlotTable {
     n_experts: usize,
@@ -77,6 +80,61 @@ pub struct SlotTable {
     /// Per layer, the experts of its last one-token step.
     prev: Vec<Vec<u32>>,
     counts: TableCounts,
+    climb: Climb,
+}
+
+/// Hill climbing on the probation size (W-TinyLFU's adaptive window):
+/// routing that repeats recent experts wants a large ring (recency), a
+/// skewed one a large main part (frequency). Every `period` requests the
+/// period's hit rate is compared with the last one's; the size keeps
+/// moving the same way while it improves and turns back when it does not.
+#[derive(Debug, Clone)]
+struct Climb {
+    /// The probation size aimed at.
+    target: usize,
+    step: usize,
+    grow: bool,
+    period: u64,
+    requests: u64,
+    hits: u64,
+    last: Option<f64>,
+    /// Largest probation: every slot but one (none when resident).
+    max: usize,
+}
+
+impl Climb {
+    fn new(n_slots: usize, start: usize, resident: bool) -> Climb {
+        Climb {
+            target: start,
+            step: (n_slots / 16).max(1),
+            grow: true,
+            period: n_slots.max(256) as u64,
+            requests: 0,
+            hits: 0,
+            last: None,
+            max: if resident { 0 } else { n_slots.saturating_sub(1) },
+        }
+    }
+
+    /// Count one request; at the end of a period, move the target.
+    fn count(&mut self, hit: bool) {
+        self.requests += 1;
+        self.hits += hit as u64;
+        if self.requests < self.period {
+            return;
+        }
+        let rate = self.hits as f64 / self.requests as f64;
+        if self.last.is_some_and(|l| rate < l) {
+            self.grow = !self.grow;
+        }
+        self.target = match self.grow {
+            true => (self.target + self.step).min(self.max),
+            false => self.target.saturating_sub(self.step),
+        };
+        self.last = Some(rate);
+        self.requests = 0;
+        self.hits = 0;
+    }
 }
 
 impl SlotTable {
@@ -103,6 +161,28 @@ impl SlotTable {
             moe_layers: moe_layers.to_vec(),
             prev: vec![Vec::new(); n_layers],
             counts: TableCounts::default(),
+            climb: Climb::new(n_slots, p, n_slots >= total),
+        }
+    }
+
+    /// Move slots between main and probation toward the climb's target
+    /// (roles only: what the slots hold stays). Called between calls, when
+    /// no slot is protected.
+    fn resize(&mut self) {
+        let none = vec![false; 0];
+        while self.probation.len() < self.climb.target {
+            // The least wanted of main's next slots joins the ring as its
+            // oldest.
+            let Some(v) = self.coldest_main(&none) else { break };
+            self.main[v] = false;
+            self.referenced[v] = false;
+            self.probation.push_front(v);
+        }
+        while self.probation.len() > self.climb.target {
+            // The ring's oldest joins main, unreferenced.
+            let Some(s) = self.probation.pop_front() else { break };
+            self.main[s] = true;
+            self.referenced[s] = false;
         }
     }
 
@@ -148,11 +228,17 @@ impl SlotTable {
     /// slot without its reference bit (bits cleared on the way), never a
     /// protected one. `None` when no main slot can be taken.
     fn main_victim(&mut self, protect: &[bool]) -> Option<usize> {
+        self.main_victim_from(protect)
+    }
+
+    /// [`SlotTable::main_victim`]; `protect` may be empty (nothing protected).
+    fn main_victim_from(&mut self, protect: &[bool]) -> Option<usize> {
+        let protect = |s: usize| protect.get(s).copied().unwrap_or(false);
         // Two turns clear every bit, so a takeable slot is found if any.
         for _ in 0..2 * self.n_slots {
             let h = self.hand;
             self.hand = (h + 1) % self.n_slots;
-            if !self.main[h] || protect[h] {
+            if !self.main[h] || protect(h) {
                 continue;
             }
             if self.owner[h].is_none() {
@@ -167,10 +253,24 @@ impl SlotTable {
         None
     }
 
-    /// The oldest probation slot this call does not use.
+    /// The oldest probation slot this call does not use — unless what it
+    /// holds is wanted at least as often as main's victim: then it joins
+    /// main in place and main's victim's slot, emptied, is used instead
+    /// (W-TinyLFU: the ring's victim competes with main's).
     fn probation_victim(&mut self, protect: &[bool]) -> Option<usize> {
         let i = self.probation.iter().position(|&s| !protect[s])?;
         let s = self.probation.remove(i)?;
+        if let Some(x) = self.owner[s] {
+            let wanted = |t: &Self, v: usize| t.owner[v].is_none_or(|o| t.freq_of(x) > t.freq_of(o));
+            if let Some(v) = self.main_victim(protect).filter(|&v| wanted(self, v)) {
+                self.evict(v);
+                self.main[v] = false;
+                self.main[s] = true;
+                self.referenced[s] = false;
+                self.probation.push_back(v);
+                return Some(v);
+            }
+        }
         self.probation.push_back(s);
         Some(s)
     }
@@ -181,11 +281,32 @@ impl SlotTable {
         }
     }
 
+    /// Of the next main slots from the hand (at most [`COLD_SCAN`]), not
+    /// protected (`protect` may be empty), an empty one or the one asked
+    /// for least.
+    fn coldest_main(&mut self, protect: &[bool]) -> Option<usize> {
+        let mut best: Option<(u16, usize)> = None;
+        for i in 0..self.n_slots.min(COLD_SCAN) {
+            let s = (self.hand + i) % self.n_slots;
+            if !self.main[s] || protect.get(s).copied().unwrap_or(false) {
+                continue;
+            }
+            let f = match self.owner[s] {
+                None => return Some(s),
+                Some(k) => self.freq_of(k),
+            };
+            if best.is_none_or(|(bf, _)| f < bf) {
+                best = Some((f, s));
+            }
+        }
+        best.map(|(_, s)| s).or_else(|| self.main_victim(protect))
+    }
+
     /// Whether `key` should take main's victim `v` (an empty slot always).
     fn admits(&self, key: (usize, u32), v: usize) -> bool {
         match self.owner[v] {
             None => true,
-            Some(old) => self.freq_of(key) > self.freq_of(old),
+            Some(old) => self.freq_of(key) >= self.freq_of(old),
         }
     }
 
@@ -218,12 +339,16 @@ impl SlotTable {
                 self.n_experts
             )));
         }
+        if !guess {
+            self.resize();
+        }
         let mut out = vec![Place::Hit(0); experts.len()];
         let mut protect = vec![false; self.n_slots];
         let mut misses = Vec::new();
         for (i, &e) in experts.iter().enumerate() {
             if !guess {
                 self.count_request(layer, e);
+                self.climb.count(self.slot(layer, e).is_some());
             }
             match self.slot(layer, e) {
                 Some(s) => {
@@ -250,7 +375,8 @@ impl SlotTable {
             HostShare::UpTo(c) => c,
             HostShare::All => usize::MAX,
         };
-        for i in misses {
+        let n_misses = misses.len();
+        for (j, i) in misses.into_iter().enumerate() {
             let key = (layer, experts[i]);
             if host == HostShare::All && !guess {
                 self.counts.misses += 1;
@@ -260,7 +386,9 @@ impl SlotTable {
             }
             let v = self.main_victim(&protect);
             let admitted = v.is_some_and(|v| self.admits(key, v));
-            if !admitted && host_left > 0 && !guess {
+            // Those not admitted first; admitted ones too when the share
+            // is larger than what is left of the misses.
+            if !guess && host_left > 0 && (!admitted || host_left >= n_misses - j) {
                 host_left -= 1;
                 self.counts.misses += 1;
                 self.counts.on_host += 1;
@@ -373,7 +501,7 @@ mod tests {
     /// `steps` tokens over `layers` layers of `e` experts, `k` per token,
     /// drawn by weight `1/(rank+1)^s` (s = 0: uniform), ranks shuffled per
     /// layer.
-    fn trace(layers: usize, e: usize, k: usize, steps: usize, s: f64, seed: u64) -> Vec<(usize, Vec<u32>)> {
+    fn trace(layers: usize, e: usize, k: usize, steps: usize, s: f64, keep: f64, seed: u64) -> Vec<(usize, Vec<u32>)> {
         let mut rng = SplitMix64::new(seed);
         let perm: Vec<Vec<u32>> = (0..layers)
             .map(|_| {
@@ -386,10 +514,20 @@ mod tests {
             .collect();
         let w: Vec<f64> = (0..e).map(|r| 1.0 / ((r + 1) as f64).powf(s)).collect();
         let sum: f64 = w.iter().sum();
-        let mut out = Vec::new();
-        for _ in 0..steps {
+        let mut out: Vec<(usize, Vec<u32>)> = Vec::new();
+        for step in 0..steps {
             for (l, p) in perm.iter().enumerate() {
                 let mut pick: Vec<u32> = Vec::new();
+                if step > 0 {
+                    // Each of the previous token's experts of this layer is
+                    // kept with probability `keep`.
+                    let prev = out[out.len() - layers].1.clone();
+                    for x in prev {
+                        if ((rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64) < keep {
+                            pick.push(x);
+                        }
+                    }
+                }
                 while pick.len() < k {
                     let mut u = (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64 * sum;
                     let mut r = 0;
@@ -407,11 +545,17 @@ mod tests {
         out
     }
 
+    /// The starting probation size the CUDA cache asks for.
+    fn probation_for(slots: usize, token: usize) -> usize {
+        (slots / 8).min(token.max(32))
+    }
+
     /// The same trace through plain CLOCK (no probation: every miss admitted).
     fn clock_only(layers: usize, e: usize, slots: usize) -> SlotTable {
         let mut t = SlotTable::new(&(0..layers).collect::<Vec<_>>(), e, slots, 0);
         t.window = u64::MAX;
         t.freq.clear();
+        t.climb.max = 0;
         t
     }
 
@@ -462,7 +606,7 @@ mod tests {
     fn the_smallest_cache_serves_every_call() {
         // 0%: as many slots as a call's experts; probation takes them all.
         let mut t = SlotTable::new(&[0, 1, 2], 64, 8, 8);
-        for (l, ex) in trace(3, 64, 8, 50, 0.0, 1) {
+        for (l, ex) in trace(3, 64, 8, 50, 0.0, 0.0, 1) {
             let p = t.place(l, &ex, false).unwrap();
             let mut s: Vec<usize> = p.iter().filter_map(|p| p.slot()).collect();
             s.sort_unstable();
@@ -494,7 +638,7 @@ mod tests {
     #[test]
     fn uniform_routing_hits_about_the_cached_fraction() {
         // 8 layers × 64 experts, 25% of them cached.
-        let tr = trace(8, 64, 8, 400, 0.0, 2);
+        let tr = trace(8, 64, 8, 400, 0.0, 0.0, 2);
         let mut t = SlotTable::new(&(0..8).collect::<Vec<_>>(), 64, 128, 16);
         let r = hit_rate(&mut t, &tr);
         assert!((0.15..0.30).contains(&r), "hit rate {r}");
@@ -504,7 +648,7 @@ mod tests {
     fn skewed_routing_keeps_the_popular_experts() {
         // Zipf-like popularity (s = 1.1), 12.5% cached: admission beats
         // plain CLOCK, which lets every one-off miss evict a popular expert.
-        let tr = trace(8, 128, 8, 600, 1.1, 3);
+        let tr = trace(8, 128, 8, 600, 1.1, 0.0, 3);
         let slots = 8 * 128 / 8;
         let mut t = SlotTable::new(&(0..8).collect::<Vec<_>>(), 128, slots, 16);
         let admitted = hit_rate(&mut t, &tr);
@@ -536,38 +680,49 @@ mod tests {
     #[test]
     fn a_probation_hit_that_is_wanted_is_promoted() {
         let mut t = SlotTable::new(&[0], 32, 6, 2);
-        // Fill main with four experts asked once.
+        // Fill main with four experts asked twice.
         t.place(0, &[0, 1, 2, 3], false).unwrap();
-        // Expert 9 misses; main's victims have the same count: probation.
+        t.place(0, &[0, 1, 2, 3], false).unwrap();
+        // Expert 9 misses; main's victims were asked more: probation.
         let s = t.place(0, &[9], false).unwrap()[0].slot().unwrap();
         assert!(!t.main[s]);
         assert_eq!(t.counts().bypassed, 1);
-        // Asked again: now wanted more than main's victim, promoted in place.
+        // Asked again: now wanted as much as main's victim, promoted in place.
         assert_eq!(t.place(0, &[9], false).unwrap(), vec![Place::Hit(s)]);
         assert!(t.main[s]);
         consistent(&t);
     }
 
     /// Admission against plain CLOCK at 1/16 to 1/2 of the experts cached,
-    /// with probation an eighth of the slots (as the CUDA cache sizes it):
-    /// a little lower under uniform routing (probation slots rarely hit),
-    /// higher under skew. `--nocapture` prints the table.
+    /// on routing uniform or Zipf-skewed, with or without token-to-token
+    /// reuse (`keep`: each of the previous token's experts of a layer kept
+    /// with that probability). `--nocapture` prints the table.
     #[test]
     fn admission_against_clock() {
-        for (s, name) in [(0.0, "uniform"), (0.8, "zipf0.8"), (1.1, "zipf1.1")] {
-            let tr = trace(8, 128, 8, 600, s, 3);
+        for (s, keep, name) in [
+            (0.0, 0.0, "uniform"),
+            (0.0, 0.5, "uniform+keep0.5"),
+            (0.8, 0.0, "zipf0.8"),
+            (1.1, 0.0, "zipf1.1"),
+            (1.1, 0.5, "zipf1.1+keep0.5"),
+        ] {
+            let tr = trace(8, 128, 8, 600, s, keep, 3);
             for frac in [16usize, 8, 4, 2] {
                 let slots = 8 * 128 / frac;
-                let mut t = SlotTable::new(&(0..8).collect::<Vec<_>>(), 128, slots, (slots / 8).min(32));
+                let mut t = SlotTable::new(&(0..8).collect::<Vec<_>>(), 128, slots, probation_for(slots, 8 * 8));
                 let a = hit_rate(&mut t, &tr);
                 let mut c = clock_only(8, 128, slots);
                 let b = hit_rate(&mut c, &tr);
                 eprintln!("{name} 1/{frac}: admission {a:.3} clock {b:.3}");
-                if s == 0.0 {
-                    assert!(a > b - 0.02, "{name} 1/{frac}: {a} vs {b}");
-                } else {
-                    assert!(a > b + 0.03, "{name} 1/{frac}: {a} vs {b}");
-                }
+                // Margins: what the policy gives up on pure recency at
+                // the smallest sizes, and what it must win on skew.
+                let margin = match (s == 0.0, keep > 0.0) {
+                    (true, false) => -0.02,
+                    (true, true) => -0.10,
+                    (false, false) => 0.02,
+                    (false, true) => -0.01,
+                };
+                assert!(a > b + margin, "{name} 1/{frac}: admission {a} vs CLOCK {b}");
             }
         }
     }
@@ -576,9 +731,8 @@ mod tests {
     fn misses_not_admitted_are_left_on_the_host_up_to_the_share() {
         let mut t = SlotTable::new(&[0], 32, 8, 2);
         t.place(0, &[0, 1, 2, 3, 4, 5], false).unwrap();
-        // Main is full of experts asked once; three new misses tie with
-        // the victims (not admitted): two stay on the host, one goes to
-        // probation.
+        // Three misses, a share of two: two stay on the host (those not
+        // admitted first, then admitted ones), one takes a slot.
         let p = t.place_split(0, &[10, 11, 12, 0], false, HostShare::UpTo(2)).unwrap();
         assert_eq!(p.iter().filter(|p| **p == Place::Host).count(), 2);
         assert_eq!(p[3], Place::Hit(t.slot(0, 0).unwrap()));

@@ -96,6 +96,12 @@ for stage in "$@"; do
         done
         ;;
     zero) bench zero --device cuda --expert-cache 0% -p 512 -n 128 -r 3 ;;
+    # The same rows with every miss copied (--hybrid off) or every decode
+    # miss computed on the CPU (--hybrid cpu), for comparison.
+    zero-nohybrid) bench zero-nohybrid --hybrid off --device cuda --expert-cache 0% -p 512 -n 128 -r 3 ;;
+    zero-cpu) bench zero-cpu --hybrid cpu --device cuda --expert-cache 0% -p 0 -n 128 -r 3 ;;
+    quarter-nohybrid) bench quarter-nohybrid --hybrid off --device cuda --expert-cache 25% -p 512 -n 128 -r 3 ;;
+    half-nohybrid) bench half-nohybrid --hybrid off --device cuda --expert-cache 50% -p 512 -n 128 -r 3 ;;
     quarter-nopf) bench quarter-nopf --device cuda --expert-cache 25% --no-prefetch -p 512 -n 128 -r 3 ;;
     cpu) bench cpu --device cpu -p 512 -n 128 -r 3 ;;
     golden-staging)

@@ -490,6 +490,9 @@ fn grouped(
         if on_host.is_empty() {
             gpu_part()?;
         } else {
+            // The rows of the host's pairs stay zero in `d` (the GPU's
+            // launch writes only its own): queue the owed fill now.
+            d.read(gpu)?;
             let step = HostStep {
                 ids: &host[..n * k],
                 weights: &wh,
