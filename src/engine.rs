@@ -156,7 +156,10 @@ fn open_cuda(
     let req = CacheRequest {
         size: opts.expert_cache,
         prefetch: opts.prefetch,
-        min_slots: config.num_experts_per_tok,
+        // One layer's experts, and with prefetch room for the next layer's
+        // guessed ones to be copied while this layer computes (a guess may
+        // take a third of the slots).
+        min_slots: config.num_experts_per_tok * if opts.prefetch { 3 } else { 1 },
         hybrid: opts.hybrid,
     };
     let r = net.b.attach_experts(store, &moe, req)?;
