@@ -225,8 +225,14 @@ impl Model {
             return Err(e);
         }
         if opts.io_mode == IoMode::Auto && device == Device::Cpu {
-            opts.notify
-                .say(&format!("experts: io {} (chosen by --io auto)", store.mode()));
+            let mem = store
+                .memory()
+                .map_or_else(|| "memory unknown".to_string(), |m| m.to_string());
+            opts.notify.say(&format!(
+                "experts: io {} (chosen by --io auto for {} of expert files; {mem})",
+                store.mode(),
+                crate::experts::memory::human_size(store.expert_bytes())
+            ));
         }
         let mut cache = None;
         let engine = match device {

@@ -4,6 +4,7 @@
 mod common;
 
 use common::convert;
+use moeflux::experts::memory::{CgroupLimit, CgroupVersion};
 use moeflux::experts::{ExpertStore, IoMode, Memory};
 use moeflux::format::packed::{expert_file_name, LayerLayout, Layout, EXPERTS_DIR, LAYOUT_FILE};
 use std::collections::BTreeMap;
@@ -107,6 +108,35 @@ fn auto_maps_what_fits_in_half_the_available_memory() {
         assert_eq!(mode.resolve(4 * gb, Some(mem)), mode);
         assert_eq!(mode.resolve(100 * gb, Some(mem)), mode);
     }
+}
+
+#[test]
+fn auto_counts_the_cgroup_limit() {
+    let gb = 1_000_000_000u64;
+    // A 128 GB host, the process in a container limited to 16 GB.
+    let host = Memory::parse("MemTotal: 125000000 kB\nMemAvailable: 120000000 kB\n").unwrap();
+    let limit = CgroupLimit {
+        version: CgroupVersion::V2,
+        limit: 16 * gb,
+        usage: gb,
+        reclaimable: 0,
+    };
+    let mem = host.limited_by(&[limit]);
+    assert_eq!((mem.total, mem.available), (16 * gb, 15 * gb));
+    // 19.3 GB of experts: mapped on the host, over the limit in the container.
+    assert_eq!(IoMode::Auto.resolve(19_300_000_000, Some(host)), IoMode::Mmap);
+    assert_eq!(IoMode::Auto.resolve(19_300_000_000, Some(mem)), IoMode::Direct);
+    assert_eq!(IoMode::Auto.resolve(10 * gb, Some(mem)), IoMode::Pread);
+    assert_eq!(IoMode::Auto.resolve(7 * gb, Some(mem)), IoMode::Mmap);
+    assert_eq!(IoMode::Pread.resolve(7 * gb, Some(mem)), IoMode::Pread);
+    assert_eq!(mem.to_string(), "15.0 GB available under cgroup memory.max 16.0 GB");
+}
+
+#[test]
+fn this_machines_memory_reads() {
+    let mem = Memory::read().expect("/proc/meminfo reads on Linux");
+    assert!(mem.available <= mem.host_available && mem.total <= mem.host_total);
+    assert!(mem.available > 0, "{mem:?}");
 }
 
 #[test]

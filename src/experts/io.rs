@@ -1,6 +1,7 @@
 //! How expert bytes come off the disk: one open layer file, read in one of
 //! three modes (plain `pread`, a shared memory map, or `O_DIRECT`).
 
+use super::Memory;
 use crate::error::{Error, Result};
 use crate::format::{AlignedBytes, Region};
 use memmap2::{Advice, Mmap};
@@ -16,7 +17,7 @@ pub const DIRECT_ALIGN: usize = 4096;
 /// How expert bytes come off the disk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum IoMode {
-    /// Chosen when the store opens ([`IoMode::auto`]): `Mmap` when the
+    /// Chosen when the store opens ([`IoMode::resolve`]): `Mmap` when the
     /// expert files fit in half the available memory, `Direct` when they
     /// are larger than all of it, `Pread` in between.
     #[default]
@@ -42,11 +43,13 @@ impl IoMode {
 
 impl IoMode {
     /// The mode `Auto` stands for when the expert files hold
-    /// `expert_bytes` and the machine has `mem` (`None`: unknown): read
-    /// in place from the page cache (`Mmap`, no copy) when the files fit
-    /// in half the available memory; `Direct` when they are larger than
-    /// the total memory (the page cache could never hold them); `Pread`
-    /// otherwise. Other modes are returned as they are.
+    /// `expert_bytes` and the process may use `mem` (`None`: unknown;
+    /// both the machine's memory and its cgroup limit count, see
+    /// [`Memory`]): read in place from the page cache (`Mmap`, no copy)
+    /// when the files fit in half the available memory; `Direct` when
+    /// they are larger than all the memory the process may hold (the
+    /// page cache could never keep them); `Pread` otherwise. Other modes
+    /// are returned as they are.
     pub fn resolve(self, expert_bytes: u64, mem: Option<Memory>) -> IoMode {
         match (self, mem) {
             (IoMode::Auto, Some(m)) if expert_bytes <= m.available / 2 => IoMode::Mmap,
@@ -54,39 +57,6 @@ impl IoMode {
             (IoMode::Auto, _) => IoMode::Pread,
             (mode, _) => mode,
         }
-    }
-}
-
-/// The machine's memory in bytes (`/proc/meminfo`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Memory {
-    /// `MemTotal`.
-    pub total: u64,
-    /// `MemAvailable`: free memory plus what the page cache can give back.
-    pub available: u64,
-}
-
-impl Memory {
-    /// This machine's, or `None` where `/proc/meminfo` cannot be read.
-    pub fn read() -> Option<Memory> {
-        Memory::parse(&std::fs::read_to_string("/proc/meminfo").ok()?)
-    }
-
-    /// From the text of `/proc/meminfo`.
-    pub fn parse(text: &str) -> Option<Memory> {
-        let kb = |key: &str| -> Option<u64> {
-            let line = text.lines().find(|l| l.starts_with(key))?;
-            line[key.len()..]
-                .split_whitespace()
-                .next()?
-                .parse::<u64>()
-                .ok()?
-                .checked_mul(1024)
-        };
-        Some(Memory {
-            total: kb("MemTotal:")?,
-            available: kb("MemAvailable:")?,
-        })
     }
 }
 

@@ -6,11 +6,13 @@
 pub mod budget;
 pub mod cache;
 mod io;
+pub mod memory;
 pub mod split;
 
 pub use budget::{CacheSize, CacheStats};
 pub use cache::{Place, SlotTable};
-pub use io::{IoMode, Memory, DIRECT_ALIGN};
+pub use io::{IoMode, DIRECT_ALIGN};
+pub use memory::Memory;
 pub use split::{HostShare, Hybrid, SplitModel};
 
 use crate::error::{Error, Result};
@@ -98,6 +100,10 @@ pub struct ExpertStore {
     num_experts: usize,
     group_size: usize,
     mode: IoMode,
+    /// The bytes of all expert files, and the memory `Auto` was resolved
+    /// against.
+    expert_bytes: u64,
+    memory: Option<Memory>,
     pool: rayon::ThreadPool,
     stats: Arc<ExpertStats>,
 }
@@ -123,7 +129,8 @@ pub fn check_layer_file(path: &Path, num_experts: usize, layout: &LayerLayout) -
 impl ExpertStore {
     /// Open `DIR/packed_experts/`, checking each layer file's size against
     /// its layout. `IoMode::Auto` is resolved against the total size of
-    /// the expert files and this machine's memory ([`IoMode::resolve`]).
+    /// the expert files and the memory this process may use, its cgroup
+    /// limit included ([`IoMode::resolve`], [`Memory::read`]).
     /// `IoMode::Direct` on a filesystem that refuses `O_DIRECT` falls back
     /// to `Pread` with a warning; [`ExpertStore::mode`] says which mode is
     /// in use.
@@ -142,7 +149,8 @@ impl ExpertStore {
             .filter_map(|i| layout.layer(i))
             .map(|ll| (ll.expert_size as u64).saturating_mul(layout.num_experts as u64))
             .fold(0, u64::saturating_add);
-        let mut mode = mode.resolve(expert_bytes, Memory::read());
+        let memory = Memory::read();
+        let mut mode = mode.resolve(expert_bytes, memory);
         let mut layers = Vec::with_capacity(num_layers);
         for i in 0..num_layers {
             let Some(ll) = layout.layer(i) else {
@@ -175,6 +183,8 @@ impl ExpertStore {
             num_experts: layout.num_experts,
             group_size: layout.group_size,
             mode,
+            expert_bytes,
+            memory,
             pool,
             stats: Arc::new(ExpertStats::default()),
             layout,
@@ -200,6 +210,15 @@ impl ExpertStore {
     /// The mode reads use (never `Auto`; `Pread` after an `O_DIRECT` fallback).
     pub fn mode(&self) -> IoMode {
         self.mode
+    }
+    /// The bytes of all expert files.
+    pub fn expert_bytes(&self) -> u64 {
+        self.expert_bytes
+    }
+    /// The memory the process could use when the store opened (`None`
+    /// where it could not be read): what `IoMode::Auto` was resolved against.
+    pub fn memory(&self) -> Option<Memory> {
+        self.memory
     }
 
     /// The expert file of `layer` (device caches map it to copy from the

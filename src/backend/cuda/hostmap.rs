@@ -1,12 +1,16 @@
 //! Expert files mapped and registered with the driver as page-locked
 //! memory: the copy of a missing expert then goes straight from the page
 //! cache to the device by DMA, with no read into a staging buffer. Used
-//! when the expert files fit in half the available RAM (registering locks
-//! them there); otherwise the cache reads into pinned staging buffers.
+//! when the expert files fit in half the memory this process may still
+//! use, its cgroup limit included (registering locks them there, where
+//! they count against the limit and cannot be reclaimed:
+//! [`pin_refusal`]); otherwise the cache reads into pinned staging
+//! buffers.
 
 use super::driver::{Check, Gpu};
 use crate::error::{Error, Result};
-use crate::experts::ExpertStore;
+use crate::experts::memory::pin_refusal;
+use crate::experts::{ExpertStore, Memory};
 use crate::format::Region;
 use cudarc::driver::sys;
 use memmap2::Mmap;
@@ -66,19 +70,22 @@ impl Drop for HostMap {
 }
 
 /// Every MoE layer's file registered, indexed by layer, when they fit in
-/// half the available memory; `None` (with the reason said) otherwise, or
-/// when `CudaOptions::staging` asks for the staging path.
+/// half the memory this process may still use (read now, cgroup limit
+/// included); `None` (with the reason said) otherwise, or when
+/// `CudaOptions::staging` asks for the staging path. Nothing is mapped
+/// before that check.
 pub(crate) fn map_all(gpu: &Arc<Gpu>, store: &ExpertStore, moe_layers: &[usize]) -> Option<Vec<Option<HostMap>>> {
     if gpu.opts.staging {
         return None;
     }
     let mut total = 0u64;
     for &l in moe_layers {
-        total += (store.layer_layout(l).ok()?.expert_size * store.num_experts()) as u64;
+        let size = store.layer_layout(l).ok()?.expert_size as u64;
+        total = total.saturating_add(size.saturating_mul(store.num_experts() as u64));
     }
-    if crate::experts::Memory::read().is_none_or(|m| total > m.available / 2) {
+    if let Some(why) = pin_refusal(total, Memory::read().as_ref()) {
         gpu.notify
-            .say("expert cache: the expert files are over half the available memory; copying through staging buffers");
+            .say(&format!("expert cache: {why}; copying through staging buffers"));
         return None;
     }
     let n = moe_layers.iter().max().map_or(0, |m| m + 1);
