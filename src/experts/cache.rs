@@ -11,7 +11,8 @@
 //! drifts — TinyLFU's admission rule); otherwise it is copied into the
 //! oldest probation slot and computed from there, so a stream of experts
 //! that will not be reused soon passes through probation instead of
-//! evicting useful ones. A probation hit whose count beats main's victim
+//! evicting useful ones. Guesses (prefetch) are uses foretold and take
+//! main's victim directly. A probation hit whose count beats main's victim
 //! is promoted by swapping the two slots' roles, with no copy. Guesses
 //! (prefetch) take the same path. With every expert in a slot (resident)
 //! there is no probation.
@@ -395,8 +396,11 @@ impl SlotTable {
                 out[i] = Place::Host;
                 continue;
             }
+            // A guess is a use foretold: it takes main's victim as CLOCK
+            // would (measured: through admission, the 25% decode copied
+            // 14% more and ran 10% slower).
             let s = match v {
-                Some(v) if self.admits(key, v) => v,
+                Some(v) if guess || admitted => v,
                 _ => match self.probation_victim(&protect) {
                     Some(p) => {
                         self.counts.bypassed += 1;

@@ -74,7 +74,13 @@ pub struct SplitModel {
     pub cpu_fixed_s: f64,
     /// CPU steps observed since start.
     pub observed: u64,
+    /// Steps with misses that the model gave none of to the CPU in a row.
+    idle: u32,
 }
+
+/// Every this many steps that give the CPU nothing, one miss goes to the
+/// CPU anyway, so that an estimate spoiled by a slow step can recover.
+const EXPLORE_EVERY: u32 = 64;
 
 /// How much of the old estimate each observation keeps.
 const KEEP: f64 = 0.9;
@@ -91,6 +97,7 @@ impl SplitModel {
             cpu_s_per_byte: per / b,
             cpu_fixed_s: (one - per).max(0.0),
             observed: 0,
+            idle: 0,
         }
     }
 
@@ -137,6 +144,23 @@ impl SplitModel {
             0 => HostShare::Nothing,
             c => HostShare::UpTo(c),
         }
+    }
+
+    /// [`SplitModel::host_share`] for a step about to run: after
+    /// [`EXPLORE_EVERY`] steps in a row with misses and nothing for the
+    /// CPU, one miss is given to the CPU to measure it again.
+    pub fn plan(&mut self, misses: usize, bytes: u64, tokens: usize) -> HostShare {
+        let share = self.host_share(misses, bytes, tokens);
+        if self.mode != Hybrid::Auto || misses < 2 || share != HostShare::Nothing {
+            self.idle = 0;
+            return share;
+        }
+        self.idle += 1;
+        if self.idle >= EXPLORE_EVERY {
+            self.idle = 0;
+            return HostShare::UpTo(1);
+        }
+        HostShare::Nothing
     }
 
     /// A CPU step computed `c` experts of `bytes` for `tokens` tokens each
@@ -205,5 +229,19 @@ mod tests {
         m.observe(0, bytes, 1, 1.0);
         m.observe(3, bytes, 1, f64::NAN);
         assert_eq!(m.observed, 100, "empty or broken observations are ignored");
+    }
+
+    #[test]
+    fn a_cpu_judged_too_slow_is_measured_again() {
+        let bytes = 2 * MB;
+        let mut m = SplitModel::new(Hybrid::Auto, 50e9, bytes, 1e-3, 2e-3);
+        let plans: Vec<HostShare> = (0..2 * EXPLORE_EVERY).map(|_| m.plan(8, bytes, 1)).collect();
+        let tries = plans.iter().filter(|p| **p == HostShare::UpTo(1)).count();
+        assert_eq!(tries, 2);
+        assert_eq!(
+            plans.len() - tries,
+            plans.iter().filter(|p| **p == HostShare::Nothing).count()
+        );
+        assert_eq!(m.plan(1, bytes, 1), HostShare::Nothing, "one miss is never split");
     }
 }

@@ -330,11 +330,11 @@ impl ExpertCache {
     /// How many of `experts` of `layer` (experts of `bytes`, `tokens`
     /// tokens each on average) the CPU should compute.
     pub fn host_share(&self, layer: usize, experts: &[u32], bytes: u64, tokens: usize) -> Result<HostShare> {
-        let Some(m) = self.split() else {
-            return Ok(HostShare::Nothing);
-        };
-        let st = self.st.lock().map_err(|_| lock_err())?;
-        Ok(m.host_share(st.table.missing(layer, experts), bytes, tokens))
+        let misses = self.st.lock().map_err(|_| lock_err())?.table.missing(layer, experts);
+        let mut split = self.split.lock().map_err(|_| lock_err())?;
+        Ok(split
+            .as_mut()
+            .map_or(HostShare::Nothing, |m| m.plan(misses, bytes, tokens)))
     }
 
     /// A CPU step computed `c` experts of `bytes` for `tokens` tokens each

@@ -67,9 +67,7 @@ pub struct CacheRequest {
     pub size: CacheSize,
     /// Copy experts ahead of need.
     pub prefetch: bool,
-    /// The smallest working set in experts: the active experts of one
-    /// layer (three layers' worth with prefetch, so that the next layer's
-    /// guessed experts are copied while this one computes).
+    /// The smallest working set in experts: the active experts of one layer.
     pub min_slots: usize,
     /// Who computes the misses (`experts::split`).
     pub hybrid: Hybrid,
