@@ -153,6 +153,9 @@ fn cache_delta(a: CacheStats, b: CacheStats) -> CacheStats {
         on_host: b.on_host - a.on_host,
         bytes_on_host: b.bytes_on_host - a.bytes_on_host,
         stall_ns: b.stall_ns - a.stall_ns,
+        host_steps: b.host_steps - a.host_steps,
+        host_ns: b.host_ns - a.host_ns,
+        host_wait_ns: b.host_wait_ns - a.host_wait_ns,
         ..b
     }
 }
@@ -173,6 +176,9 @@ fn add_cache(a: Option<CacheStats>, d: CacheStats) -> CacheStats {
         on_host: a.on_host + d.on_host,
         bytes_on_host: a.bytes_on_host + d.bytes_on_host,
         stall_ns: a.stall_ns + d.stall_ns,
+        host_steps: a.host_steps + d.host_steps,
+        host_ns: a.host_ns + d.host_ns,
+        host_wait_ns: a.host_wait_ns + d.host_wait_ns,
         ..a
     }
 }
@@ -403,6 +409,8 @@ fn print_cuda(
                     "prefetched": c.prefetched, "prefetch_hits": c.prefetch_hits,
                     "hit_rate": cols.hit_rate, "bytes_streamed_per_token": cols.mb_per_tok * 1e6,
                     "bytes_on_cpu_per_token": cols.cpu_mb_per_tok * 1e6,
+                    "cpu_steps": c.host_steps, "cpu_step_us": c.host_ns as f64 / 1e3 / c.host_steps.max(1) as f64,
+                    "cpu_wait_us": c.host_wait_ns as f64 / 1e3 / c.host_steps.max(1) as f64,
                     "copy_gb_s": cols.copy_gbps, "stall_s": c.stall_ns as f64 * 1e-9, "floor_tok_s": cols.floor})
             })
             .collect();
@@ -443,6 +451,21 @@ fn print_cuda(
             cols.cpu_mb_per_tok,
             cols.copy_gbps
         )?;
+    }
+    for r in rows {
+        let c = r.cache.unwrap_or_default();
+        if c.host_steps > 0 {
+            let per = |ns: u64| ns as f64 / 1e3 / c.host_steps as f64;
+            writeln!(
+                out,
+                "{} CPU steps: {} of {:.1} experts each, {:.0} µs of CPU, the host waited {:.0} µs for it after issuing the GPU's share",
+                r.name,
+                c.host_steps,
+                c.on_host as f64 / c.host_steps as f64,
+                per(c.host_ns),
+                per(c.host_wait_ns)
+            )?;
+        }
     }
     print_phases(out, rows)?;
     Ok(())

@@ -121,6 +121,11 @@ pub struct CacheStats {
     /// where the files are not registered with the driver, reading them
     /// into pinned staging buffers and waiting for those.
     pub stall_ns: u64,
+    /// CPU steps of split misses, the CPU's time in them, and the time the
+    /// host waited for the CPU after issuing the GPU's share.
+    pub host_steps: u64,
+    pub host_ns: u64,
+    pub host_wait_ns: u64,
     pub slots: u64,
     /// Every expert of the model is in a slot.
     pub resident: bool,

@@ -29,6 +29,9 @@ struct Counters {
     stall_ns: AtomicU64,
     /// Bytes of experts computed on the CPU from host memory.
     host_bytes: AtomicU64,
+    host_steps: AtomicU64,
+    host_ns: AtomicU64,
+    host_wait_ns: AtomicU64,
 }
 
 /// Experts per wave of copies; two waves of staging buffers alternate, so
@@ -222,6 +225,9 @@ impl ExpertCache {
             bytes_copied: l(&self.c.bytes),
             on_host: t.on_host,
             bytes_on_host: l(&self.c.host_bytes),
+            host_steps: l(&self.c.host_steps),
+            host_ns: l(&self.c.host_ns),
+            host_wait_ns: l(&self.c.host_wait_ns),
             stall_ns: l(&self.c.stall_ns),
             slots: self.n_slots as u64,
             resident: self.resident,
@@ -338,9 +344,12 @@ impl ExpertCache {
     }
 
     /// A CPU step computed `c` experts of `bytes` for `tokens` tokens each
-    /// in `secs`.
-    pub fn observe_host(&self, c: usize, bytes: u64, tokens: usize, secs: f64) -> Result<()> {
+    /// in `secs`, and the host waited `wait` seconds for it.
+    pub fn observe_host(&self, c: usize, bytes: u64, tokens: usize, secs: f64, wait: f64) -> Result<()> {
         self.c.host_bytes.fetch_add(c as u64 * bytes, Ordering::Relaxed);
+        self.c.host_steps.fetch_add(1, Ordering::Relaxed);
+        self.c.host_ns.fetch_add((secs * 1e9) as u64, Ordering::Relaxed);
+        self.c.host_wait_ns.fetch_add((wait * 1e9) as u64, Ordering::Relaxed);
         if let Some(m) = self.split.lock().map_err(|_| lock_err())?.as_mut() {
             m.observe(c, bytes, tokens, secs);
         }

@@ -62,18 +62,21 @@ pub(crate) fn with_cpu_part(
     let mut sum = vec![0f32; s.n * s.hidden];
     let mut cpu: Result<f64> = Ok(0.0);
     let mut on_gpu: Result<()> = Ok(());
+    let mut issued = Instant::now();
     rayon::in_place_scope(|sc| {
         sc.spawn(|_| {
             let t0 = Instant::now();
             cpu = apply(s.x, s.n, s.hidden, s.inter, &mats, &routed, &mut sum).map(|_| t0.elapsed().as_secs_f64());
         });
         on_gpu = gpu.bind().and_then(|_| gpu_part());
+        issued = Instant::now();
     });
+    let wait = issued.elapsed().as_secs_f64();
     on_gpu?;
     let secs = cpu?;
     let pairs: usize = routed.iter().map(|r| r.toks.len()).sum();
     let bytes = store.layer_layout(layer)?.expert_size as u64;
-    cache.observe_host(experts.len(), bytes, pairs.div_ceil(experts.len().max(1)), secs)?;
+    cache.observe_host(experts.len(), bytes, pairs.div_ceil(experts.len().max(1)), secs, wait)?;
     CudaBuf::from_host(gpu, &sum)
 }
 
