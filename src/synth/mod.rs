@@ -11,6 +11,7 @@
 mod fill;
 pub mod presets;
 mod tensors;
+pub mod tokenizer;
 mod writer;
 
 pub use fill::SplitMix64;
@@ -212,7 +213,27 @@ impl Plan {
             layers,
         };
         write_small(&edir.join(LAYOUT_FILE), &to_json(&layout)?)?;
-        Ok((bytes, 4 + self.moe_layers.len()))
+        let files = self.write_text_files(dir)?;
+        Ok((bytes, 4 + files + self.moe_layers.len()))
+    }
+
+    /// The tokenizer, its config, the generation config and the chat
+    /// template (`tokenizer` module); returns the number of files.
+    fn write_text_files(&self, dir: &Path) -> Result<usize> {
+        let vocab = self.config.vocab_size;
+        let text = [
+            ("tokenizer.json", tokenizer::tokenizer_json(vocab)?.into_bytes()),
+            (
+                "tokenizer_config.json",
+                to_json(&tokenizer::tokenizer_config(vocab, self.config.max_position_embeddings))?,
+            ),
+            ("generation_config.json", to_json(&tokenizer::generation_config(vocab))?),
+            ("chat_template.jinja", tokenizer::CHAT_TEMPLATE.as_bytes().to_vec()),
+        ];
+        for (name, bytes) in &text {
+            write_small(&dir.join(name), bytes)?;
+        }
+        Ok(text.len())
     }
 
     /// `model_weights.bin` as pieces: each tensor at its aligned offset,

@@ -1,6 +1,7 @@
 //! The `config.json` of real models, by preset name: the architecture
-//! values as published (token ids and vision settings left out: a
-//! synthetic model has no tokenizer and no vision tower).
+//! values as published (vision settings left out: a synthetic model has no
+//! vision tower; token ids too: they are those of the tokenizer synth
+//! writes, in its `generation_config.json`).
 
 use crate::error::{Error, Result};
 use serde_json::{json, Value};

@@ -1,5 +1,6 @@
-//! `moeflux run` without a tokenizer (`--prompt-ids` on a `synth` model)
-//! and on a terminal (control characters shown, not sent).
+//! `moeflux run` on a `synth` model, with a text prompt and without a
+//! tokenizer (`--prompt-ids`), and on a terminal (control characters
+//! shown, not sent).
 
 use super::common::moeflux;
 use super::packed_model;
@@ -8,7 +9,7 @@ use std::io::Read;
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::path::Path;
 
-/// A tiny random-weight model with no tokenizer, as `synth` writes it.
+/// A tiny random-weight model as `synth` writes it (with its tokenizer).
 fn synth_model(dir: &Path) {
     let mut cfg = preset("qwen3-30b-a3b").unwrap();
     for (k, v) in [
@@ -32,7 +33,7 @@ fn prompt_ids_run_a_model_without_a_tokenizer() {
     let tmp = tempfile::tempdir().unwrap();
     let m = tmp.path().join("m");
     synth_model(&m);
-    assert!(!m.join("tokenizer.json").exists());
+    std::fs::remove_file(m.join("tokenizer.json")).unwrap();
     let run = |extra: &[&str]| {
         moeflux()
             .args(["run", "--device", "cpu", "-n", "5", "--seed", "1", "--model"])
@@ -60,6 +61,32 @@ fn prompt_ids_run_a_model_without_a_tokenizer() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{err}");
     assert!(err.contains("tokenizer.json") && err.contains("--prompt-ids"), "{err}");
+}
+
+#[test]
+fn text_prompts_run_a_synthetic_model() {
+    let tmp = tempfile::tempdir().unwrap();
+    let m = tmp.path().join("m");
+    synth_model(&m);
+    let out = moeflux()
+        .args([
+            "run",
+            "--device",
+            "cpu",
+            "-n",
+            "8",
+            "--chat",
+            "-p",
+            "Say something.",
+            "--model",
+        ])
+        .arg(&m)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(!out.stdout.is_empty() || err.contains("end of sequence"), "{err}");
+    assert!(std::str::from_utf8(&out.stdout).is_ok());
 }
 
 /// Run `args` with stdout a pseudo-terminal; returns what it wrote there.
