@@ -95,6 +95,19 @@ for stage in "$@"; do
             note "coldstart-model $run start (rc $?): $(( ($(date +%s%N) - t0) / 1000000 )) ms wall: $(grep -E 'compil' "$OUT/coldstart-model-$run.txt" | tr '\n' ' ')"
         done
         ;;
+    serve)
+        # Issue 9's rows: one streaming client through `moeflux serve` at
+        # 25% expert cache against `bench` at the same setting.
+        bench serve-ref --device cuda --expert-cache 25% -p 512 -n 128 -r 3
+        "$BIN/moeflux" serve --model "$MODEL" --device cuda --expert-cache 25% --port 18080 >"$OUT/serve.log" 2>&1 &
+        spid=$!
+        for _ in $(seq 120); do curl -sf localhost:18080/health >/dev/null && break; sleep 1; done
+        t0=$SECONDS
+        python3 "$ROOT/tools/serve_bench.py" http://127.0.0.1:18080 --runs 3 >"$OUT/serve-bench.json" 2>"$OUT/serve-bench.err"
+        note "serve_bench (rc $?, $((SECONDS - t0)) s)"
+        tee -a "$SUMMARY" <"$OUT/serve-bench.err"
+        kill -INT $spid; wait $spid
+        ;;
     zero) bench zero --device cuda --expert-cache 0% -p 512 -n 128 -r 3 ;;
     # The same rows with every miss copied (--hybrid off) or every decode
     # miss computed on the CPU (--hybrid cpu), for comparison.
