@@ -103,6 +103,13 @@ pub(crate) enum EngineState {
     Cuda(State<CudaBackend>),
 }
 
+/// The recurrent layers' state of a sequence, copied on its device (a
+/// checkpoint: `Net::save_recurrent`).
+pub(crate) enum EngineCheckpoint {
+    Cpu(Vec<(Vec<f32>, Vec<f32>)>),
+    Cuda(Vec<(cuda::CudaBuf, cuda::CudaBuf)>),
+}
+
 /// `$body` with `$n` bound to the network, whichever the backend.
 macro_rules! with_net {
     ($engine:expr, $n:ident => $body:expr) => {
@@ -341,6 +348,22 @@ impl Model {
 
     pub(crate) fn save_state(&self, st: &EngineState, len: usize, out: &mut Vec<u8>) -> Result<()> {
         with_net_state!(&self.engine, st, n, s => n.save_state(s, len, out))
+    }
+
+    pub(crate) fn save_recurrent(&self, st: &EngineState) -> Result<EngineCheckpoint> {
+        match (&self.engine, st) {
+            (Engine::Cpu(n), EngineState::Cpu(s)) => n.save_recurrent(s).map(EngineCheckpoint::Cpu),
+            (Engine::Cuda(n), EngineState::Cuda(s)) => n.save_recurrent(s).map(EngineCheckpoint::Cuda),
+            _ => Err(Error::Invalid("a session state of another device".into())),
+        }
+    }
+
+    pub(crate) fn load_recurrent(&self, st: &mut EngineState, c: &EngineCheckpoint) -> Result<()> {
+        match (&self.engine, st, c) {
+            (Engine::Cpu(n), EngineState::Cpu(s), EngineCheckpoint::Cpu(c)) => n.load_recurrent(s, c),
+            (Engine::Cuda(n), EngineState::Cuda(s), EngineCheckpoint::Cuda(c)) => n.load_recurrent(s, c),
+            _ => Err(Error::Invalid("a checkpoint of another device".into())),
+        }
     }
 
     pub(crate) fn load_state(&self, buf: &[u8], max_len: usize) -> Result<(EngineState, usize)> {

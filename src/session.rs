@@ -3,7 +3,7 @@
 //! the MFLX format, checkpoints, and truncation that is correct for
 //! recurrent layers.
 
-use crate::engine::{EngineState, Model};
+use crate::engine::{EngineCheckpoint, EngineState, Model};
 use crate::error::{Error, Result};
 
 /// Positions the caches are first sized for; they grow on demand.
@@ -14,9 +14,20 @@ pub const DEFAULT_MAX_CHECKPOINTS: usize = 4;
 
 struct Checkpoint {
     pos: usize,
-    snapshot: Vec<u8>,
+    saved: Saved,
     /// Order of storing, for eviction.
     stamp: u64,
+}
+
+/// What a checkpoint keeps.
+enum Saved {
+    /// A whole MFLX snapshot (a loaded conversation).
+    Snapshot(Vec<u8>),
+    /// The recurrent layers' state, copied on the device: the attention
+    /// caches below the checkpoint's position are never written again while
+    /// it exists (checkpoints above the position a session is cut back to
+    /// are dropped), so they need no copy.
+    Recurrent(EngineCheckpoint),
 }
 
 pub struct Session<'m> {
@@ -204,7 +215,7 @@ impl<'m> Session<'m> {
             self.clock += 1;
             self.checkpoints.push(Checkpoint {
                 pos: len,
-                snapshot: buf.to_vec(),
+                saved: Saved::Snapshot(buf.to_vec()),
                 stamp: self.clock,
             });
         }
@@ -255,16 +266,18 @@ impl<'m> Session<'m> {
                 got: pos,
             });
         }
-        let mut snapshot = Vec::new();
-        self.save_state(&mut snapshot)?;
+        if self.broken {
+            return Err(Error::SessionBroken);
+        }
+        let saved = Saved::Recurrent(self.model.save_recurrent(&self.state)?);
         self.clock += 1;
         let stamp = self.clock;
         match self.checkpoints.iter_mut().find(|c| c.pos == pos) {
             Some(c) => {
-                c.snapshot = snapshot;
+                c.saved = saved;
                 c.stamp = stamp;
             }
-            None => self.checkpoints.push(Checkpoint { pos, snapshot, stamp }),
+            None => self.checkpoints.push(Checkpoint { pos, saved, stamp }),
         }
         while self.checkpoints.len() > self.max_checkpoints {
             if !self.evict_one(Some(pos)) {
@@ -281,10 +294,17 @@ impl<'m> Session<'m> {
             .iter()
             .position(|c| c.pos == pos)
             .ok_or(Error::CheckpointMissing(pos))?;
-        let (state, len) = self
-            .model
-            .load_state(&self.checkpoints[i].snapshot, self.model.n_ctx())?;
-        self.state = state;
+        let len = match &self.checkpoints[i].saved {
+            Saved::Snapshot(buf) => {
+                let (state, len) = self.model.load_state(buf, self.model.n_ctx())?;
+                self.state = state;
+                len
+            }
+            Saved::Recurrent(c) => {
+                self.model.load_recurrent(&mut self.state, c)?;
+                pos
+            }
+        };
         self.pos = len;
         if let Some(t) = &mut self.tokens {
             t.truncate(len);

@@ -308,3 +308,41 @@ fn chunked_prefill_matches_token_by_token() {
         }
     }
 }
+
+/// A checkpoint keeps the recurrent state only (the attention caches below
+/// it are never written again): cutting back to it, taking another
+/// continuation, and cutting back again gives the logits of a fresh
+/// session fed the same chunks, bit for bit, on the hybrid models.
+#[test]
+fn checkpoints_restore_to_the_logits_of_a_fresh_session() {
+    for name in ["qwen3_next", "qwen3_5_moe"] {
+        let m = open(name);
+        // A fresh session fed `chunks` in order; the last chunk's logits.
+        let fresh = |chunks: &[&[u32]]| {
+            let mut s = m.session().unwrap();
+            let mut pos = 0;
+            let mut last = Vec::new();
+            for c in chunks {
+                last = s.eval_all(c, pos).unwrap();
+                pos += c.len();
+            }
+            last
+        };
+        let same =
+            |a: &[f32], b: &[f32]| a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+        let mut s = m.session().unwrap();
+        s.eval_all(&TOKENS[..5], 0).unwrap();
+        s.checkpoint(5).unwrap();
+        s.eval_all(&TOKENS[5..], 5).unwrap();
+        // Back to 5, another continuation.
+        s.restore(5).unwrap();
+        let other = [7u32, 8, 9];
+        let got = s.eval_all(&other, 5).unwrap();
+        assert!(same(&got, &fresh(&[&TOKENS[..5], &other])), "{name}: after a restore");
+        // Cut back to 6: the checkpoint at 5, then token 7 replayed.
+        s.truncate(6).unwrap();
+        let got = s.eval_all(&TOKENS[6..8], 6).unwrap();
+        let want = fresh(&[&TOKENS[..5], &other[..1], &TOKENS[6..8]]);
+        assert!(same(&got, &want), "{name}: after a truncation");
+    }
+}

@@ -159,6 +159,41 @@ impl<B: Backend> Net<B> {
         Ok(v)
     }
 
+    /// Copies, on the device, of the recurrent layers' state (conv, ssm),
+    /// in layer order: with the attention caches below a position left as
+    /// they are, all a checkpoint at that position needs.
+    pub fn save_recurrent(&self, st: &State<B>) -> Result<Vec<(B::Buf, B::Buf)>> {
+        let h = self.header();
+        let (nc, ns) = (h.linear_conv_bytes as usize / 4, h.linear_ssm_bytes as usize / 4);
+        let mut out = Vec::new();
+        for ls in &st.layers {
+            if let LayerState::Delta { conv, ssm } = ls {
+                let (mut c, mut s) = (self.b.alloc(nc)?, self.b.alloc(ns)?);
+                self.b.copy(conv, &mut c, Strided::contiguous(nc, 0, 0))?;
+                self.b.copy(ssm, &mut s, Strided::contiguous(ns, 0, 0))?;
+                out.push((c, s));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Put back what [`Net::save_recurrent`] copied.
+    pub fn load_recurrent(&self, st: &mut State<B>, saved: &[(B::Buf, B::Buf)]) -> Result<()> {
+        let h = self.header();
+        let (nc, ns) = (h.linear_conv_bytes as usize / 4, h.linear_ssm_bytes as usize / 4);
+        let mut it = saved.iter();
+        for ls in &mut st.layers {
+            if let LayerState::Delta { conv, ssm } = ls {
+                let (c, s) = it
+                    .next()
+                    .ok_or_else(|| Error::Invalid("a checkpoint with fewer recurrent layers than the model".into()))?;
+                self.b.copy(c, conv, Strided::contiguous(nc, 0, 0))?;
+                self.b.copy(s, ssm, Strided::contiguous(ns, 0, 0))?;
+            }
+        }
+        Ok(())
+    }
+
     /// Append the snapshot of `st` (holding `len` positions) to `out`.
     pub fn save_state(&self, st: &State<B>, len: usize, out: &mut Vec<u8>) -> Result<()> {
         let h = self.header();
