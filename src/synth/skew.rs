@@ -36,13 +36,13 @@ const HALF: usize = BLOCK / 2;
 /// Mean of DeepSeek's selection bias (the sigmoid scores lie in (0, 1)):
 /// with DeepSeek-V3's 256 experts, 8 per token from 4 of 8 groups, an LRU
 /// cache of 12.5% of a layer's experts hits about 60% (measured by
-/// `tests/synth_routing.rs`).
+/// `tests/synth/routing.rs`).
 pub const DEEPSEEK_PREFERENCE: f32 = 0.09;
 
 /// Mean preference `P` of a Qwen router row, in logit units (the
 /// token-dependent part has standard deviation 2), for `k` of `n` experts
 /// per token: chosen so that an LRU cache of 12.5% of a layer's experts
-/// hits about 65% (measured by `tests/synth_routing.rs`: `P` = 1.0 for
+/// hits about 65% (measured by `tests/synth/routing.rs`: `P` = 1.0 for
 /// 10 of 512, 1.2 for 8 of 256, 1.75 for 8 of 128).
 pub fn qwen_preference(k: usize, n: usize) -> f32 {
     (0.66 + 17.5 * k as f32 / n.max(1) as f32).clamp(0.5, 2.5)

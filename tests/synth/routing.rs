@@ -1,15 +1,152 @@
-//! Routing of synthetic models, observed through the engine's routing
-//! trace (`Model::set_route_trace`): `--routing skewed` concentrates each
-//! layer's selections on a few experts, `uniform` spreads them.
-//! `cargo test --test synth_routing -- --ignored --nocapture` prints the
-//! full report (LRU hit rates, reuse between consecutive tokens).
+//! Expert routing of synthetic models: uniform routing writes the bytes
+//! it always wrote; skewed routing reserves a block of the hidden state
+//! for the routers; and, observed through the engine's routing trace
+//! (`Model::set_route_trace`), skewed routing concentrates each layer's
+//! selections on a few experts while uniform spreads them.
+//! `cargo test --test synth routing_report -- --ignored --nocapture` prints
+//! the full report (LRU hit rates, reuse between consecutive tokens).
 
+use super::{needed, tiny_deepseek, tiny_qwen3, tiny_qwen35, with, write};
+use moeflux::config::{FfnKind, ModelConfig};
+use moeflux::experts::{ExpertStore, IoMode};
+use moeflux::format::packed::WeightsFile;
 use moeflux::model::trace::RouteRecord;
 use moeflux::synth::{preset, Plan, Routing, SynthOptions};
 use moeflux::text::Tokenizer;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::path::Path;
+
+/// Uniform routing writes exactly the bytes synth wrote before skewed
+/// routing existed (golden benchmarks and fixtures depend on them): CRC-32
+/// of the files written by commit c78da68.
+#[test]
+fn uniform_routing_writes_the_bytes_it_always_wrote() {
+    let tmp = tempfile::tempdir().unwrap();
+    type Crcs = &'static [(&'static str, u32)];
+    let expect: [(&str, Value, Crcs); 3] = [
+        (
+            "qwen35",
+            tiny_qwen35(),
+            &[
+                ("model_weights.bin", 0x7f6c_acbe),
+                ("packed_experts/layer_00.bin", 0x77e4_0788),
+                ("packed_experts/layer_03.bin", 0xbb94_a42d),
+                ("packed_experts/layer_07.bin", 0xb7bb_740d),
+            ],
+        ),
+        (
+            "qwen3",
+            tiny_qwen3(),
+            &[
+                ("model_weights.bin", 0xef89_85bd),
+                ("packed_experts/layer_02.bin", 0x3ecf_8909),
+            ],
+        ),
+        (
+            "deepseek",
+            tiny_deepseek(Some(64)),
+            &[
+                ("model_weights.bin", 0xb013_2abb),
+                ("packed_experts/layer_01.bin", 0xfd96_779e),
+            ],
+        ),
+    ];
+    for (name, config, files) in expect {
+        let dir = tmp.path().join(name);
+        write(config, &dir, &SynthOptions::default());
+        for (file, crc) in files {
+            let got = moeflux::checksum::crc32(&std::fs::read(dir.join(file)).unwrap());
+            assert_eq!(got, *crc, "{name} {file}: {got:#010x}");
+        }
+    }
+}
+
+/// Skewed routing: in Qwen models the last 64 hidden dimensions are read by
+/// the routers and written by the embedding alone; DeepSeek's selection
+/// bias holds the experts' preferences. The models run.
+#[test]
+fn skewed_routing_reserves_a_block_of_the_hidden_state_for_the_routers() {
+    let tmp = tempfile::tempdir().unwrap();
+    let skewed = SynthOptions {
+        routing: moeflux::synth::Routing::Skewed,
+        ..SynthOptions::default()
+    };
+    let (h, block) = (128, 64..128);
+    for (name, config) in [("qwen35", tiny_qwen35()), ("qwen3", tiny_qwen3())] {
+        let dir = tmp.path().join(name);
+        write(config, &dir, &skewed);
+        let cfg = ModelConfig::from_dir(&dir).unwrap();
+        let wf = WeightsFile::open(&dir).unwrap();
+        let rows = |m: &moeflux::format::MatrixView| -> Vec<Vec<f32>> {
+            let mut r = vec![0.0; m.cols];
+            (0..m.rows)
+                .map(|i| {
+                    m.row_f32(i, &mut r);
+                    r.clone()
+                })
+                .collect()
+        };
+        for (base, r, c) in needed(&cfg) {
+            if c == 0 {
+                continue;
+            }
+            let m = wf.matrix(&base, r, c).unwrap();
+            let values = rows(&m);
+            let writer = base.ends_with("o_proj") || base.ends_with("out_proj") || base.ends_with("down_proj");
+            if writer {
+                assert!(values[block.clone()].iter().flatten().all(|&x| x == 0.0), "{base}");
+                assert!(values[..block.start].iter().flatten().any(|&x| x != 0.0), "{base}");
+            }
+            if base.ends_with("mlp.gate") {
+                for row in &values {
+                    assert!(row[..block.start].iter().all(|&x| x == 0.0), "{base}");
+                    let read = row[block.clone()].iter().filter(|&&x| x != 0.0).count();
+                    assert!(read > 56, "{base}: {read} of the block's 64 weights are not 0");
+                }
+            }
+            if base == "model.embed_tokens" {
+                // The block's first half is the same ±1 in every token (4-bit: within a quantization step).
+                for row in &values[1..] {
+                    for j in 64..96 {
+                        assert!((row[j] - values[0][j]).abs() < 0.3 && row[j].abs() > 0.7, "{j}");
+                    }
+                }
+            }
+        }
+        let store = ExpertStore::open(&dir, cfg.num_hidden_layers, IoMode::Pread, 2).unwrap();
+        let layer = (0..cfg.num_hidden_layers)
+            .find(|&i| cfg.layers[i].ffn == FfnKind::Moe)
+            .unwrap();
+        let blob = &store.read(layer, &[3]).unwrap()[0];
+        let [_, _, down] = store.layer_layout(layer).unwrap().matrices(blob, 64).unwrap();
+        let down = rows(&down); // [hidden, inter]
+        assert_eq!(down.len(), h);
+        assert!(down[block.clone()].iter().flatten().all(|&x| x == 0.0));
+        assert!(down[..block.start].iter().flatten().any(|&x| x != 0.0));
+        let model = moeflux::Model::open(&dir, &moeflux::Options::default()).unwrap();
+        let logits = model.session().unwrap().eval_all(&[5, 17, 300, 2], 0).unwrap();
+        assert!(logits.iter().all(|x| x.is_finite()), "{name}");
+    }
+    let dir = tmp.path().join("deepseek");
+    write(tiny_deepseek(Some(64)), &dir, &skewed);
+    let bias = WeightsFile::open(&dir)
+        .unwrap()
+        .vector("model.layers.1.mlp.gate.e_score_correction_bias", 16)
+        .unwrap();
+    let mean = bias.iter().sum::<f32>() / 16.0;
+    assert!(
+        bias.iter().all(|&b| b >= 0.0) && (0.05..0.15).contains(&mean),
+        "{bias:?}"
+    );
+    let model = moeflux::Model::open(&dir, &moeflux::Options::default()).unwrap();
+    let logits = model.session().unwrap().eval_all(&[5, 17, 300, 2], 0).unwrap();
+    assert!(logits.iter().all(|x| x.is_finite()));
+    // Too narrow a model has no room for the block.
+    let narrow = with(tiny_qwen3(), json!({"hidden_size": 64, "head_dim": 16}));
+    let err = Plan::new("n", narrow, &skewed).err().unwrap().to_string();
+    assert!(err.contains("skewed routing needs at least 128"), "{err}");
+}
 
 /// Ordinary English, for prompts.
 const PROSE: &str = "The river ran past the old mill at the edge of the town, where the children went to watch \
@@ -25,18 +162,6 @@ lookup follows a path from the root and costs time in proportion to the height o
 Please write a short letter to a friend who is moving to a new city next week. Tell her that you will miss the \
 long walks you took together on Sunday mornings, that you hope she finds a place near a park, and that you \
 will visit in the summer when the days are long and the trains are not so crowded.";
-
-fn with(mut v: Value, fields: Value) -> Value {
-    let target = if v.get("text_config").is_some() {
-        &mut v["text_config"]
-    } else {
-        &mut v
-    };
-    for (k, x) in fields.as_object().unwrap() {
-        target[k] = x.clone();
-    }
-    v
-}
 
 /// Small models (hidden 512) of each architecture, with the experts per
 /// layer and per token of the presets: 256 and 8 (Qwen3.6-35B-A3B,
