@@ -338,6 +338,22 @@ impl Model {
         self.timer().reset();
     }
 
+    fn trace(&self) -> &crate::model::trace::RouteTrace {
+        with_net!(&self.engine, n => &n.trace)
+    }
+
+    /// Record which experts every token is routed to at every MoE layer
+    /// (off by default; when on, each MoE layer copies its router logits
+    /// to the host). Read the records with [`Model::take_route_trace`].
+    pub fn set_route_trace(&self, on: bool) {
+        self.trace().set_enabled(on);
+    }
+
+    /// The routing records made since the last call, in evaluation order.
+    pub fn take_route_trace(&self) -> Vec<crate::model::trace::RouteRecord> {
+        self.trace().take()
+    }
+
     pub(crate) fn has_recurrent_layers(&self) -> bool {
         with_net!(&self.engine, n => n.has_recurrent_layers())
     }

@@ -226,6 +226,11 @@ fn delta(a: StatsSnapshot, b: StatsSnapshot) -> StatsSnapshot {
     b.since(&a)
 }
 
+/// ` | routing R (synth)` for a model `synth` made, else nothing.
+fn routing_note(dir: &Path) -> String {
+    moeflux::synth::synth_routing(dir).map_or(String::new(), |r| format!(" | routing {} (synth)", r.name()))
+}
+
 pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     let t0 = Instant::now();
     let model = a.model.open_model()?;
@@ -318,7 +323,8 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         writeln!(
             out,
             "{}",
-            serde_json::json!({"model": model.name(), "device": model.device_name(), "io": store.mode().name(), "io_auto": a.model.io == moeflux::experts::IoMode::Auto,
+            serde_json::json!({"model": model.name(), "synth_routing": moeflux::synth::synth_routing(&a.model.model).map(|r| r.name()),
+                "device": model.device_name(), "io": store.mode().name(), "io_auto": a.model.io == moeflux::experts::IoMode::Auto,
                 "cold": a.cold, "load_s": load_s, "read_gb_s": bw, "threads": rayon::current_num_threads(),
                 "kernel": moeflux::backend::cpu::matmul::Kernel::detect().name(), "results": j})
         )?;
@@ -326,8 +332,9 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     }
     writeln!(
         out,
-        "model {} | device {} | io {}{}{} | kernel {} | load {:.1} s | read {:.1} GB/s ({} threads)",
+        "model {}{} | device {} | io {}{}{} | kernel {} | load {:.1} s | read {:.1} GB/s ({} threads)",
         model.name(),
+        routing_note(&a.model.model),
         model.device_name(),
         store.mode(),
         if a.model.io == moeflux::experts::IoMode::Auto {
@@ -417,15 +424,17 @@ fn print_cuda(
         writeln!(
             out,
             "{}",
-            serde_json::json!({"model": model.name(), "device": format!("{} ({gpu})", a.model.device), "expert_cache": cache_desc,
+            serde_json::json!({"model": model.name(), "synth_routing": moeflux::synth::synth_routing(&a.model.model).map(|r| r.name()),
+                "device": format!("{} ({gpu})", a.model.device), "expert_cache": cache_desc,
                 "hybrid": split.map(|m| m.describe()), "load_s": load_s, "h2d_pinned_gb_s": h2d, "results": j})
         )?;
         return Ok(());
     }
     writeln!(
         out,
-        "model {} | device cuda ({gpu}) | expert cache {cache_desc} | load {load_s:.1} s | pinned H2D {h2d:.1} GB/s",
-        model.name()
+        "model {}{} | device cuda ({gpu}) | expert cache {cache_desc} | load {load_s:.1} s | pinned H2D {h2d:.1} GB/s",
+        model.name(),
+        routing_note(&a.model.model)
     )?;
     if let Some(m) = &split {
         writeln!(out, "{}", m.describe())?;

@@ -5,7 +5,7 @@ use anyhow::Context;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use moeflux::config::AttnKind;
-use moeflux::synth::{preset, Plan, SynthOptions, PRESETS};
+use moeflux::synth::{preset, Plan, Routing, SynthOptions, PRESETS};
 use std::path::PathBuf;
 
 #[derive(Args)]
@@ -33,6 +33,11 @@ pub struct SynthArgs {
     /// Seed of the random weights (same seed, same bytes).
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Routing: uniform (random routers, every expert about equally
+    /// likely) or skewed (a few experts per layer take most tokens, as in
+    /// trained models).
+    #[arg(long, default_value = "uniform", value_name = "uniform|skewed")]
+    pub routing: Routing,
     /// Replace OUT if it is an existing packed model directory.
     #[arg(long)]
     pub force: bool,
@@ -60,6 +65,7 @@ pub fn run(a: SynthArgs) -> anyhow::Result<()> {
         group_size: a.group_size,
         seed: a.seed,
         layers: a.layers,
+        routing: a.routing,
     };
     let plan = Plan::new(&format!("{name}-synth"), config, &opts).with_context(|| format!("planning `{name}`"))?;
     let cfg = &plan.config;
@@ -72,7 +78,7 @@ pub fn run(a: SynthArgs) -> anyhow::Result<()> {
         .map(|(n, k)| format!("{n} {k}"))
         .collect();
     eprintln!(
-        "synth {name} ({}): {} layers ({}), {} MoE layers × {} experts × {} bytes, {}-bit; {:.2} GB to write",
+        "synth {name} ({}): {} layers ({}), {} MoE layers × {} experts × {} bytes, {}-bit, {} routing; {:.2} GB to write",
         cfg.model_type,
         cfg.num_hidden_layers,
         kinds.join(" + "),
@@ -80,6 +86,7 @@ pub fn run(a: SynthArgs) -> anyhow::Result<()> {
         cfg.num_experts,
         plan.expert_size(),
         a.bits,
+        a.routing.name(),
         plan.total_bytes() as f64 / GB,
     );
     let bar = ProgressBar::new(plan.total_bytes());

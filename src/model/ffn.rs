@@ -87,6 +87,27 @@ impl<B: Backend> MoeBlock<B> {
         })
     }
 
+    /// Route the router logits `[n, n_experts]` on the host, as the CPU
+    /// backend does, and add the experts chosen to the routing trace.
+    fn trace(&self, c: &Ctx<B>, logits: &B::Buf) -> Result<()> {
+        let (b, cfg, n) = (c.b, c.cfg, c.n);
+        let e = cfg.num_experts;
+        let mut host = vec![0.0f32; n * e];
+        b.download(logits, 0, &mut host)?;
+        let bias = match &self.bias {
+            Some(buf) => {
+                let mut v = vec![0.0f32; e];
+                b.download(buf, 0, &mut v)?;
+                Some(v)
+            }
+            None => None,
+        };
+        let k = cfg.num_experts_per_tok;
+        let routes = super::router::route(&cfg.routing, &host, n, k, bias.as_deref());
+        c.trace.push(self.layer, c.pos0, &routes.ids, k);
+        Ok(())
+    }
+
     /// x `[n, hidden]` (normed) → out `[n, hidden]` (overwritten).
     /// `next`: the next MoE layer; for one token on a backend that streams
     /// experts, its router also runs on x, as a guess at its experts.
@@ -126,6 +147,9 @@ impl<B: Backend> MoeBlock<B> {
             }
             b.linear_many(&ws, x, n, &mut ys)
         })?;
+        if c.trace.enabled() {
+            self.trace(c, &logits)?;
+        }
         c.timer.measure(b, Phase::DenseFfn, || {
             match (&self.shared, &gate_up) {
                 (Some(mlp), Some([g, u])) => mlp.swiglu_down(b, g, u, n, out)?,

@@ -12,6 +12,7 @@ pub mod rope;
 pub mod router;
 mod state;
 pub mod timing;
+pub mod trace;
 
 use crate::backend::{Backend, Strided};
 use crate::config::{Arch, AttnKind, FfnKind, ModelConfig};
@@ -23,6 +24,7 @@ use ffn::{Mlp, MoeBlock};
 use linear_attn::{linear_cfg, DeltaNetWeights};
 use mla::{mla_cfg, MlaWeights};
 use timing::{Phase, PhaseTimer};
+use trace::RouteTrace;
 
 pub(crate) fn load_mat<B: Backend>(b: &B, wf: &WeightsFile, base: &str, rows: usize, cols: usize) -> Result<B::Matrix> {
     b.matrix(&wf.matrix(base, rows, cols)?)
@@ -46,6 +48,7 @@ pub struct Ctx<'a, B: Backend> {
     pub n: usize,
     pub pos0: usize,
     pub timer: &'a PhaseTimer,
+    pub trace: &'a RouteTrace,
 }
 
 enum Mixer<B: Backend> {
@@ -95,6 +98,7 @@ pub struct Net<B: Backend> {
     rope_mscale: f32,
     attn_scale: f32,
     pub timer: PhaseTimer,
+    pub trace: RouteTrace,
 }
 
 impl<B: Backend> Net<B> {
@@ -161,6 +165,7 @@ impl<B: Backend> Net<B> {
             rope_mscale,
             attn_scale,
             timer: PhaseTimer::default(),
+            trace: RouteTrace::default(),
             cfg: cfg.clone(),
             b,
         })
@@ -274,6 +279,7 @@ impl<B: Backend> Net<B> {
             n,
             pos0,
             timer: &self.timer,
+            trace: &self.trace,
         };
         let mut x = b.alloc(n * hid)?; // [n, hidden], the residual stream
         b.embed(&self.embed, tokens, &mut x)?;

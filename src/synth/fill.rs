@@ -2,6 +2,8 @@
 //! Deterministic: the bytes of a segment depend only on its key and chunk
 //! number, so chunks can be generated in any order, in parallel.
 
+use super::skew::{preferences, Part, Rows};
+use super::writer::CHUNK_ELEMS;
 use half::bf16;
 
 /// SplitMix64: a tiny, fast generator with good statistics for this use.
@@ -60,20 +62,27 @@ pub enum Fill {
     F32 { lo: f32, hi: f32 },
     /// F32 values `ln(u)`, `u` uniform in `[lo, hi)` (`A_log`).
     LnF32 { lo: f32, hi: f32 },
+    /// One part of a quantized matrix given by float rows (skewed routing).
+    Rows { part: Part, rows: Rows },
+    /// F32 preferences of mean `pop` (skewed routing; the whole vector in
+    /// one chunk).
+    Preference { pop: f32 },
 }
 
 impl Fill {
     /// Bytes per element.
     pub fn elem_size(self) -> usize {
         match self {
-            Fill::Words | Fill::F32 { .. } | Fill::LnF32 { .. } => 4,
-            Fill::Scales { .. } | Fill::Biases { .. } | Fill::Bf16 { .. } => 2,
+            Fill::Words | Fill::F32 { .. } | Fill::LnF32 { .. } | Fill::Preference { .. } => 4,
+            Fill::Rows { part: Part::Words, .. } => 4,
+            Fill::Scales { .. } | Fill::Biases { .. } | Fill::Bf16 { .. } | Fill::Rows { .. } => 2,
         }
     }
 
     /// Append the bytes of `n` elements, chunk `chunk` of the tensor keyed `key`.
     pub fn generate(self, key: u64, chunk: u64, n: usize, out: &mut Vec<u8>) {
         let mut rng = SplitMix64::new(mix(key, chunk));
+        let first = chunk as usize * CHUNK_ELEMS;
         let start = out.len();
         out.resize(start + n * self.elem_size(), 0);
         let dst = &mut out[start..];
@@ -92,12 +101,18 @@ impl Fill {
             Fill::Bf16 { bound } => put_bf16(dst, || (2.0 * rng.unit() - 1.0) * bound),
             Fill::F32 { lo, hi } => put_f32(dst, || lo + (hi - lo) * rng.unit()),
             Fill::LnF32 { lo, hi } => put_f32(dst, || (lo + (hi - lo) * rng.unit()).ln()),
+            Fill::Rows { part, rows } => rows.generate(part, first, dst),
+            Fill::Preference { pop } => {
+                let mut p = preferences(pop, key, n).into_iter();
+                put_f32(dst, || p.next().unwrap_or_default())
+            }
         }
     }
 }
 
+/// A group's scale jitter, in `[0.75, 1.25)`.
 #[inline]
-fn jitter(rng: &mut SplitMix64) -> f32 {
+pub fn jitter(rng: &mut SplitMix64) -> f32 {
     1.0 - SCALE_JITTER / 2.0 + SCALE_JITTER * rng.unit()
 }
 
@@ -120,14 +135,21 @@ fn put_f32(dst: &mut [u8], mut f: impl FnMut() -> f32) {
     }
 }
 
+/// The group scale (before jitter) and the top level `2^bits − 1` of
+/// values quantized at `bits`, uniform on the levels, centred on zero,
+/// with standard deviation `std`.
+pub fn group_scale(std: f32, bits: u32) -> (f32, f32) {
+    let levels = ((1u32 << bits) - 1) as f32;
+    // q uniform on {0..levels}: variance ((levels+1)² − 1)/12.
+    let q_std = (((levels + 1.0) * (levels + 1.0) - 1.0) / 12.0).sqrt();
+    (std / q_std, levels)
+}
+
 /// The fills of a matrix `[rows, cols]` quantized at `bits` whose
 /// dequantized values are uniform, centred on zero, with standard
 /// deviation `std`: weights, scales, biases.
 pub fn quantized_fills(std: f32, bits: u32) -> [Fill; 3] {
-    let levels = ((1u32 << bits) - 1) as f32;
-    // q uniform on {0..levels}: variance ((levels+1)² − 1)/12.
-    let q_std = (((levels + 1.0) * (levels + 1.0) - 1.0) / 12.0).sqrt();
-    let base = std / q_std;
+    let (base, levels) = group_scale(std, bits);
     [Fill::Words, Fill::Scales { base }, Fill::Biases { base, levels }]
 }
 

@@ -10,15 +10,17 @@
 
 mod fill;
 pub mod presets;
+mod skew;
 mod tensors;
 pub mod tokenizer;
 mod writer;
 
 pub use fill::SplitMix64;
 pub use presets::{preset, trim_layers, PRESETS};
+pub use skew::Routing;
 pub use tensors::{QWEN_ROUTER_BITS, ROUTER_GAIN};
 
-use crate::config::{FfnKind, ModelConfig};
+use crate::config::{Arch, FfnKind, ModelConfig};
 use crate::error::{Error, Result};
 use crate::format::outdir::{check_cancel, check_destination, TempDir};
 use crate::format::packed::{
@@ -41,6 +43,8 @@ pub struct SynthOptions {
     pub seed: u64,
     /// Keep only the first N layers.
     pub layers: Option<usize>,
+    /// How the routers spread tokens over the experts.
+    pub routing: Routing,
 }
 
 impl Default for SynthOptions {
@@ -50,6 +54,7 @@ impl Default for SynthOptions {
             group_size: 64,
             seed: 0,
             layers: None,
+            routing: Routing::Uniform,
         }
     }
 }
@@ -113,10 +118,24 @@ impl Plan {
                 ));
             }
         }
+        let block = (opts.routing == Routing::Skewed && config.arch != Arch::DeepseekV3).then_some(());
+        if block.is_some() && config.hidden_size < 2 * skew::BLOCK {
+            return Err(Error::config(
+                "hidden_size",
+                format!(
+                    "{}: skewed routing needs at least {} (its routers read the last {} dimensions)",
+                    config.hidden_size,
+                    2 * skew::BLOCK,
+                    skew::BLOCK
+                ),
+            ));
+        }
         let quant = Quant {
             bits: opts.bits,
             group_size: opts.group_size,
             seed: opts.seed,
+            routing: opts.routing,
+            block: block.map(|()| config.hidden_size - skew::BLOCK),
         };
         let mut off = 0u64;
         let mut tensors = Vec::new();
@@ -201,7 +220,7 @@ impl Plan {
         let mut layers = BTreeMap::new();
         for &layer in &self.moe_layers {
             let pieces: Vec<Piece> = (0..self.config.num_experts)
-                .map(|e| Piece::Data(expert_segments(&self.expert_layout, layer, e, self.quant.seed)))
+                .map(|e| Piece::Data(expert_segments(&self.expert_layout, layer, e, &self.quant)))
                 .collect();
             bytes += write_file(&edir.join(expert_file_name(layer)), &pieces, progress, cancel)?;
             layers.insert(layer.to_string(), self.expert_layout.clone());
@@ -217,8 +236,22 @@ impl Plan {
         Ok((bytes, 4 + files + self.moe_layers.len()))
     }
 
+    /// `synth.json`: how the model was made (its routing above all, which
+    /// `bench` names), for people and tools; the engine does not read it.
+    fn note(&self) -> Value {
+        serde_json::json!({
+            "made_by": "moeflux synth",
+            "model": self.name,
+            "routing": self.quant.routing.name(),
+            "seed": self.quant.seed,
+            "bits": self.quant.bits,
+            "group_size": self.quant.group_size,
+        })
+    }
+
     /// The tokenizer, its config, the generation config and the chat
-    /// template (`tokenizer` module); returns the number of files.
+    /// template (`tokenizer` module), and the note; returns the number of
+    /// files.
     fn write_text_files(&self, dir: &Path) -> Result<usize> {
         let vocab = self.config.vocab_size;
         let text = [
@@ -229,6 +262,7 @@ impl Plan {
             ),
             ("generation_config.json", to_json(&tokenizer::generation_config(vocab))?),
             ("chat_template.jinja", tokenizer::CHAT_TEMPLATE.as_bytes().to_vec()),
+            (NOTE_FILE, to_json(&self.note())?),
         ];
         for (name, bytes) in &text {
             write_small(&dir.join(name), bytes)?;
@@ -252,6 +286,7 @@ impl Plan {
                     key: t.key,
                     chunk: c as u64,
                     n: CHUNK_ELEMS.min(n - start),
+                    mask: t.mask,
                 }]));
             }
             pos = off + t.nbytes() as u64;
@@ -282,6 +317,16 @@ impl Plan {
             config: self.config_json.clone(),
         }
     }
+}
+
+/// The note beside a synthetic model ([`Plan::write`]).
+pub const NOTE_FILE: &str = "synth.json";
+
+/// The routing of the model in `dir` when `synth` made it (from its
+/// `synth.json`); `None` for any other model, or a note that does not say.
+pub fn synth_routing(dir: &Path) -> Option<Routing> {
+    let note: Value = serde_json::from_slice(&std::fs::read(dir.join(NOTE_FILE)).ok()?).ok()?;
+    note.get("routing")?.as_str()?.parse().ok()
 }
 
 fn to_json<T: serde::Serialize>(v: &T) -> Result<Vec<u8>> {

@@ -3,6 +3,7 @@
 //! §2) and the components of one routed expert.
 
 use super::fill::{key, mix, quantized_fills, Fill};
+use super::skew::{self, Part, Routing, RowMask, Rows, Shared};
 use crate::config::{Arch, AttnKind, FfnKind, ModelConfig};
 use crate::format::packed::LayerLayout;
 use crate::format::Dtype;
@@ -19,6 +20,18 @@ pub struct Quant {
     pub bits: u32,
     pub group_size: usize,
     pub seed: u64,
+    pub routing: Routing,
+    /// Skewed Qwen routing: the first dimension of the block of the
+    /// hidden state that routers read and only embeddings write.
+    pub block: Option<usize>,
+}
+
+impl Quant {
+    /// The mask of a writer's rows (hidden dimensions) `per_row` elements
+    /// wide, where the model has a block.
+    fn mask(&self, per_row: usize) -> Option<RowMask> {
+        self.block.map(|first| RowMask { per_row, first })
+    }
 }
 
 /// One tensor of `model_weights.bin`.
@@ -31,6 +44,8 @@ pub struct TensorSpec {
     pub group_size: Option<usize>,
     pub fill: Fill,
     pub key: u64,
+    /// Rows generated as zeros.
+    pub mask: Option<RowMask>,
 }
 
 impl TensorSpec {
@@ -49,6 +64,7 @@ pub struct Segment {
     pub key: u64,
     pub chunk: u64,
     pub n: usize,
+    pub mask: Option<RowMask>,
 }
 
 struct Builder {
@@ -66,6 +82,7 @@ impl Builder {
             group_size: None,
             fill,
             key,
+            mask: None,
         });
     }
 
@@ -73,8 +90,16 @@ impl Builder {
     /// `std`: quantized at `bits`, or BF16 where `cols` is not a multiple
     /// of the group size (as MLX leaves such matrices).
     fn matrix(&mut self, base: &str, rows: usize, cols: usize, std: f32, bits: u32) {
+        self.masked_matrix(base, rows, cols, std, bits, false);
+    }
+
+    /// [`Builder::matrix`], with the block's rows zero when `writer` (a
+    /// matrix that adds to the residual stream) and the model has a block.
+    fn masked_matrix(&mut self, base: &str, rows: usize, cols: usize, std: f32, bits: u32, writer: bool) {
         let k = key(self.q.seed, base);
         let gs = self.q.group_size;
+        let q = self.q;
+        let mask = |per_row| if writer { q.mask(per_row) } else { None };
         if !cols.is_multiple_of(gs) {
             let bound = std * 3f32.sqrt();
             self.push(
@@ -84,6 +109,9 @@ impl Builder {
                 Fill::Bf16 { bound },
                 k,
             );
+            if let Some(t) = self.out.last_mut() {
+                t.mask = mask(cols);
+            }
             return;
         }
         let [w, s, b] = quantized_fills(std, bits);
@@ -94,11 +122,26 @@ impl Builder {
                 Dtype::U32,
                 w,
                 mix(k, 1),
+                None,
             ),
-            ("scales", vec![rows, cols / gs], Dtype::Bf16, s, mix(k, 2)),
-            ("biases", vec![rows, cols / gs], Dtype::Bf16, b, mix(k, 2)),
+            (
+                "scales",
+                vec![rows, cols / gs],
+                Dtype::Bf16,
+                s,
+                mix(k, 2),
+                mask(cols / gs),
+            ),
+            (
+                "biases",
+                vec![rows, cols / gs],
+                Dtype::Bf16,
+                b,
+                mix(k, 2),
+                mask(cols / gs),
+            ),
         ];
-        for (suffix, shape, dtype, fill, key) in parts {
+        for (suffix, shape, dtype, fill, key, mask) in parts {
             self.out.push(TensorSpec {
                 name: format!("{base}.{suffix}"),
                 shape,
@@ -107,6 +150,38 @@ impl Builder {
                 group_size: Some(gs),
                 fill,
                 key,
+                mask,
+            });
+        }
+    }
+
+    /// Matrix `base` `[rows, cols]` quantized at `bits` from float rows
+    /// (skewed routing: embeddings and Qwen routers).
+    fn rows_matrix(&mut self, base: &str, rows: usize, cols: usize, bits: u32, shared: Shared) {
+        let gs = self.q.group_size;
+        let spec = Rows {
+            cols,
+            bits,
+            group_size: gs,
+            shared,
+            key: key(self.q.seed, base),
+            dir: key(self.q.seed, "synth.routing.direction"),
+        };
+        let parts = [
+            ("weight", vec![rows, cols * bits as usize / 32], Dtype::U32, Part::Words),
+            ("scales", vec![rows, cols / gs], Dtype::Bf16, Part::Scales),
+            ("biases", vec![rows, cols / gs], Dtype::Bf16, Part::Biases),
+        ];
+        for (suffix, shape, dtype, part) in parts {
+            self.out.push(TensorSpec {
+                name: format!("{base}.{suffix}"),
+                shape,
+                dtype,
+                bits: Some(bits),
+                group_size: Some(gs),
+                fill: Fill::Rows { part, rows: spec },
+                key: spec.key,
+                mask: None,
             });
         }
     }
@@ -114,6 +189,12 @@ impl Builder {
     /// A linear layer with the usual `1/sqrt(cols)` scale at the model's bits.
     fn linear(&mut self, base: &str, rows: usize, cols: usize) {
         self.matrix(base, rows, cols, 1.0 / (cols as f32).sqrt(), self.q.bits);
+    }
+
+    /// A linear layer whose output is added to the residual stream
+    /// (`rows` = hidden): the block's rows are zero where there is a block.
+    fn writer(&mut self, base: &str, rows: usize, cols: usize) {
+        self.masked_matrix(base, rows, cols, 1.0 / (cols as f32).sqrt(), self.q.bits, true);
     }
 
     /// A norm weight: the applied multiplier, near 1.
@@ -138,7 +219,13 @@ impl Builder {
 pub fn dense_tensors(cfg: &ModelConfig, q: Quant) -> Vec<TensorSpec> {
     let mut b = Builder { q, out: Vec::new() };
     let h = cfg.hidden_size;
-    b.matrix("model.embed_tokens", cfg.vocab_size, h, 1.0, q.bits);
+    match q.block {
+        None => b.matrix("model.embed_tokens", cfg.vocab_size, h, 1.0, q.bits),
+        Some(block) => {
+            let shared = Shared::Embedding { block };
+            b.rows_matrix("model.embed_tokens", cfg.vocab_size, h, q.bits, shared);
+        }
+    }
     for (i, spec) in cfg.layers.iter().enumerate() {
         let p = format!("model.layers.{i}");
         b.norm(&format!("{p}.input_layernorm.weight"), h);
@@ -153,7 +240,7 @@ pub fn dense_tensors(cfg: &ModelConfig, q: Quant) -> Vec<TensorSpec> {
                 let inter = cfg.intermediate_size;
                 b.linear(&format!("{p}.mlp.gate_proj"), inter, h);
                 b.linear(&format!("{p}.mlp.up_proj"), inter, h);
-                b.linear(&format!("{p}.mlp.down_proj"), h, inter);
+                b.writer(&format!("{p}.mlp.down_proj"), h, inter);
             }
             FfnKind::Moe => moe_dense_parts(&mut b, cfg, &p),
         }
@@ -173,7 +260,7 @@ fn full_attention(b: &mut Builder, cfg: &ModelConfig, p: &str) {
     b.linear(&format!("{p}.self_attn.q_proj"), q_rows, h);
     b.linear(&format!("{p}.self_attn.k_proj"), nkv * hd, h);
     b.linear(&format!("{p}.self_attn.v_proj"), nkv * hd, h);
-    b.linear(&format!("{p}.self_attn.o_proj"), h, nq * hd);
+    b.writer(&format!("{p}.self_attn.o_proj"), h, nq * hd);
     b.norm(&format!("{p}.self_attn.q_norm.weight"), hd);
     b.norm(&format!("{p}.self_attn.k_norm.weight"), hd);
 }
@@ -188,7 +275,7 @@ fn linear_attention(b: &mut Builder, cfg: &ModelConfig, p: &str) {
     b.linear(&format!("{a}.in_proj_z"), v_dim, h);
     b.linear(&format!("{a}.in_proj_b"), l.num_value_heads, h);
     b.linear(&format!("{a}.in_proj_a"), l.num_value_heads, h);
-    b.linear(&format!("{a}.out_proj"), h, v_dim);
+    b.writer(&format!("{a}.out_proj"), h, v_dim);
     // [conv_dim, kernel], uniform in ±1/sqrt(kernel) like PyTorch's init.
     let conv = format!("{a}.conv1d.weight");
     let bound = 1.0 / (l.conv_kernel as f32).sqrt();
@@ -238,7 +325,7 @@ fn mla(b: &mut Builder, cfg: &ModelConfig, p: &str) {
         nh * (m.qk_nope_head_dim + m.v_head_dim),
         m.kv_lora_rank,
     );
-    b.linear(&format!("{a}.o_proj"), h, nh * m.v_head_dim);
+    b.writer(&format!("{a}.o_proj"), h, nh * m.v_head_dim);
 }
 
 /// The router and shared experts of an MoE layer (the routed experts live
@@ -260,23 +347,38 @@ fn moe_dense_parts(b: &mut Builder, cfg: &ModelConfig, p: &str) {
             },
             k,
         );
-        b.f32_vector(
-            &format!("{p}.mlp.gate.e_score_correction_bias"),
-            e,
-            Fill::F32 { lo: -0.02, hi: 0.02 },
-        );
+        let fill = match b.q.routing {
+            Routing::Uniform => Fill::F32 { lo: -0.02, hi: 0.02 },
+            Routing::Skewed => Fill::Preference {
+                pop: skew::DEEPSEEK_PREFERENCE,
+            },
+        };
+        b.f32_vector(&format!("{p}.mlp.gate.e_score_correction_bias"), e, fill);
         if s > 0 {
             b.linear(&format!("{p}.mlp.shared_experts.gate_proj"), s, h);
             b.linear(&format!("{p}.mlp.shared_experts.up_proj"), s, h);
-            b.linear(&format!("{p}.mlp.shared_experts.down_proj"), h, s);
+            b.writer(&format!("{p}.mlp.shared_experts.down_proj"), h, s);
         }
         return;
     }
-    b.matrix(&format!("{p}.mlp.gate"), e, h, router_std, QWEN_ROUTER_BITS);
+    let gate = format!("{p}.mlp.gate");
+    match b.q.block {
+        None => b.matrix(&gate, e, h, router_std, QWEN_ROUTER_BITS),
+        Some(block) => {
+            let shared = Shared::Router {
+                block,
+                pop: skew::qwen_preference(cfg.num_experts_per_tok, e),
+                pref: key(b.q.seed, &format!("{gate}.preference")),
+                noise: ROUTER_GAIN / (skew::BLOCK as f32 / 2.0).sqrt(),
+                experts: e,
+            };
+            b.rows_matrix(&gate, e, h, QWEN_ROUTER_BITS, shared);
+        }
+    }
     if s > 0 {
         b.linear(&format!("{p}.mlp.shared_expert.gate_proj"), s, h);
         b.linear(&format!("{p}.mlp.shared_expert.up_proj"), s, h);
-        b.linear(&format!("{p}.mlp.shared_expert.down_proj"), h, s);
+        b.writer(&format!("{p}.mlp.shared_expert.down_proj"), h, s);
         if cfg.shared_expert_gated {
             b.matrix(
                 &format!("{p}.mlp.shared_expert_gate"),
@@ -290,18 +392,24 @@ fn moe_dense_parts(b: &mut Builder, cfg: &ModelConfig, p: &str) {
 }
 
 /// The nine components of expert `e` of `layer`, in file order.
-pub fn expert_segments(layout: &LayerLayout, layer: usize, e: usize, seed: u64) -> Vec<Segment> {
+/// `q.block`: the down projection's block rows are zero.
+pub fn expert_segments(layout: &LayerLayout, layer: usize, e: usize, q: &Quant) -> Vec<Segment> {
     let mut out = Vec::with_capacity(9);
     for (m, comps) in layout.components.chunks_exact(3).enumerate() {
         let cols = comps[0].shape[1] * 32 / layout.bits as usize;
-        let k = mix(key(seed, &format!("model.layers.{layer}.experts")), (e * 3 + m) as u64);
+        let k = mix(
+            key(q.seed, &format!("model.layers.{layer}.experts")),
+            (e * 3 + m) as u64,
+        );
         let fills = quantized_fills(1.0 / (cols as f32).sqrt(), layout.bits);
-        for ((c, fill), part) in comps.iter().zip(fills).zip([1u64, 2, 2]) {
+        let down = m == 2;
+        for (i, (c, fill)) in comps.iter().zip(fills).enumerate() {
             out.push(Segment {
                 fill,
-                key: mix(k, part),
+                key: mix(k, [1u64, 2, 2][i]),
                 chunk: 0,
                 n: c.size / fill.elem_size(),
+                mask: if down && i > 0 { q.mask(c.shape[1]) } else { None },
             });
         }
     }

@@ -41,7 +41,11 @@ impl Piece {
         match self {
             Piece::Data(segs) => {
                 for s in segs {
+                    let at = buf.len();
                     s.fill.generate(s.key, s.chunk, s.n, &mut buf);
+                    if let Some(m) = s.mask {
+                        m.apply(s.chunk as usize * CHUNK_ELEMS, s.fill.elem_size(), &mut buf[at..]);
+                    }
                 }
             }
             Piece::Zeros(n) => buf.resize(*n, 0),
