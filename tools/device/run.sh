@@ -13,6 +13,8 @@ mkdir -p "$OUT"
 ROOT=$(pwd)
 BIN=$ROOT/target/devbin
 MODEL=${MODEL:-/tmp/q36}
+SERVE_ARGS=${SERVE_ARGS:-}
+SERVE_BENCH_ARGS=${SERVE_BENCH_ARGS:-}
 export MOEFLUX_KERNEL_CACHE=/tmp/moeflux-kernels
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/local/cuda/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}
 export RUST_BACKTRACE=1
@@ -99,14 +101,24 @@ for stage in "$@"; do
         # Issue 9's rows: one streaming client through `moeflux serve` at
         # 25% expert cache against `bench` at the same setting.
         bench serve-ref --device cuda --expert-cache 25% -p 512 -n 128 -r 3
-        "$BIN/moeflux" serve --model "$MODEL" --device cuda --expert-cache 25% --port 18080 >"$OUT/serve.log" 2>&1 &
+        "$BIN/moeflux" serve --model "$MODEL" --device cuda --expert-cache 25% --port 18080 $SERVE_ARGS >"$OUT/serve.log" 2>&1 &
         spid=$!
         for _ in $(seq 120); do curl -sf localhost:18080/health >/dev/null && break; sleep 1; done
         t0=$SECONDS
-        python3 "$ROOT/tools/serve_bench.py" http://127.0.0.1:18080 --runs 3 >"$OUT/serve-bench.json" 2>"$OUT/serve-bench.err"
-        note "serve_bench (rc $?, $((SECONDS - t0)) s)"
+        python3 "$ROOT/tools/serve_bench.py" http://127.0.0.1:18080 --runs 3 $SERVE_BENCH_ARGS >"$OUT/serve-bench.json" 2>"$OUT/serve-bench.err"
+        note "serve_bench $SERVE_ARGS $SERVE_BENCH_ARGS (rc $?, $((SECONDS - t0)) s)"
         tee -a "$SUMMARY" <"$OUT/serve-bench.err"
         kill -INT $spid; wait $spid
+        ;;
+    skewed)
+        # The same shape with realistic routing (synth --routing skewed).
+        t0=$SECONDS
+        [ -d /tmp/q36s ] || "$BIN/moeflux" synth --preset qwen3.6-35b-a3b --routing skewed --out /tmp/q36s >"$OUT/synth-skewed.log" 2>&1
+        note "synth skewed (rc $?, $((SECONDS - t0)) s)"
+        for c in 0% 25% 50%; do
+            MODEL=/tmp/q36s bench "skewed-$c" --device cuda --expert-cache $c -p 512 -n 128 -r 3
+            MODEL=/tmp/q36s bench "skewed-$c-nohybrid" --hybrid off --device cuda --expert-cache $c -p 0 -n 128 -r 3
+        done
         ;;
     zero) bench zero --device cuda --expert-cache 0% -p 512 -n 128 -r 3 ;;
     # The same rows with every miss copied (--hybrid off) or every decode
