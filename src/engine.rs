@@ -65,9 +65,9 @@ pub struct Options {
     /// prefill chunk long enough to need nearly all of them, every expert of
     /// the next layer.
     pub prefetch: bool,
-    /// CUDA: who computes the experts that miss the cache: split between
-    /// copies to the device and the CPU by a cost model (`Auto`), all
-    /// copied (`Off`), or all on the CPU (`Cpu`, for testing).
+    /// CUDA: who computes the experts that miss the cache: all copied
+    /// (`Off`, the default), split between copies to the device and the
+    /// CPU by a cost model (`Auto`), or all on the CPU (`Cpu`, for testing).
     pub hybrid: Hybrid,
     /// CUDA: settings of the backend (graphs, PDL, staging, kernel cache).
     pub cuda: CudaOptions,
@@ -84,7 +84,7 @@ impl Default for Options {
             io_threads: 8,
             expert_cache: CacheSize::Auto,
             prefetch: true,
-            hybrid: Hybrid::Auto,
+            hybrid: Hybrid::Off,
             cuda: CudaOptions::default(),
             notify: Notifier::default(),
         }

@@ -44,6 +44,10 @@ pub struct BenchArgs {
     /// Tokens per prefill chunk (1 evaluates the prompt token by token).
     #[arg(long, default_value_t = moeflux::session::DEFAULT_CHUNK)]
     pub chunk: usize,
+    /// Tokens of context evaluated (untimed) before each decode run, so
+    /// that tg is measured at that depth (as after a prompt of that length).
+    #[arg(short = 'd', long, default_value_t = 0)]
+    pub depth: usize,
 }
 
 /// Deterministic token ids (xorshift), spread over the vocabulary.
@@ -109,15 +113,25 @@ struct Row {
     phases: Option<(moeflux::model::timing::PhaseTimes, usize)>,
 }
 
-/// Run a prompt (pp) or a token-by-token decode (tg) from position 0.
-fn run_once(model: &Model, toks: &[u32], pp: bool, chunk: usize) -> anyhow::Result<()> {
+/// A session for one run: the context of a decode at `depth` evaluated
+/// (untimed) already.
+fn prepared<'m>(model: &'m Model, chunk: usize, depth: usize, vocab: usize) -> anyhow::Result<moeflux::Session<'m>> {
     let mut s = model.session()?;
     s.set_chunk_size(chunk);
+    if depth > 0 {
+        s.eval_prompt(&tokens(depth, vocab, 7), 0)?;
+    }
+    Ok(s)
+}
+
+/// Run a prompt (pp) or a token-by-token decode (tg) after what `s` holds.
+fn run_once(s: &mut moeflux::Session<'_>, toks: &[u32], pp: bool) -> anyhow::Result<()> {
+    let p0 = s.pos();
     if pp {
-        s.eval_prompt(toks, 0)?;
+        s.eval_prompt(toks, p0)?;
     } else {
-        for (pos, &tk) in toks.iter().enumerate() {
-            s.eval_token(tk, pos)?;
+        for (i, &tk) in toks.iter().enumerate() {
+            s.eval_token(tk, p0 + i)?;
         }
     }
     Ok(())
@@ -245,10 +259,13 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         let mut traffic = StatsSnapshot::default();
         let mut cache: Option<CacheStats> = None;
         let mut secs = 0.0;
+        let depth = if pp { 0 } else { a.depth };
         for r in 0..a.warmup {
-            run_once(&model, &tokens(n_tok.max(1), vocab, 1000 + r as u64), pp, a.chunk)?;
+            let mut s = prepared(&model, a.chunk, depth, vocab)?;
+            run_once(&mut s, &tokens(n_tok.max(1), vocab, 1000 + r as u64), pp)?;
         }
         for r in 0..reps {
+            let mut s = prepared(&model, a.chunk, depth, vocab)?;
             if a.cold {
                 evict(&a.model.model)?;
             }
@@ -256,7 +273,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             let before = store.stats();
             let cache_before = model.expert_cache_stats();
             let t = Instant::now();
-            run_once(&model, &toks, pp, a.chunk)?;
+            run_once(&mut s, &toks, pp)?;
             let dt = t.elapsed().as_secs_f64();
             if let (Some(b0), Some(b1)) = (cache_before, model.expert_cache_stats()) {
                 cache = Some(add_cache(cache, cache_delta(b0, b1)));
@@ -269,9 +286,10 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             eprintln!("  {name} run {}/{reps}: {:.2} tok/s", r + 1, n_tok as f64 / dt);
         }
         let phases = if a.timing {
+            let mut s = prepared(&model, a.chunk, depth, vocab)?;
             model.reset_timing();
             model.set_timing(true);
-            let r = run_once(&model, &tokens(n_tok.max(1), vocab, 2000), pp, a.chunk);
+            let r = run_once(&mut s, &tokens(n_tok.max(1), vocab, 2000), pp);
             model.set_timing(false);
             r?;
             Some((model.phase_times(), n_tok.max(1)))
@@ -298,7 +316,11 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         rows.push(measure(name, a.prompt, true)?);
     }
     if a.gen > 0 {
-        rows.push(measure(format!("tg{}", a.gen), a.gen, false)?);
+        let name = match a.depth {
+            0 => format!("tg{}", a.gen),
+            d => format!("tg{} @ d{d}", a.gen),
+        };
+        rows.push(measure(name, a.gen, false)?);
     }
     let bw = read_bandwidth();
     let h2d = match model.pinned_copy_bandwidth() {

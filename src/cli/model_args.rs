@@ -40,11 +40,11 @@ pub struct ModelArgs {
     /// prefill chunks).
     #[arg(long)]
     pub no_prefetch: bool,
-    /// CUDA: who computes the experts that miss the device cache: auto
-    /// (the CPU computes some from host memory while the others are
-    /// copied, split by a cost model measured at start), off (copy them
-    /// all) or cpu (compute them all on the CPU).
-    #[arg(long, default_value = "auto", value_name = "MODE")]
+    /// CUDA: who computes the experts that miss the device cache: off
+    /// (copy them all), auto (the CPU computes some from host memory while
+    /// the others are copied, split by a cost model measured at start; it
+    /// has not been faster yet) or cpu (compute them all on the CPU).
+    #[arg(long, default_value = "off", value_name = "MODE")]
     pub hybrid: Hybrid,
     /// CUDA: where compiled kernels are kept [default:
     /// $XDG_CACHE_HOME/moeflux/kernels, else ~/.cache/moeflux/kernels].
@@ -112,14 +112,14 @@ impl ModelArgs {
             if self.no_prefetch {
                 notes.push(format!("--no-prefetch has no effect on the {device}"));
             }
-            if self.hybrid != Hybrid::Auto {
+            if self.hybrid != Hybrid::Off {
                 notes.push(format!("--hybrid has no effect on the {device}"));
             }
         } else if cache.is_some_and(|c| c.resident) {
             if self.no_prefetch {
                 notes.push("--no-prefetch has no effect: every expert is resident on the device".into());
             }
-            if self.hybrid != Hybrid::Auto {
+            if self.hybrid != Hybrid::Off {
                 notes.push("--hybrid has no effect: every expert is resident on the device".into());
             }
         }

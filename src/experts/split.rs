@@ -9,12 +9,15 @@
 use crate::error::{Error, Result};
 
 /// `--hybrid`: who computes the experts that are not on the device.
+/// `Off` by default: on the H100 host the split has not paid yet (the CPU
+/// computes a one-token expert at 18–31 GB/s with ~60 µs to start, below
+/// PCIe's 55 GB/s), see BENCHMARKS.md.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum Hybrid {
     /// Split by the cost model.
-    #[default]
     Auto,
     /// Copy every miss (the device computes everything).
+    #[default]
     Off,
     /// Compute every miss on the CPU (for testing and comparison).
     Cpu,

@@ -117,16 +117,17 @@ for stage in "$@"; do
         note "synth skewed (rc $?, $((SECONDS - t0)) s)"
         for c in 0% 25% 50%; do
             MODEL=/tmp/q36s bench "skewed-$c" --device cuda --expert-cache $c -p 512 -n 128 -r 3
-            MODEL=/tmp/q36s bench "skewed-$c-nohybrid" --hybrid off --device cuda --expert-cache $c -p 0 -n 128 -r 3
+            MODEL=/tmp/q36s bench "skewed-$c-hybrid" --hybrid auto --device cuda --expert-cache $c -p 0 -n 128 -r 3
         done
         ;;
     zero) bench zero --device cuda --expert-cache 0% -p 512 -n 128 -r 3 ;;
-    # The same rows with every miss copied (--hybrid off) or every decode
-    # miss computed on the CPU (--hybrid cpu), for comparison.
-    zero-nohybrid) bench zero-nohybrid --hybrid off --device cuda --expert-cache 0% -p 512 -n 128 -r 3 ;;
+    # The same rows with misses split between copies and the CPU (--hybrid
+    # auto) or every decode miss computed on the CPU (--hybrid cpu).
+    zero-hybrid) bench zero-hybrid --hybrid auto --device cuda --expert-cache 0% -p 0 -n 128 -r 3 ;;
     zero-cpu) bench zero-cpu --hybrid cpu --device cuda --expert-cache 0% -p 0 -n 128 -r 3 ;;
-    quarter-nohybrid) bench quarter-nohybrid --hybrid off --device cuda --expert-cache 25% -p 512 -n 128 -r 3 ;;
-    half-nohybrid) bench half-nohybrid --hybrid off --device cuda --expert-cache 50% -p 512 -n 128 -r 3 ;;
+    quarter-hybrid) bench quarter-hybrid --hybrid auto --device cuda --expert-cache 25% -p 0 -n 128 -r 3 ;;
+    half-hybrid) bench half-hybrid --hybrid auto --device cuda --expert-cache 50% -p 0 -n 128 -r 3 ;;
+    quarter-d512) bench quarter-d512 --device cuda --expert-cache 25% -p 0 -n 128 -d 512 -r 3 ;;
     quarter-nopf) bench quarter-nopf --device cuda --expert-cache 25% --no-prefetch -p 512 -n 128 -r 3 ;;
     cpu) bench cpu --device cpu -p 512 -n 128 -r 3 ;;
     golden-staging)
