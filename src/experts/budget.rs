@@ -64,7 +64,8 @@ pub(crate) struct SlotBudget {
     /// Experts of all the MoE layers, and their bytes.
     pub experts: usize,
     pub expert_bytes: u64,
-    /// The smallest working set: one layer's active experts (K), so that
+    /// The smallest working set: one layer's active experts (K; 2K with
+    /// prefetch, for the next layer's guessed experts), so that
     /// a token's experts of a layer are copied and computed in one go.
     pub min_slots: usize,
     /// Device memory the cache may take.

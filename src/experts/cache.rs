@@ -464,10 +464,10 @@ impl SlotTable {
         (!want.is_empty() && want.len() * 3 <= self.n_slots).then_some((next, want))
     }
 
-    /// Whether a guess of `n` experts is small enough to copy (at most a
-    /// third of the slots).
+    /// Whether a guess of `n` experts is small enough to copy (at most
+    /// half the slots: the layer that computes keeps the other half).
     pub fn guess_fits(&self, n: usize) -> bool {
-        n > 0 && n * 3 <= self.n_slots
+        n > 0 && n * 2 <= self.n_slots
     }
 
     /// After a step of `n` tokens of `layer`, each routed to `k` experts:
@@ -768,7 +768,7 @@ mod tests {
         assert_eq!(t.predict(5, &[7]), Some((1, vec![4, 5])), "wraps to the first layer");
         assert_eq!(t.predict(1, &[8]), Some((3, vec![6])));
         assert_eq!(t.predict(2, &[8]), None, "not an MoE layer");
-        assert!(t.guess_fits(10) && !t.guess_fits(11) && !t.guess_fits(0));
+        assert!(t.guess_fits(15) && !t.guess_fits(16) && !t.guess_fits(0));
         // 64 experts, k = 8: 30 tokens cover almost all of them, but 30
         // slots are under three layers' worth.
         assert_eq!(t.next_layer_for_all(1, 30, 8), None);

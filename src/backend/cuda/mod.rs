@@ -67,7 +67,8 @@ pub struct CacheRequest {
     pub size: CacheSize,
     /// Copy experts ahead of need.
     pub prefetch: bool,
-    /// The smallest working set in experts: the active experts of one layer.
+    /// The smallest working set in experts: the active experts of one
+    /// layer (two layers' worth with prefetch).
     pub min_slots: usize,
     /// Who computes the misses (`experts::split`).
     pub hybrid: Hybrid,
