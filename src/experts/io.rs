@@ -178,11 +178,48 @@ impl ExpertFile {
             return Ok(());
         }
         if self.direct {
+            let a = DIRECT_ALIGN;
+            if (dst.as_ptr() as usize).is_multiple_of(a)
+                && (off as usize).is_multiple_of(a)
+                && dst.len().is_multiple_of(a)
+            {
+                // Aligned already (pinned staging pieces): straight in.
+                return self.read_direct_into(off, dst);
+            }
             let r = self.read_direct(off, dst.len())?;
             dst.copy_from_slice(r.bytes());
             return Ok(());
         }
         self.file.read_exact_at(dst, off).map_err(|e| Error::io(&self.path, e))
+    }
+
+    /// `O_DIRECT` read of `[off, off + dst.len())` into `dst`, all three
+    /// aligned to [`DIRECT_ALIGN`].
+    fn read_direct_into(&self, off: u64, dst: &mut [u8]) -> Result<()> {
+        let mut got = 0usize;
+        while got < dst.len() {
+            match self.file.read_at(&mut dst[got..], off + got as u64) {
+                Ok(0) => {
+                    return Err(Error::io(
+                        &self.path,
+                        std::io::Error::new(
+                            std::io::ErrorKind::UnexpectedEof,
+                            format!("end of file before offset {}", off + dst.len() as u64),
+                        ),
+                    ))
+                }
+                Ok(n) if !n.is_multiple_of(DIRECT_ALIGN) && got + n < dst.len() => {
+                    return Err(Error::format(
+                        &self.path,
+                        format!("short O_DIRECT read at offset {}", off + got as u64),
+                    ))
+                }
+                Ok(n) => got += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(Error::io(&self.path, e)),
+            }
+        }
+        Ok(())
     }
 
     /// Read the aligned blocks covering `[off, off + len)` into an aligned
