@@ -26,7 +26,7 @@ pub struct ModelArgs {
     /// (experts read in place from the page cache) when the expert files
     /// fit in half the available memory, direct when they are larger than
     /// the memory, pread otherwise; on CUDA, pread (the backend maps the
-    /// files itself when they fit), direct when they exceed the memory. Memory is the machine's, or the
+    /// files itself when they fit). Memory is the machine's, or the
     /// cgroup limit's (containers) when that is lower.
     #[arg(long, default_value = "auto")]
     pub io: IoMode,
