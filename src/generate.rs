@@ -28,7 +28,7 @@ pub use logprobs::TokenLogprob;
 pub use think::{Segment, ThinkSplitter};
 
 use crate::error::{Error, Result};
-use crate::session::{Session, DEFAULT_CHUNK};
+use crate::session::Session;
 use crate::text::{Constraint, FinishReason, Sampler, SamplingParams, TextStream, Tokenizer};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
@@ -257,7 +257,7 @@ impl<'a, 'm> Generator<'a, 'm> {
     /// Evaluate prompt tokens chunk by chunk, checking the cancel flag
     /// between chunks.
     fn eval_prompt(&mut self, tokens: &[u32]) -> Result<()> {
-        for chunk in tokens.chunks(DEFAULT_CHUNK) {
+        for chunk in tokens.chunks(self.session.chunk_size()) {
             if self.cancelled() {
                 self.finish = Some(Finish::Cancelled);
                 return Ok(());

@@ -54,7 +54,7 @@ impl Model {
             checkpoints: Vec::new(),
             max_checkpoints: DEFAULT_MAX_CHECKPOINTS,
             clock: 0,
-            chunk: DEFAULT_CHUNK,
+            chunk: self.prefill_chunk(),
             broken: false,
         })
     }
@@ -75,9 +75,14 @@ impl<'m> Session<'m> {
         self.tokens.as_deref()
     }
 
-    /// Tokens per chunk of `eval_prompt` (at least 1).
+    /// Tokens per chunk of `eval_prompt` (at least 1; a new session takes
+    /// [`Model::prefill_chunk`]).
     pub fn set_chunk_size(&mut self, n: usize) {
         self.chunk = n.max(1);
+    }
+
+    pub fn chunk_size(&self) -> usize {
+        self.chunk
     }
 
     fn check(&self, tokens: &[u32], start_pos: usize) -> Result<()> {

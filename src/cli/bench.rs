@@ -41,9 +41,10 @@ pub struct BenchArgs {
     /// Print one JSON object instead of the table.
     #[arg(long)]
     pub json: bool,
-    /// Tokens per prefill chunk (1 evaluates the prompt token by token).
-    #[arg(long, default_value_t = moeflux::session::DEFAULT_CHUNK)]
-    pub chunk: usize,
+    /// Tokens per prefill chunk (1 evaluates the prompt token by token)
+    /// [default: the model's: 512 on the CPU, up to 4096 on CUDA].
+    #[arg(long)]
+    pub chunk: Option<usize>,
     /// Tokens of context evaluated (untimed) before each decode run, so
     /// that tg is measured at that depth (as after a prompt of that length).
     #[arg(short = 'd', long, default_value_t = 0)]
@@ -252,6 +253,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     let vocab = model.n_vocab();
     let store = model.expert_store();
     let reps = a.reps.max(1);
+    let chunk = a.chunk.unwrap_or_else(|| model.prefill_chunk());
     let mut rows = Vec::new();
 
     let measure = |name: String, n_tok: usize, pp: bool| -> anyhow::Result<Row> {
@@ -261,11 +263,11 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         let mut secs = 0.0;
         let depth = if pp { 0 } else { a.depth };
         for r in 0..a.warmup {
-            let mut s = prepared(&model, a.chunk, depth, vocab)?;
+            let mut s = prepared(&model, chunk, depth, vocab)?;
             run_once(&mut s, &tokens(n_tok.max(1), vocab, 1000 + r as u64), pp)?;
         }
         for r in 0..reps {
-            let mut s = prepared(&model, a.chunk, depth, vocab)?;
+            let mut s = prepared(&model, chunk, depth, vocab)?;
             if a.cold {
                 evict(&a.model.model)?;
             }
@@ -286,7 +288,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             eprintln!("  {name} run {}/{reps}: {:.2} tok/s", r + 1, n_tok as f64 / dt);
         }
         let phases = if a.timing {
-            let mut s = prepared(&model, a.chunk, depth, vocab)?;
+            let mut s = prepared(&model, chunk, depth, vocab)?;
             model.reset_timing();
             model.set_timing(true);
             let r = run_once(&mut s, &tokens(n_tok.max(1), vocab, 2000), pp);
@@ -308,8 +310,8 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         })
     };
     if a.prompt > 0 {
-        let name = if a.chunk < a.prompt {
-            format!("pp{} (chunk {})", a.prompt, a.chunk)
+        let name = if chunk < a.prompt {
+            format!("pp{} (chunk {chunk})", a.prompt)
         } else {
             format!("pp{}", a.prompt)
         };
