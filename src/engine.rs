@@ -10,7 +10,6 @@ use crate::experts::{CacheSize, CacheStats, ExpertStore, Hybrid, IoMode};
 use crate::format::packed::{Layout, WeightsFile, EXPERTS_DIR, LAYOUT_FILE};
 use crate::model::{Net, State};
 use crate::notify::Notifier;
-use crate::session::DEFAULT_CHUNK;
 use std::path::Path;
 
 /// Which device computes.
@@ -211,6 +210,9 @@ pub struct Model {
     chunk: usize,
 }
 
+/// Tokens evaluated together by `eval_prompt` on the CPU (and the least
+/// on CUDA).
+pub const DEFAULT_CHUNK: usize = 512;
 /// Activation memory a CUDA prefill chunk may take.
 const CHUNK_ACTIVATION_BYTES: usize = 1 << 30;
 /// The longest CUDA prefill chunk.

@@ -8,8 +8,7 @@ use crate::error::{Error, Result};
 
 /// Positions the caches are first sized for; they grow on demand.
 const INITIAL_CAPACITY: usize = 256;
-/// Tokens evaluated together by `eval_prompt`.
-pub const DEFAULT_CHUNK: usize = 512;
+pub use crate::engine::DEFAULT_CHUNK;
 pub const DEFAULT_MAX_CHECKPOINTS: usize = 4;
 
 struct Checkpoint {

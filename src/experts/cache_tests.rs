@@ -1,0 +1,291 @@
+//! Tests of `cache.rs`: the slot table on routing traces (uniform,
+//! Zipf-skewed, with and without token-to-token reuse) against plain
+//! CLOCK, and its invariants.
+
+use super::*;
+use crate::synth::SplitMix64;
+
+/// Hits over lookups of `trace` (calls of (layer, experts)).
+fn hit_rate(t: &mut SlotTable, trace: &[(usize, Vec<u32>)]) -> f64 {
+    for (l, ex) in trace {
+        t.place(*l, ex, false).unwrap();
+    }
+    let c = t.counts();
+    c.hits as f64 / (c.hits + c.misses) as f64
+}
+
+/// `steps` tokens over `layers` layers of `e` experts, `k` per token,
+/// drawn by weight `1/(rank+1)^s` (s = 0: uniform), ranks shuffled per
+/// layer.
+fn trace(layers: usize, e: usize, k: usize, steps: usize, s: f64, keep: f64, seed: u64) -> Vec<(usize, Vec<u32>)> {
+    let mut rng = SplitMix64::new(seed);
+    let perm: Vec<Vec<u32>> = (0..layers)
+        .map(|_| {
+            let mut p: Vec<u32> = (0..e as u32).collect();
+            for i in (1..e).rev() {
+                p.swap(i, (rng.next_u64() % (i as u64 + 1)) as usize);
+            }
+            p
+        })
+        .collect();
+    let w: Vec<f64> = (0..e).map(|r| 1.0 / ((r + 1) as f64).powf(s)).collect();
+    let sum: f64 = w.iter().sum();
+    let mut out: Vec<(usize, Vec<u32>)> = Vec::new();
+    for step in 0..steps {
+        for (l, p) in perm.iter().enumerate() {
+            let mut pick: Vec<u32> = Vec::new();
+            if step > 0 {
+                // Each of the previous token's experts of this layer is
+                // kept with probability `keep`.
+                let prev = out[out.len() - layers].1.clone();
+                for x in prev {
+                    if ((rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64) < keep {
+                        pick.push(x);
+                    }
+                }
+            }
+            while pick.len() < k {
+                let mut u = (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64 * sum;
+                let mut r = 0;
+                while r + 1 < e && u >= w[r] {
+                    u -= w[r];
+                    r += 1;
+                }
+                if !pick.contains(&p[r]) {
+                    pick.push(p[r]);
+                }
+            }
+            out.push((l, pick));
+        }
+    }
+    out
+}
+
+/// The starting probation size the CUDA cache asks for.
+fn probation_for(slots: usize, token: usize) -> usize {
+    (slots / 8).min(token.max(32))
+}
+
+/// The same trace through plain CLOCK (no probation: every miss admitted).
+fn clock_only(layers: usize, e: usize, slots: usize) -> SlotTable {
+    let mut t = SlotTable::new(&(0..layers).collect::<Vec<_>>(), e, slots, 0);
+    t.window = u64::MAX;
+    t.freq.clear();
+    t.climb.max = 0;
+    t
+}
+
+fn consistent(t: &SlotTable) {
+    for (s, o) in t.owner.iter().enumerate() {
+        if let Some(k) = o {
+            assert_eq!(t.slot_of.get(k), Some(&s));
+        }
+    }
+    assert_eq!(t.slot_of.len(), t.owner.iter().flatten().count());
+    for &p in &t.probation {
+        assert!(!t.main[p]);
+    }
+    assert_eq!(
+        t.probation.len(),
+        t.main.iter().filter(|m| !**m).count(),
+        "every non-main slot is in the ring"
+    );
+}
+
+#[test]
+fn a_call_gets_distinct_slots_and_hits_the_second_time() {
+    let mut t = SlotTable::new(&[0, 1], 8, 6, 2);
+    let a = t.place(0, &[1, 2, 3], false).unwrap();
+    assert!(a.iter().all(|p| matches!(p, Place::Fill(_))));
+    let mut s: Vec<usize> = a.iter().filter_map(|p| p.slot()).collect();
+    s.sort_unstable();
+    s.dedup();
+    assert_eq!(s.len(), 3);
+    let b = t.place(0, &[3, 2, 1], false).unwrap();
+    assert_eq!(
+        b,
+        vec![
+            Place::Hit(a[2].slot().unwrap()),
+            Place::Hit(a[1].slot().unwrap()),
+            Place::Hit(a[0].slot().unwrap())
+        ]
+    );
+    consistent(&t);
+    assert!(
+        t.place(0, &[0, 1, 2, 3, 4, 5, 6], false).is_err(),
+        "more than the slots"
+    );
+    assert!(t.place(0, &[8], false).is_err(), "past the experts");
+}
+
+#[test]
+fn the_smallest_cache_serves_every_call() {
+    // 0%: as many slots as a call's experts; probation takes them all.
+    let mut t = SlotTable::new(&[0, 1, 2], 64, 8, 8);
+    for (l, ex) in trace(3, 64, 8, 50, 0.0, 0.0, 1) {
+        let p = t.place(l, &ex, false).unwrap();
+        let mut s: Vec<usize> = p.iter().filter_map(|p| p.slot()).collect();
+        s.sort_unstable();
+        s.dedup();
+        assert_eq!(s.len(), 8, "one slot per expert of the call");
+        consistent(&t);
+    }
+}
+
+#[test]
+fn slots_stay_consistent_through_guesses_and_promotions() {
+    let mut rng = SplitMix64::new(7);
+    let mut t = SlotTable::new(&[0, 2, 3], 16, 12, 4);
+    for _ in 0..5000 {
+        let l = [0, 2, 3][(rng.next_u64() % 3) as usize];
+        let n = 1 + (rng.next_u64() % 6) as usize;
+        let mut ex: Vec<u32> = (0..n).map(|_| (rng.next_u64() % 16) as u32).collect();
+        ex.sort_unstable();
+        ex.dedup();
+        let guess = rng.next_u64().is_multiple_of(4);
+        let p = t.place(l, &ex, guess).unwrap();
+        for (i, &e) in ex.iter().enumerate() {
+            assert_eq!(t.slot(l, e), p[i].slot());
+        }
+        consistent(&t);
+    }
+}
+
+#[test]
+fn uniform_routing_hits_about_the_cached_fraction() {
+    // 8 layers × 64 experts, 25% of them cached.
+    let tr = trace(8, 64, 8, 400, 0.0, 0.0, 2);
+    let mut t = SlotTable::new(&(0..8).collect::<Vec<_>>(), 64, 128, 16);
+    let r = hit_rate(&mut t, &tr);
+    assert!((0.15..0.30).contains(&r), "hit rate {r}");
+}
+
+#[test]
+fn skewed_routing_keeps_the_popular_experts() {
+    // Zipf-like popularity (s = 1.1), 12.5% cached: admission beats
+    // plain CLOCK, which lets every one-off miss evict a popular expert.
+    let tr = trace(8, 128, 8, 600, 1.1, 0.0, 3);
+    let slots = 8 * 128 / 8;
+    let mut t = SlotTable::new(&(0..8).collect::<Vec<_>>(), 128, slots, 16);
+    let admitted = hit_rate(&mut t, &tr);
+    let mut c = clock_only(8, 128, slots);
+    let clock = hit_rate(&mut c, &tr);
+    assert!(admitted > clock + 0.03, "admission {admitted} vs CLOCK {clock}");
+    assert!(admitted > 0.5, "admission {admitted}");
+}
+
+#[test]
+fn a_one_off_scan_does_not_flush_the_hot_set() {
+    // Hot: 8 experts of one layer, asked over and over; then every
+    // other expert of 4 layers once; then the hot set again.
+    let mut t = SlotTable::new(&[0, 1, 2, 3], 256, 24, 8);
+    let hot: Vec<u32> = (0..8).collect();
+    for _ in 0..50 {
+        t.place(0, &hot, false).unwrap();
+    }
+    for l in 0..4 {
+        for c in (8..256u32).collect::<Vec<_>>().chunks(8) {
+            t.place(l, c, false).unwrap();
+        }
+    }
+    let before = t.counts().hits;
+    t.place(0, &hot, false).unwrap();
+    assert_eq!(t.counts().hits - before, 8, "the hot set survived the scan");
+}
+
+#[test]
+fn a_probation_hit_that_is_wanted_is_promoted() {
+    let mut t = SlotTable::new(&[0], 32, 6, 2);
+    // Fill main with four experts asked twice.
+    t.place(0, &[0, 1, 2, 3], false).unwrap();
+    t.place(0, &[0, 1, 2, 3], false).unwrap();
+    // Expert 9 misses; main's victims were asked more: probation.
+    let s = t.place(0, &[9], false).unwrap()[0].slot().unwrap();
+    assert!(!t.main[s]);
+    assert_eq!(t.counts().bypassed, 1);
+    // Asked again: now wanted as much as main's victim, promoted in place.
+    assert_eq!(t.place(0, &[9], false).unwrap(), vec![Place::Hit(s)]);
+    assert!(t.main[s]);
+    consistent(&t);
+}
+
+/// Admission against plain CLOCK at 1/16 to 1/2 of the experts cached,
+/// on routing uniform or Zipf-skewed, with or without token-to-token
+/// reuse (`keep`: each of the previous token's experts of a layer kept
+/// with that probability). `--nocapture` prints the table.
+#[test]
+fn admission_against_clock() {
+    for (s, keep, name) in [
+        (0.0, 0.0, "uniform"),
+        (0.0, 0.5, "uniform+keep0.5"),
+        (0.8, 0.0, "zipf0.8"),
+        (1.1, 0.0, "zipf1.1"),
+        (1.1, 0.5, "zipf1.1+keep0.5"),
+    ] {
+        let tr = trace(8, 128, 8, 600, s, keep, 3);
+        for frac in [16usize, 8, 4, 2] {
+            let slots = 8 * 128 / frac;
+            let mut t = SlotTable::new(&(0..8).collect::<Vec<_>>(), 128, slots, probation_for(slots, 8 * 8));
+            let a = hit_rate(&mut t, &tr);
+            let mut c = clock_only(8, 128, slots);
+            let b = hit_rate(&mut c, &tr);
+            eprintln!("{name} 1/{frac}: admission {a:.3} clock {b:.3}");
+            // Margins: what the policy gives up on pure recency at
+            // the smallest sizes, and what it must win on skew.
+            let margin = match (s == 0.0, keep > 0.0) {
+                (true, false) => -0.02,
+                (true, true) => -0.10,
+                (false, false) => 0.02,
+                (false, true) => -0.01,
+            };
+            assert!(a > b + margin, "{name} 1/{frac}: admission {a} vs CLOCK {b}");
+        }
+    }
+}
+
+#[test]
+fn misses_not_admitted_are_left_on_the_host_up_to_the_share() {
+    let mut t = SlotTable::new(&[0], 32, 8, 2);
+    t.place(0, &[0, 1, 2, 3, 4, 5], false).unwrap();
+    // Three misses, a share of two: two stay on the host (those not
+    // admitted first, then admitted ones), one takes a slot.
+    let p = t.place_split(0, &[10, 11, 12, 0], false, HostShare::UpTo(2)).unwrap();
+    assert_eq!(p.iter().filter(|p| **p == Place::Host).count(), 2);
+    assert_eq!(p[3], Place::Hit(t.slot(0, 0).unwrap()));
+    assert_eq!(t.counts().on_host, 2);
+    assert_eq!(t.counts().misses, 6 + 3);
+    let host: Vec<u32> = [10, 11, 12].into_iter().filter(|&e| t.slot(0, e).is_none()).collect();
+    assert_eq!(host.len(), 2, "host-computed experts take no slot");
+    // All: every miss, admitted or not; guesses are never left.
+    let p = t.place_split(0, &[20, 21], false, HostShare::All).unwrap();
+    assert_eq!(p, vec![Place::Host, Place::Host]);
+    let g = t.place_split(0, &[22], true, HostShare::All).unwrap();
+    assert!(matches!(g[0], Place::Fill(_)));
+    assert_eq!(t.missing(0, &[0, 20, 22, 23]), 2);
+    consistent(&t);
+}
+
+#[test]
+fn resident_tables_have_no_probation() {
+    let t = SlotTable::new(&[0, 1], 4, 8, 4);
+    assert!(t.probation.is_empty());
+    assert!(t.main.iter().all(|m| *m));
+}
+
+#[test]
+fn prefetch_plans() {
+    let mut t = SlotTable::new(&[1, 3, 5], 64, 30, 8);
+    assert_eq!(t.predict(1, &[4, 5]), None, "layer 3 has no previous token yet");
+    assert_eq!(t.predict(3, &[6]), None, "neither has layer 5");
+    assert_eq!(t.predict(5, &[7]), Some((1, vec![4, 5])), "wraps to the first layer");
+    assert_eq!(t.predict(1, &[8]), Some((3, vec![6])));
+    assert_eq!(t.predict(2, &[8]), None, "not an MoE layer");
+    assert!(t.guess_fits(15) && !t.guess_fits(16) && !t.guess_fits(0));
+    // 64 experts, k = 8: 30 tokens cover almost all of them, but 30
+    // slots are under three layers' worth.
+    assert_eq!(t.next_layer_for_all(1, 30, 8), None);
+    let big = SlotTable::new(&[1, 3, 5], 64, 192, 8);
+    assert_eq!(big.next_layer_for_all(1, 30, 8), Some(3));
+    assert_eq!(big.next_layer_for_all(1, 2, 8), None, "two tokens cover too little");
+    assert_eq!(big.next_layer_for_all(5, 30, 8), None, "the last layer");
+}
