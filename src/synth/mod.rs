@@ -10,13 +10,14 @@
 
 mod fill;
 pub mod presets;
+mod random;
 mod skew;
 mod tensors;
 pub mod tokenizer;
 mod writer;
 
-pub use fill::SplitMix64;
 pub use presets::{preset, trim_layers, PRESETS};
+pub use random::SplitMix64;
 pub use skew::Routing;
 pub use tensors::{QWEN_ROUTER_BITS, ROUTER_GAIN};
 
@@ -27,12 +28,13 @@ use crate::format::packed::{
     expert_file_name, LayerLayout, Layout, Manifest, TensorEntry, ALIGN, EXPERTS_DIR, LAYOUT_FILE, MANIFEST_FILE,
     WEIGHTS_FILE,
 };
+use fill::CHUNK_ELEMS;
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 use tensors::{dense_tensors, expert_segments, Quant, Segment, TensorSpec};
-use writer::{write_file, write_small, Piece, CHUNK_ELEMS};
+use writer::{write_file, write_small, Piece};
 
 /// What to write.
 #[derive(Debug, Clone, Copy)]

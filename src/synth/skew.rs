@@ -25,7 +25,7 @@
 //! quantized as MLX does ([`crate::format::quant::quantize_row`]), each
 //! chunk of each part (words, scales, biases) from the rows it covers.
 
-use super::fill::{group_scale, jitter, mix, SplitMix64};
+use super::random::{group_scale, jitter, mix, SplitMix64};
 use crate::format::quant::quantize_row;
 use half::bf16;
 

@@ -2,7 +2,8 @@
 //! them: the dense tensors of `model_weights.bin` (packed names, SPEC.md
 //! §2) and the components of one routed expert.
 
-use super::fill::{key, mix, quantized_fills, Fill};
+use super::fill::{quantized_fills, Fill};
+use super::random::{key, mix};
 use super::skew::{self, Part, Routing, RowMask, Rows, Shared};
 use crate::config::{Arch, AttnKind, FfnKind, ModelConfig};
 use crate::format::packed::LayerLayout;

@@ -2,6 +2,7 @@
 //! parallel (rayon) one batch ahead of a writer that appends them with
 //! large sequential writes.
 
+use super::fill::CHUNK_ELEMS;
 use super::tensors::Segment;
 use crate::error::{Error, Result};
 use crate::format::outdir::check_cancel;
@@ -13,8 +14,6 @@ use std::sync::atomic::AtomicBool;
 use std::sync::mpsc::sync_channel;
 use std::sync::Mutex;
 
-/// Elements per generated chunk of a large tensor (8 MiB of packed words).
-pub const CHUNK_ELEMS: usize = 1 << 21;
 /// Bytes generated per batch; one batch is written while the next is made.
 const BATCH_BYTES: usize = 64 << 20;
 
