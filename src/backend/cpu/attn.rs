@@ -1,6 +1,6 @@
 //! RoPE, GQA attention and absorbed MLA attention on the CPU.
 
-use super::matmul::dot;
+use super::vector::dot;
 use crate::backend::{AttnArgs, MlaArgs, RopeArgs};
 use rayon::prelude::*;
 

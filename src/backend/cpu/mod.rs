@@ -10,6 +10,7 @@ mod qmatvec;
 mod simd;
 #[cfg(target_arch = "x86_64")]
 mod simd512;
+mod vector;
 
 use super::{AttnArgs, Backend, DeltaArgs, DeltaState, DeltaWeights, MlaArgs, MoeArgs, MoeInputs, RopeArgs, Strided};
 use crate::error::Result;

@@ -8,7 +8,7 @@
 //! multiply-add per weight plus two per group; the group sums of x are
 //! computed once per call.
 
-use super::matmul::dot;
+use super::vector::dot;
 use crate::error::{Error, Result};
 use crate::format::{Dtype, MatrixData, MatrixView};
 

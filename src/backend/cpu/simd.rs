@@ -13,8 +13,8 @@
 //! decoded once into f32 (`q·s + b`, in x's column order) and a 4-row ×
 //! 3-token register tile runs over the whole row.
 
-use super::matmul::dot;
 use super::qmatvec::{bf16_bits_to_f32, Acts, FloatMat, QuantMat};
+use super::vector::dot;
 use crate::format::Dtype;
 use std::arch::x86_64::*;
 

@@ -3,35 +3,21 @@
 //! through cudarc's dynamically loaded driver API (nothing is linked at
 //! build time; a machine without a driver never gets here, see `probe`).
 
+pub(crate) use super::check::{cuda_err, Check};
 use super::compile::{self, Module};
 use super::functions::{BaseKernels, FormatKernels, Kernels};
 use super::graph::Segments;
 use super::CudaOptions;
 use crate::error::{Error, Result};
 use crate::notify::Notifier;
-use cudarc::driver::{sys, CudaContext, DriverError};
+use cudarc::driver::{sys, CudaContext};
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-pub(crate) fn cuda_err(what: &str, e: DriverError) -> Error {
-    Error::Backend {
-        backend: "cuda",
-        msg: format!("{what}: {e}"),
-    }
-}
-
-/// `CUresult` → `Result`, naming the call that failed.
-pub(crate) trait Check {
-    fn check(self, what: &str) -> Result<()>;
-}
-
-impl Check for sys::CUresult {
-    fn check(self, what: &str) -> Result<()> {
-        self.result().map_err(|e| cuda_err(what, e))
-    }
-}
+/// The largest grid y (and z) dimension.
+pub(crate) const MAX_GRID_Y: usize = 65535;
 
 /// Why CUDA cannot be used here, or the number of devices.
 pub fn probe() -> std::result::Result<usize, String> {

@@ -13,7 +13,7 @@
 //! host captures the next. Order is unchanged: every segment is one chain
 //! launched on the compute stream in turn.
 
-use super::driver::Check;
+use super::check::Check;
 use crate::error::Result;
 use cudarc::driver::sys;
 

@@ -2,7 +2,7 @@
 //! in their packed layout), and the products and lookups that read them.
 
 use super::buf::{CudaBuf, DevMem};
-use super::driver::Gpu;
+use super::driver::{Gpu, MAX_GRID_Y};
 use crate::cuda_args;
 use crate::error::{Error, Result};
 use crate::format::{Dtype, MatrixData, MatrixView};
@@ -176,9 +176,6 @@ pub struct CudaMatrix {
     pub(crate) cols: usize,
     _mem: DevMem,
 }
-
-/// The largest grid y (and z) dimension.
-pub(crate) const MAX_GRID_Y: usize = 65535;
 
 fn align256(x: usize) -> usize {
     x.div_ceil(256) * 256

@@ -8,6 +8,7 @@
 
 mod buf;
 mod cache;
+mod check;
 mod compile;
 mod driver;
 mod functions;

@@ -11,9 +11,9 @@
 
 use super::buf::{CudaBuf, DevMem};
 use super::cache::ExpertCache;
-use super::driver::Gpu;
+use super::driver::{Gpu, MAX_GRID_Y};
 use super::hybrid::{self, HostStep, HYBRID_TOKENS};
-use super::matrix::{group_shift, Format, F16_SCALES, MAX_GRID_Y};
+use super::matrix::{group_shift, Format, F16_SCALES};
 use crate::backend::{MoeArgs, MoeInputs};
 use crate::config::Routing;
 use crate::cuda_args;

@@ -4,7 +4,7 @@
 
 use super::buf::CudaBuf;
 use super::driver::Gpu;
-use super::matrix::MAX_GRID_Y;
+use super::driver::MAX_GRID_Y;
 use crate::backend::{AttnArgs, DeltaArgs, MlaArgs, RopeArgs, Strided};
 use crate::cuda_args;
 use crate::error::{Error, Result};
