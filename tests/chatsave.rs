@@ -10,7 +10,6 @@ use moeflux::chatsave;
 use moeflux::{Model, Session};
 use serde_json::{json, Value};
 use std::path::Path;
-use std::process::Stdio;
 
 const TOKENS: [u32; 8] = [3, 101, 57, 402, 260, 19, 333, 7];
 
@@ -184,7 +183,12 @@ fn chat_load_of_a_bad_save_keeps_the_live_session() {
     let dst = tmp.path().join("packed");
     convert("qwen3_moe_mlx4", &dst, &[]);
     let good = tmp.path().join("good.chat");
-    let stderr = chat(&dst, &format!("hello\n/save {}\n/stats\n", good.display()));
+    let (_, stderr) = chat(
+        &dst,
+        "qwen3.jinja",
+        4,
+        &format!("hello\n/save {}\n/stats\n", good.display()),
+    );
     let held = positions(&stderr);
     assert!(held[0] > 0, "{stderr}");
     let bad = tmp.path().join("bad.chat");
@@ -196,30 +200,15 @@ fn chat_load_of_a_bad_save_keeps_the_live_session() {
         }),
     )
     .unwrap();
-    let stderr = chat(&dst, &format!("hello\n/stats\n/load {}\n/stats\n", bad.display()));
+    let (_, stderr) = chat(
+        &dst,
+        "qwen3.jinja",
+        4,
+        &format!("hello\n/stats\n/load {}\n/stats\n", bad.display()),
+    );
     let p = positions(&stderr);
     assert!(p.len() == 2 && p[0] > 0 && p[1] == p[0], "{p:?}\n{stderr}");
     assert!(stderr.contains("bad.chat"), "{stderr}");
-}
-
-/// `moeflux chat` with `input` on stdin; its stderr.
-fn chat(dst: &Path, input: &str) -> String {
-    use std::io::Write;
-    let mut child = moeflux()
-        .args(["chat", "--device", "cpu", "-n", "4", "--model"])
-        .arg(dst)
-        .arg("--chat-template")
-        .arg(fixture("text/templates").join("qwen3.jinja"))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
-    let out = child.wait_with_output().unwrap();
-    let e = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(out.status.success() && !e.contains("panicked"), "chat failed:\n{e}");
-    e
 }
 
 /// The positions of each `/stats` line (`session: N of M positions`).

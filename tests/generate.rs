@@ -343,29 +343,6 @@ fn cancel_flag_ends_the_generation() {
     assert_eq!(out.tokens.len(), n, "no token after the flag");
 }
 
-/// `moeflux chat` with `input` on stdin; (stdout, stderr).
-fn chat(dst: &Path, template: &str, input: &str) -> (String, String) {
-    use std::io::Write;
-    let mut child = moeflux()
-        .args(["chat", "--device", "cpu", "-n", "6", "--model"])
-        .arg(dst)
-        .arg("--chat-template")
-        .arg(fixture("text/templates").join(template))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
-    let out = child.wait_with_output().unwrap();
-    let (o, e) = (
-        String::from_utf8(out.stdout).unwrap(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    );
-    assert!(out.status.success(), "chat failed:\n{e}");
-    (o, e)
-}
-
 /// `(new, reused)` prompt tokens of each turn's stats line.
 fn turns(stderr: &str) -> Vec<(usize, usize)> {
     stderr
@@ -394,7 +371,7 @@ fn chat_keeps_the_conversation_saves_and_loads() {
         s = save.display(),
         bad = dst.join("config.json").display()
     );
-    let (stdout, stderr) = chat(&dst, "qwen3.jinja", &input);
+    let (stdout, stderr) = chat(&dst, "qwen3.jinja", 6, &input);
     let t = turns(&stderr);
     assert_eq!(
         t.len(),
@@ -423,7 +400,7 @@ fn chat_keeps_the_conversation_saves_and_loads() {
     // A recurrent model: the second turn resumes from a checkpoint.
     let dst = tmp.path().join("recurrent");
     convert(DEMO, &dst, &[]);
-    let (stdout, stderr) = chat(&dst, "qwen3_5.jinja", "hi\nagain\n");
+    let (stdout, stderr) = chat(&dst, "qwen3_5.jinja", 6, "hi\nagain\n");
     let t = turns(&stderr);
     assert!(t.len() == 2 && t[1].1 > 0, "{t:?}");
     assert!(stdout.starts_with("<think>"), "{stdout}");

@@ -29,8 +29,9 @@ fn with(mut v: Value, fields: Value) -> Value {
     v
 }
 
-fn tiny_qwen35() -> Value {
-    let types: Vec<&str> = (0..8)
+/// Qwen3.5's layer pattern: three linear-attention layers, then a full one.
+fn hybrid_layer_types(n: usize) -> Vec<&'static str> {
+    (0..n)
         .map(|i| {
             if i % 4 == 3 {
                 "full_attention"
@@ -38,7 +39,11 @@ fn tiny_qwen35() -> Value {
                 "linear_attention"
             }
         })
-        .collect();
+        .collect()
+}
+
+fn tiny_qwen35() -> Value {
+    let types = hybrid_layer_types(8);
     with(
         preset("qwen3.6-35b-a3b").unwrap(),
         json!({"hidden_size": 128, "num_hidden_layers": 8, "layer_types": types, "num_attention_heads": 4,

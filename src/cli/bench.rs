@@ -9,6 +9,7 @@ use anyhow::Context;
 use clap::Args;
 use moeflux::experts::StatsSnapshot;
 use moeflux::experts::{CacheStats, SplitModel};
+use moeflux::synth::token_ids;
 use moeflux::Model;
 use std::io::Write;
 use std::path::Path;
@@ -49,19 +50,6 @@ pub struct BenchArgs {
     /// that tg is measured at that depth (as after a prompt of that length).
     #[arg(short = 'd', long, default_value_t = 0)]
     pub depth: usize,
-}
-
-/// Deterministic token ids (xorshift), spread over the vocabulary.
-fn tokens(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s % vocab as u64) as u32
-        })
-        .collect()
 }
 
 /// Drop the expert files from the page cache (POSIX_FADV_DONTNEED).
@@ -120,7 +108,7 @@ fn prepared<'m>(model: &'m Model, chunk: usize, depth: usize, vocab: usize) -> a
     let mut s = model.session()?;
     s.set_chunk_size(chunk);
     if depth > 0 {
-        s.eval_prompt(&tokens(depth, vocab, 7), 0)?;
+        s.eval_prompt(&token_ids(depth, vocab, 7), 0)?;
     }
     Ok(s)
 }
@@ -264,14 +252,14 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         let depth = if pp { 0 } else { a.depth };
         for r in 0..a.warmup {
             let mut s = prepared(&model, chunk, depth, vocab)?;
-            run_once(&mut s, &tokens(n_tok.max(1), vocab, 1000 + r as u64), pp)?;
+            run_once(&mut s, &token_ids(n_tok.max(1), vocab, 1000 + r as u64), pp)?;
         }
         for r in 0..reps {
             let mut s = prepared(&model, chunk, depth, vocab)?;
             if a.cold {
                 evict(&a.model.model)?;
             }
-            let toks = tokens(n_tok.max(1), vocab, r as u64 + 1);
+            let toks = token_ids(n_tok.max(1), vocab, r as u64 + 1);
             let before = store.stats();
             let cache_before = model.expert_cache_stats();
             let t = Instant::now();
@@ -291,7 +279,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             let mut s = prepared(&model, chunk, depth, vocab)?;
             model.reset_timing();
             model.set_timing(true);
-            let r = run_once(&mut s, &tokens(n_tok.max(1), vocab, 2000), pp);
+            let r = run_once(&mut s, &token_ids(n_tok.max(1), vocab, 2000), pp);
             model.set_timing(false);
             r?;
             Some((model.phase_times(), n_tok.max(1)))

@@ -170,11 +170,10 @@ impl SlotTable {
     /// (roles only: what the slots hold stays). Called between calls, when
     /// no slot is protected.
     fn resize(&mut self) {
-        let none = vec![false; 0];
         while self.probation.len() < self.climb.target {
             // The least wanted of main's next slots joins the ring as its
             // oldest.
-            let Some(v) = self.coldest_main(&none) else { break };
+            let Some(v) = self.coldest_main() else { break };
             self.main[v] = false;
             self.referenced[v] = false;
             self.probation.push_front(v);
@@ -227,13 +226,9 @@ impl SlotTable {
 
     /// Main's CLOCK victim: an empty main slot first, else the first main
     /// slot without its reference bit (bits cleared on the way), never a
-    /// protected one. `None` when no main slot can be taken.
+    /// protected one (`protect` may be empty: none). `None` when no main
+    /// slot can be taken.
     fn main_victim(&mut self, protect: &[bool]) -> Option<usize> {
-        self.main_victim_from(protect)
-    }
-
-    /// [`SlotTable::main_victim`]; `protect` may be empty (nothing protected).
-    fn main_victim_from(&mut self, protect: &[bool]) -> Option<usize> {
         let protect = |s: usize| protect.get(s).copied().unwrap_or(false);
         // Two turns clear every bit, so a takeable slot is found if any.
         for _ in 0..2 * self.n_slots {
@@ -255,7 +250,7 @@ impl SlotTable {
     }
 
     /// The oldest probation slot this call does not use — unless what it
-    /// holds is wanted at least as often as main's victim: then it joins
+    /// holds is wanted more often than main's victim: then it joins
     /// main in place and main's victim's slot, emptied, is used instead
     /// (W-TinyLFU: the ring's victim competes with main's).
     fn probation_victim(&mut self, protect: &[bool]) -> Option<usize> {
@@ -282,14 +277,14 @@ impl SlotTable {
         }
     }
 
-    /// Of the next main slots from the hand (at most [`COLD_SCAN`]), not
-    /// protected (`protect` may be empty), an empty one or the one asked
-    /// for least.
-    fn coldest_main(&mut self, protect: &[bool]) -> Option<usize> {
+    /// Of the next main slots from the hand (at most [`COLD_SCAN`]), an
+    /// empty one or the one asked for least (called between calls, when no
+    /// slot is protected).
+    fn coldest_main(&mut self) -> Option<usize> {
         let mut best: Option<(u16, usize)> = None;
         for i in 0..self.n_slots.min(COLD_SCAN) {
             let s = (self.hand + i) % self.n_slots;
-            if !self.main[s] || protect.get(s).copied().unwrap_or(false) {
+            if !self.main[s] {
                 continue;
             }
             let f = match self.owner[s] {
@@ -300,7 +295,7 @@ impl SlotTable {
                 best = Some((f, s));
             }
         }
-        best.map(|(_, s)| s).or_else(|| self.main_victim(protect))
+        best.map(|(_, s)| s).or_else(|| self.main_victim(&[]))
     }
 
     /// Whether `key` should take main's victim `v` (an empty slot always).

@@ -184,7 +184,8 @@ impl ExpertFile {
                 && dst.len().is_multiple_of(a)
             {
                 // Aligned already (pinned staging pieces): straight in.
-                return self.read_direct_into(off, dst);
+                let n = dst.len();
+                return self.read_direct_at(off, dst, n, off + n as u64);
             }
             let r = self.read_direct(off, dst.len())?;
             dst.copy_from_slice(r.bytes());
@@ -193,25 +194,30 @@ impl ExpertFile {
         self.file.read_exact_at(dst, off).map_err(|e| Error::io(&self.path, e))
     }
 
-    /// `O_DIRECT` read of `[off, off + dst.len())` into `dst`, all three
-    /// aligned to [`DIRECT_ALIGN`].
-    fn read_direct_into(&self, off: u64, dst: &mut [u8]) -> Result<()> {
+    /// `O_DIRECT` reads at `start` into `dst` (both aligned to
+    /// [`DIRECT_ALIGN`]) until at least `need` bytes have come: the file
+    /// may end inside the last block. `end` names the offset wanted, for
+    /// the error.
+    fn read_direct_at(&self, start: u64, dst: &mut [u8], need: usize, end: u64) -> Result<()> {
         let mut got = 0usize;
-        while got < dst.len() {
-            match self.file.read_at(&mut dst[got..], off + got as u64) {
+        while got < need {
+            if !got.is_multiple_of(DIRECT_ALIGN) {
+                return Err(Error::format(
+                    &self.path,
+                    format!(
+                        "short O_DIRECT read at offset {}: the file ends early",
+                        start + got as u64
+                    ),
+                ));
+            }
+            match self.file.read_at(&mut dst[got..], start + got as u64) {
                 Ok(0) => {
                     return Err(Error::io(
                         &self.path,
                         std::io::Error::new(
                             std::io::ErrorKind::UnexpectedEof,
-                            format!("end of file before offset {}", off + dst.len() as u64),
+                            format!("end of file before offset {end}"),
                         ),
-                    ))
-                }
-                Ok(n) if !n.is_multiple_of(DIRECT_ALIGN) && got + n < dst.len() => {
-                    return Err(Error::format(
-                        &self.path,
-                        format!("short O_DIRECT read at offset {}", off + got as u64),
                     ))
                 }
                 Ok(n) => got += n,
@@ -235,32 +241,7 @@ impl ExpertFile {
         let slice = buf.as_mut_slice();
         let pad = slice.as_ptr().align_offset(DIRECT_ALIGN);
         let dst = &mut slice[pad..pad + span];
-        let mut got = 0usize;
-        while got < need {
-            if !got.is_multiple_of(DIRECT_ALIGN) {
-                return Err(Error::format(
-                    &self.path,
-                    format!(
-                        "short O_DIRECT read at offset {}: the file ends early",
-                        start + got as u64
-                    ),
-                ));
-            }
-            match self.file.read_at(&mut dst[got..], start + got as u64) {
-                Ok(0) => {
-                    return Err(Error::io(
-                        &self.path,
-                        std::io::Error::new(
-                            std::io::ErrorKind::UnexpectedEof,
-                            format!("end of file before offset {}", off + len as u64),
-                        ),
-                    ))
-                }
-                Ok(n) => got += n,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(Error::io(&self.path, e)),
-            }
-        }
+        self.read_direct_at(start, dst, need, off + len as u64)?;
         let inner = pad + (off - start) as usize;
         Ok(Region::new(Arc::new(buf), inner, len))
     }

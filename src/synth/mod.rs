@@ -17,7 +17,7 @@ pub mod tokenizer;
 mod writer;
 
 pub use presets::{preset, trim_layers, PRESETS};
-pub use random::SplitMix64;
+pub use random::{token_ids, SplitMix64};
 pub use skew::Routing;
 pub use tensors::{QWEN_ROUTER_BITS, ROUTER_GAIN};
 

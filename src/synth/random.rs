@@ -55,3 +55,17 @@ pub fn group_scale(std: f32, bits: u32) -> (f32, f32) {
     let q_std = (((levels + 1.0) * (levels + 1.0) - 1.0) / 12.0).sqrt();
     (std / q_std, levels)
 }
+
+/// `n` deterministic token ids (xorshift) spread over `[0, vocab)`: the
+/// inputs of `bench` and of measurements that need any tokens at all.
+pub fn token_ids(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s % vocab.max(1) as u64) as u32
+        })
+        .collect()
+}

@@ -13,6 +13,31 @@ pub fn moeflux() -> Command {
     Command::new(env!("CARGO_BIN_EXE_moeflux"))
 }
 
+/// `moeflux chat` on the CPU over `dst`, answering `n` tokens a turn with
+/// the text template `template` (of `tests/fixtures/text/templates`), with
+/// `input` on stdin; (stdout, stderr). Panics with stderr when it fails or
+/// panics.
+pub fn chat(dst: &Path, template: &str, n: usize, input: &str) -> (String, String) {
+    use std::io::Write;
+    use std::process::Stdio;
+    let mut child = moeflux()
+        .args(["chat", "--device", "cpu", "-n", &n.to_string(), "--model"])
+        .arg(dst)
+        .arg("--chat-template")
+        .arg(fixture("text/templates").join(template))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let e = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success() && !e.contains("panicked"), "chat failed:\n{e}");
+    let o = String::from_utf8(out.stdout).expect("chat's stdout is UTF-8");
+    (o, e)
+}
+
 /// Convert fixture `name` into `dst` with extra convert flags; panics with
 /// the converter's stderr on failure.
 pub fn convert(name: &str, dst: &Path, flags: &[&str]) {

@@ -178,6 +178,17 @@ impl Reply {
             .map(str::to_string)
             .collect()
     }
+
+    /// The JSON chunks of an SSE body that ends with `data: [DONE]`
+    /// (asserted), in order.
+    pub fn chunks(&self) -> Vec<Value> {
+        let events = self.events();
+        assert_eq!(events.last().map(String::as_str), Some("[DONE]"), "{}", self.body);
+        events[..events.len() - 1]
+            .iter()
+            .map(|e| serde_json::from_str(e).unwrap_or_else(|err| panic!("chunk not JSON ({err}): {e}")))
+            .collect()
+    }
 }
 
 fn dechunk(mut b: &[u8]) -> Vec<u8> {

@@ -6,8 +6,7 @@ use serde_json::{json, Value};
 
 fn stream_logprobs(r: &super::client::Reply, key: &str) -> Vec<Value> {
     let mut all = Vec::new();
-    for e in r.events().iter().filter(|e| *e != "[DONE]") {
-        let v: Value = serde_json::from_str(e).unwrap();
+    for v in r.chunks() {
         if let Some(list) = v["choices"][0]["logprobs"][key].as_array() {
             all.extend(list.iter().cloned());
         }

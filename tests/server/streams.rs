@@ -16,12 +16,7 @@ fn chat_stream_is_the_openai_event_sequence() {
     let r = s.post("/v1/chat/completions", &body);
     assert_eq!(r.status, 200, "{}", r.body);
     assert!(r.header("content-type").unwrap().starts_with("text/event-stream"));
-    let events = r.events();
-    assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
-    let chunks: Vec<Value> = events[..events.len() - 1]
-        .iter()
-        .map(|e| serde_json::from_str(e).unwrap())
-        .collect();
+    let chunks = r.chunks();
     assert!(chunks.len() >= 4, "{chunks:?}");
     for c in &chunks {
         assert_eq!(c["object"], "chat.completion.chunk");
@@ -58,8 +53,8 @@ fn chat_stream_is_the_openai_event_sequence() {
         "/v1/chat/completions",
         &chat("hi", json!({"stream": true, "max_tokens": 3})),
     );
-    let events = r.events();
-    let last: Value = serde_json::from_str(&events[events.len() - 2]).unwrap();
+    let chunks = r.chunks();
+    let last = &chunks[chunks.len() - 1];
     assert!(last["choices"][0]["finish_reason"].is_string());
     assert!(last.get("usage").is_none());
 }
@@ -71,12 +66,7 @@ fn completion_stream_ends_with_finish_reason_and_done() {
         "/v1/completions",
         &json!({"prompt": "And it came to pass", "max_tokens": 6, "temperature": 0, "stream": true}),
     );
-    let events = r.events();
-    assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
-    let chunks: Vec<Value> = events[..events.len() - 1]
-        .iter()
-        .map(|e| serde_json::from_str(e).unwrap())
-        .collect();
+    let chunks = r.chunks();
     let text: String = chunks.iter().filter_map(|c| c["choices"][0]["text"].as_str()).collect();
     assert_eq!(chunks.last().unwrap()["choices"][0]["finish_reason"], "length");
     let whole = s.post(

@@ -66,8 +66,7 @@ fn json_schema_answers_parse_and_follow_the_schema() {
     );
     let r = s.post("/v1/chat/completions", &body);
     let mut text = String::new();
-    for e in r.events().iter().filter(|e| *e != "[DONE]") {
-        let v: Value = serde_json::from_str(e).unwrap();
+    for v in r.chunks() {
         text.push_str(v["choices"][0]["delta"]["content"].as_str().unwrap_or(""));
     }
     check_verse(&serde_json::from_str(&text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}")));

@@ -74,8 +74,7 @@ fn thinking_goes_to_reasoning_content_not_content() {
     stream["stream"] = true.into();
     let r = s.post("/v1/chat/completions", &chat("Who made the heaven?", stream));
     let mut streamed = String::new();
-    for e in r.events().iter().filter(|e| *e != "[DONE]") {
-        let c: Value = serde_json::from_str(e).unwrap();
+    for c in r.chunks() {
         let delta = &c["choices"][0]["delta"];
         assert!(delta["content"].as_str().unwrap_or("").is_empty(), "{c}");
         streamed.push_str(delta["reasoning_content"].as_str().unwrap_or(""));

@@ -167,15 +167,7 @@ will visit in the summer when the days are long and the trains are not so crowde
 /// layer and per token of the presets: 256 and 8 (Qwen3.6-35B-A3B,
 /// DeepSeek-V3), 128 and 8 (Qwen3-30B-A3B).
 fn configs() -> Vec<(&'static str, Value, usize)> {
-    let types: Vec<&str> = (0..8)
-        .map(|i| {
-            if i % 4 == 3 {
-                "full_attention"
-            } else {
-                "linear_attention"
-            }
-        })
-        .collect();
+    let types = super::hybrid_layer_types(8);
     let small = json!({"hidden_size": 512, "moe_intermediate_size": 64, "vocab_size": 4096});
     let q35 = with(
         preset("qwen3.6-35b-a3b").unwrap(),
@@ -290,19 +282,6 @@ fn top_share(seq: &[Vec<u32>], n_experts: usize, frac: f64) -> f64 {
     uses[..top].iter().sum::<usize>() as f64 / uses.iter().sum::<usize>().max(1) as f64
 }
 
-/// Deterministic token ids spread over the vocabulary (as `bench` makes them).
-fn random_tokens(n: usize, vocab: u32) -> Vec<u32> {
-    let mut s = 0x9E37_79B9_7F4A_7C15u64;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s % vocab as u64) as u32
-        })
-        .collect()
-}
-
 #[test]
 fn skewed_routing_concentrates_selections_and_uniform_does_not() {
     let tmp = tempfile::tempdir().unwrap();
@@ -352,7 +331,7 @@ fn routing_report() {
     for (name, config, e) in configs() {
         for routing in [Routing::Uniform, Routing::Skewed] {
             for source in ["prose", "random ids"] {
-                let ids = random_tokens(600, 4093);
+                let ids = moeflux::synth::token_ids(600, 4093, 1);
                 let tokens = (source != "prose").then_some(&ids[..]);
                 let layers = routes(&config, routing, &tmp.path().join("m"), tokens);
                 report(&format!("{name}, {routing:?} routing, {source}"), &layers, e);
@@ -373,7 +352,7 @@ fn routing_report_of_a_model() {
     let dir = Path::new(&dir);
     let cfg = moeflux::ModelConfig::from_dir(dir).unwrap();
     let opts = moeflux::Options::default(); // device auto
-    let ids = random_tokens(600, cfg.vocab_size as u32 - 3);
+    let ids = moeflux::synth::token_ids(600, cfg.vocab_size - 3, 1);
     let routing = moeflux::synth::synth_routing(dir).map_or("?", |r| r.name());
     for (source, tokens) in [("prose", None), ("random ids", Some(&ids[..]))] {
         let layers = trace(dir, &opts, tokens);
