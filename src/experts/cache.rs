@@ -310,18 +310,20 @@ impl SlotTable {
     /// a prefetch (not counted as a request; hits are left alone). At most
     /// [`SlotTable::n_slots`] experts per call.
     pub fn place(&mut self, layer: usize, experts: &[u32], guess: bool) -> Result<Vec<Place>> {
-        self.place_split(layer, experts, guess, HostShare::Nothing)
+        self.place_split(layer, experts, guess, |_| HostShare::Nothing)
     }
 
-    /// How many of `experts` of `layer` are in no slot.
-    pub fn missing(&self, layer: usize, experts: &[u32]) -> usize {
-        experts.iter().filter(|&&e| self.slot(layer, e).is_none()).count()
-    }
-
-    /// [`SlotTable::place`], with up to `host` of the misses left where
-    /// they are ([`Place::Host`]): those not admitted to main first, or
-    /// every miss with [`HostShare::All`].
-    pub fn place_split(&mut self, layer: usize, experts: &[u32], guess: bool, host: HostShare) -> Result<Vec<Place>> {
+    /// [`SlotTable::place`], with some misses left where they are
+    /// ([`Place::Host`]): `plan` is told how many experts missed and says
+    /// how many may stay — those not admitted to main first, or every miss
+    /// with [`HostShare::All`].
+    pub fn place_split(
+        &mut self,
+        layer: usize,
+        experts: &[u32],
+        guess: bool,
+        plan: impl FnOnce(usize) -> HostShare,
+    ) -> Result<Vec<Place>> {
         if experts.len() > self.n_slots {
             return Err(Error::Invalid(format!(
                 "{} experts asked of a cache of {} slots",
@@ -366,6 +368,11 @@ impl SlotTable {
                 None => misses.push(i),
             }
         }
+        let host = if misses.is_empty() {
+            HostShare::Nothing
+        } else {
+            plan(misses.len())
+        };
         let mut host_left = match host {
             HostShare::Nothing => 0,
             HostShare::UpTo(c) => c,

@@ -249,7 +249,12 @@ fn misses_not_admitted_are_left_on_the_host_up_to_the_share() {
     t.place(0, &[0, 1, 2, 3, 4, 5], false).unwrap();
     // Three misses, a share of two: two stay on the host (those not
     // admitted first, then admitted ones), one takes a slot.
-    let p = t.place_split(0, &[10, 11, 12, 0], false, HostShare::UpTo(2)).unwrap();
+    let p = t
+        .place_split(0, &[10, 11, 12, 0], false, |m| {
+            assert_eq!(m, 3, "three misses");
+            HostShare::UpTo(2)
+        })
+        .unwrap();
     assert_eq!(p.iter().filter(|p| **p == Place::Host).count(), 2);
     assert_eq!(p[3], Place::Hit(t.slot(0, 0).unwrap()));
     assert_eq!(t.counts().on_host, 2);
@@ -257,11 +262,12 @@ fn misses_not_admitted_are_left_on_the_host_up_to_the_share() {
     let host: Vec<u32> = [10, 11, 12].into_iter().filter(|&e| t.slot(0, e).is_none()).collect();
     assert_eq!(host.len(), 2, "host-computed experts take no slot");
     // All: every miss, admitted or not; guesses are never left.
-    let p = t.place_split(0, &[20, 21], false, HostShare::All).unwrap();
+    let p = t.place_split(0, &[20, 21], false, |_| HostShare::All).unwrap();
     assert_eq!(p, vec![Place::Host, Place::Host]);
-    let g = t.place_split(0, &[22], true, HostShare::All).unwrap();
+    let g = t.place_split(0, &[22], true, |_| HostShare::All).unwrap();
     assert!(matches!(g[0], Place::Fill(_)));
-    assert_eq!(t.missing(0, &[0, 20, 22, 23]), 2);
+    let missing = [0, 20, 22, 23].iter().filter(|&&e| t.slot(0, e).is_none()).count();
+    assert_eq!(missing, 2);
     consistent(&t);
 }
 

@@ -238,21 +238,33 @@ impl ExpertCache {
     /// missing ones; the compute stream is made to wait for the copies.
     /// At most [`ExpertCache::n_slots`] experts per call.
     pub fn fetch(&self, store: &ExpertStore, layer: usize, experts: &[u32]) -> Result<Vec<u64>> {
-        let addrs = self.fetch_split(store, layer, experts, HostShare::Nothing)?;
+        let addrs = self.fetch_planned(store, layer, experts, |_| HostShare::Nothing)?;
         addrs
             .into_iter()
             .map(|a| a.ok_or_else(|| Error::Invalid("an expert was left on the host unasked".into())))
             .collect()
     }
 
-    /// [`ExpertCache::fetch`], leaving up to `host` of the misses where
-    /// they are (`None`: the caller computes them on the CPU).
+    /// [`ExpertCache::fetch`], leaving misses where they are as the split
+    /// model plans (`None`: the caller computes them on the CPU; `tokens`:
+    /// the step's tokens per expert on average).
     pub fn fetch_split(
         &self,
         store: &ExpertStore,
         layer: usize,
         experts: &[u32],
-        host: HostShare,
+        tokens: usize,
+    ) -> Result<Vec<Option<u64>>> {
+        let bytes = store.layer_layout(layer)?.expert_size as u64;
+        self.fetch_planned(store, layer, experts, |m| self.plan(m, bytes, tokens))
+    }
+
+    fn fetch_planned(
+        &self,
+        store: &ExpertStore,
+        layer: usize,
+        experts: &[u32],
+        host: impl FnOnce(usize) -> HostShare,
     ) -> Result<Vec<Option<u64>>> {
         let mut st = self.st.lock().map_err(|_| lock_err())?;
         let addrs = self.lookup(&mut st, store, layer, experts, false, host)?;
@@ -301,7 +313,7 @@ impl ExpertCache {
         }
         let mut st = self.st.lock().map_err(|_| lock_err())?;
         if let Some((next, want)) = st.table.predict(layer, experts) {
-            self.lookup(&mut st, store, next, &want, true, HostShare::Nothing)?;
+            self.lookup(&mut st, store, next, &want, true, |_| HostShare::Nothing)?;
         }
         Ok(())
     }
@@ -318,7 +330,7 @@ impl ExpertCache {
         if !self.prefetch || self.resident || !st.table.guess_fits(want.len()) {
             return Ok(());
         }
-        self.lookup(&mut st, store, layer, &want, true, HostShare::Nothing)?;
+        self.lookup(&mut st, store, layer, &want, true, |_| HostShare::Nothing)?;
         Ok(())
     }
 
@@ -333,14 +345,13 @@ impl ExpertCache {
         self.split.lock().ok().and_then(|m| *m)
     }
 
-    /// How many of `experts` of `layer` (experts of `bytes`, `tokens`
-    /// tokens each on average) the CPU should compute.
-    pub fn host_share(&self, layer: usize, experts: &[u32], bytes: u64, tokens: usize) -> Result<HostShare> {
-        let misses = self.st.lock().map_err(|_| lock_err())?.table.missing(layer, experts);
-        let mut split = self.split.lock().map_err(|_| lock_err())?;
-        Ok(split
-            .as_mut()
-            .map_or(HostShare::Nothing, |m| m.plan(misses, bytes, tokens)))
+    /// How many of a step's `misses` experts (of `bytes`, `tokens` tokens
+    /// each on average) the CPU should compute.
+    fn plan(&self, misses: usize, bytes: u64, tokens: usize) -> HostShare {
+        match self.split.lock() {
+            Ok(mut m) => m.as_mut().map_or(HostShare::Nothing, |m| m.plan(misses, bytes, tokens)),
+            Err(_) => HostShare::Nothing,
+        }
     }
 
     /// A CPU step computed `c` experts of `bytes` for `tokens` tokens each
@@ -391,7 +402,7 @@ impl ExpertCache {
         let mut st = self.st.lock().map_err(|_| lock_err())?;
         if let Some(next) = st.table.next_layer_for_all(layer, n, k) {
             let all: Vec<u32> = (0..self.n_experts as u32).collect();
-            self.lookup(&mut st, store, next, &all, true, HostShare::Nothing)?;
+            self.lookup(&mut st, store, next, &all, true, |_| HostShare::Nothing)?;
         }
         Ok(())
     }
@@ -404,7 +415,7 @@ impl ExpertCache {
         layer: usize,
         experts: &[u32],
         prefetch: bool,
-        host: HostShare,
+        host: impl FnOnce(usize) -> HostShare,
     ) -> Result<Vec<Option<u64>>> {
         let places = st.table.place_split(layer, experts, prefetch, host)?;
         let addrs = places.iter().map(|p| p.slot().map(|s| self.addr(s))).collect();

@@ -18,7 +18,6 @@ use crate::backend::{MoeArgs, MoeInputs};
 use crate::config::Routing;
 use crate::cuda_args;
 use crate::error::{Error, Result};
-use crate::experts::HostShare;
 use crate::format::packed::LayerLayout;
 use crate::format::Dtype;
 use std::collections::BTreeMap;
@@ -459,20 +458,14 @@ fn grouped(
         cache.release(a.layer, chunk)
     };
     let mut cpu_part = None;
-    let share = match split {
-        Some(c) if experts.len() <= per_launch => {
-            let bytes = io.store.layer_layout(a.layer)?.expert_size as u64;
-            c.host_share(a.layer, &experts, bytes, (n * k).div_ceil(experts.len().max(1)))?
-        }
-        _ => HostShare::Nothing,
-    };
-    if share == HostShare::Nothing {
+    if split.is_none() || experts.len() > per_launch {
         for chunk in experts.chunks(per_launch) {
             let addrs = cache.fetch(io.store, a.layer, chunk)?;
             launch(chunk, &addrs)?;
         }
     } else {
-        let addrs = cache.fetch_split(io.store, a.layer, &experts, share)?;
+        let tokens = (n * k).div_ceil(experts.len().max(1));
+        let addrs = cache.fetch_split(io.store, a.layer, &experts, tokens)?;
         let (mut on_gpu, mut gpu_addrs, mut on_host) = (Vec::new(), Vec::new(), Vec::new());
         for (&e, addr) in experts.iter().zip(&addrs) {
             match addr {
