@@ -8,7 +8,7 @@ use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::experts::{CacheSize, CacheStats, ExpertStore, Hybrid, IoMode};
 use crate::format::packed::{Layout, WeightsFile, EXPERTS_DIR, LAYOUT_FILE};
-use crate::model::{Net, State};
+use crate::model::{Net, SeqStep, State};
 use crate::notify::Notifier;
 use std::path::Path;
 
@@ -433,4 +433,53 @@ impl Model {
     pub(crate) fn forward(&self, st: &mut EngineState, tokens: &[u32], pos0: usize, all: bool) -> Result<Vec<f32>> {
         with_net_state!(&self.engine, st, n, s => n.forward(s, &self.store, tokens, pos0, all))
     }
+
+    /// One forward pass over several sequences (`Net::forward_batch`).
+    pub(crate) fn forward_batch(&self, steps: &mut [EngineStep<'_>]) -> Result<Vec<Vec<f32>>> {
+        match &self.engine {
+            Engine::Cpu(n) => {
+                let mut seqs = seq_steps(steps, |s| match s {
+                    EngineState::Cpu(s) => Some(s),
+                    EngineState::Cuda(_) => None,
+                })?;
+                n.forward_batch(&mut seqs, &self.store)
+            }
+            Engine::Cuda(n) => {
+                let mut seqs = seq_steps(steps, |s| match s {
+                    EngineState::Cuda(s) => Some(s),
+                    EngineState::Cpu(_) => None,
+                })?;
+                n.forward_batch(&mut seqs, &self.store)
+            }
+        }
+    }
+}
+
+/// One sequence's part of [`Model::forward_batch`].
+pub(crate) struct EngineStep<'s> {
+    pub state: &'s mut EngineState,
+    pub tokens: &'s [u32],
+    pub pos0: usize,
+    pub all: bool,
+}
+
+/// The steps with their states of backend `B` (`pick`), or an error for a
+/// state of another device.
+fn seq_steps<'s, B: crate::backend::Backend>(
+    steps: &'s mut [EngineStep<'_>],
+    pick: impl Fn(&'s mut EngineState) -> Option<&'s mut State<B>>,
+) -> Result<Vec<SeqStep<'s, B>>> {
+    steps
+        .iter_mut()
+        .map(|s| {
+            let state =
+                pick(&mut *s.state).ok_or_else(|| Error::Invalid("a session state of another device".into()))?;
+            Ok(SeqStep {
+                state,
+                tokens: s.tokens,
+                pos0: s.pos0,
+                all: s.all,
+            })
+        })
+        .collect()
 }

@@ -23,5 +23,5 @@ pub mod session;
 pub mod text;
 
 pub use engine::{Device, Model, Options};
-pub use session::Session;
+pub use session::{BatchItem, Session};
 pub mod synth;

@@ -3,7 +3,7 @@
 //! the MFLX format, checkpoints, and truncation that is correct for
 //! recurrent layers.
 
-use crate::engine::{EngineCheckpoint, EngineState, Model};
+use crate::engine::{EngineCheckpoint, EngineState, EngineStep, Model};
 use crate::error::{Error, Result};
 
 /// Positions the caches are first sized for; they grow on demand.
@@ -56,6 +56,65 @@ impl Model {
             chunk: self.prefill_chunk(),
             broken: false,
         })
+    }
+}
+
+/// One session's part of [`Model::eval_batch`]: the tokens that continue
+/// it (at its current position), and whether every token's logits are
+/// wanted or only the last one's.
+pub struct BatchItem<'a, 'm> {
+    pub session: &'a mut Session<'m>,
+    pub tokens: &'a [u32],
+    pub all: bool,
+}
+
+impl Model {
+    /// Evaluate several sessions' next tokens in one forward pass: the
+    /// dense products and the MoE layers run once over all the tokens, so
+    /// the weights (and each expert routed to) are read once for all the
+    /// sessions; attention and recurrent layers run per session on its own
+    /// state. Returns each item's logits, as `eval_prompt` (`[vocab]`) or,
+    /// with `all`, `eval_all` (`[n, vocab]`) would; the results equal
+    /// evaluating each session alone, within rounding (SPEC.md §3).
+    ///
+    /// The tokens are not cut into chunks: the caller sizes the step. Every
+    /// item is checked first (its session's model, position and context,
+    /// its token ids); if the pass then fails, sessions of a model with
+    /// recurrent layers are marked broken, as `eval_prompt` does.
+    pub fn eval_batch(&self, items: &mut [BatchItem<'_, '_>]) -> Result<Vec<Vec<f32>>> {
+        for it in items.iter() {
+            if !std::ptr::eq(it.session.model, self) {
+                return Err(Error::Invalid("a session of another model in the batch".into()));
+            }
+            it.session.check(it.tokens, it.session.pos)?;
+        }
+        let mut steps: Vec<EngineStep<'_>> = items
+            .iter_mut()
+            .map(|it| EngineStep {
+                pos0: it.session.pos,
+                state: &mut it.session.state,
+                tokens: it.tokens,
+                all: it.all,
+            })
+            .collect();
+        let out = self.forward_batch(&mut steps);
+        drop(steps);
+        match out {
+            Ok(out) => {
+                for it in items.iter_mut() {
+                    it.session.advance(it.tokens);
+                }
+                Ok(out)
+            }
+            Err(e) => {
+                if self.has_recurrent_layers() {
+                    for it in items.iter_mut() {
+                        it.session.broken = true;
+                    }
+                }
+                Err(e)
+            }
+        }
     }
 }
 
@@ -116,10 +175,7 @@ impl<'m> Session<'m> {
     fn run(&mut self, tokens: &[u32], all: bool) -> Result<Vec<f32>> {
         match self.model.forward(&mut self.state, tokens, self.pos, all) {
             Ok(out) => {
-                self.pos += tokens.len();
-                if let Some(t) = &mut self.tokens {
-                    t.extend_from_slice(tokens);
-                }
+                self.advance(tokens);
                 Ok(out)
             }
             Err(e) => {
@@ -128,6 +184,14 @@ impl<'m> Session<'m> {
                 }
                 Err(e)
             }
+        }
+    }
+
+    /// `tokens` were evaluated at the current position.
+    fn advance(&mut self, tokens: &[u32]) {
+        self.pos += tokens.len();
+        if let Some(t) = &mut self.tokens {
+            t.extend_from_slice(tokens);
         }
     }
 

@@ -1,10 +1,10 @@
 //! GQA softmax attention over a KV cache: plain (qwen3_moe) or with the
 //! per-head output gate and partial RoPE of Qwen3.5 / Qwen3-Next.
 
-use super::{load_mat, load_vec, Ctx};
+use super::{load_mat, load_vec, per_seq, Ctx, StatePair};
 use crate::backend::{AttnArgs, Backend, RopeArgs, Strided};
 use crate::config::ModelConfig;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::format::packed::WeightsFile;
 
 pub struct GqaWeights<B: Backend> {
@@ -39,16 +39,10 @@ impl<B: Backend> GqaWeights<B> {
         })
     }
 
-    /// x `[n, hidden]` (normed) → out `[n, hidden]`; appends K/V at `pos0`.
-    pub fn forward(
-        &self,
-        c: &Ctx<B>,
-        x: &B::Buf,
-        k_cache: &mut B::Buf,
-        v_cache: &mut B::Buf,
-        out: &mut B::Buf,
-    ) -> Result<()> {
-        let (b, cfg, n, pos0) = (c.b, c.cfg, c.n, c.pos0);
+    /// x `[n, hidden]` (normed) → out `[n, hidden]`; appends each
+    /// sequence's K/V to its caches `[capacity, Hkv, hd]` at its `pos0`.
+    pub fn forward(&self, c: &Ctx<B>, x: &B::Buf, caches: &mut [StatePair<'_, B>], out: &mut B::Buf) -> Result<()> {
+        let (b, cfg, n) = (c.b, c.cfg, c.n);
         let (h, kv, hd) = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim);
         // q (gated: per head `[q | gate]`), k and v in one call.
         let mut qp = b.alloc(n * h * hd * if self.gated { 2 } else { 1 })?;
@@ -81,33 +75,47 @@ impl<B: Backend> GqaWeights<B> {
         let mut kn = b.alloc(n * kv * hd)?;
         b.rms_norm(&q, &self.q_norm, n * h, hd, cfg.rms_norm_eps, &mut qn)?;
         b.rms_norm(&k, &self.k_norm, n * kv, hd, cfg.rms_norm_eps, &mut kn)?;
-        let rope = |heads| RopeArgs {
-            n_tokens: n,
-            n_heads: heads,
-            head_stride: hd,
-            token_stride: heads * hd,
-            rot_off: 0,
-            rot_dim: cfg.rotary_dim(),
-            pos0,
-            interleaved: false,
-            mscale: 1.0,
-        };
-        b.rope(&mut qn, c.inv_freq, rope(h))?;
-        b.rope(&mut kn, c.inv_freq, rope(kv))?;
-        let row = kv * hd;
-        b.copy(&kn, k_cache, Strided::contiguous(n * row, 0, pos0 * row))?;
-        b.copy(&v, v_cache, Strided::contiguous(n * row, 0, pos0 * row))?;
         let mut o = b.alloc(n * h * hd)?;
-        let args = AttnArgs {
-            n,
-            pos0,
-            n_heads: h,
-            n_kv_heads: kv,
-            head_dim: hd,
-            v_dim: hd,
-            scale: (hd as f32).powf(-0.5),
-        };
-        b.attention(&qn, k_cache, v_cache, args, &mut o)?;
+        let row = kv * hd;
+        let widths = [h * hd, row, row];
+        per_seq(
+            c,
+            &mut [&mut qn, &mut kn, &mut v],
+            &widths,
+            &mut o,
+            h * hd,
+            caches,
+            |s, t, (kc, vc), o| {
+                let [qn, kn, v] = t else {
+                    return Err(Error::Invalid("per_seq: three inputs expected".into()));
+                };
+                let rope = |heads| RopeArgs {
+                    n_tokens: s.n,
+                    n_heads: heads,
+                    head_stride: hd,
+                    token_stride: heads * hd,
+                    rot_off: 0,
+                    rot_dim: cfg.rotary_dim(),
+                    pos0: s.pos0,
+                    interleaved: false,
+                    mscale: 1.0,
+                };
+                b.rope(qn, c.inv_freq, rope(h))?;
+                b.rope(kn, c.inv_freq, rope(kv))?;
+                b.copy(kn, kc, Strided::contiguous(s.n * row, 0, s.pos0 * row))?;
+                b.copy(v, vc, Strided::contiguous(s.n * row, 0, s.pos0 * row))?;
+                let args = AttnArgs {
+                    n: s.n,
+                    pos0: s.pos0,
+                    n_heads: h,
+                    n_kv_heads: kv,
+                    head_dim: hd,
+                    v_dim: hd,
+                    scale: (hd as f32).powf(-0.5),
+                };
+                b.attention(qn, kc, vc, args, o)
+            },
+        )?;
         if let Some(g) = &gate {
             b.sigmoid_mul(&mut o, g, n * h * hd)?;
         }

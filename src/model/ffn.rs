@@ -104,7 +104,10 @@ impl<B: Backend> MoeBlock<B> {
         };
         let k = cfg.num_experts_per_tok;
         let routes = super::router::route(&cfg.routing, &host, n, k, bias.as_deref());
-        c.trace.push(self.layer, c.pos0, &routes.ids, k);
+        for s in c.segs {
+            c.trace
+                .push(self.layer, s.pos0, &routes.ids[s.off * k..(s.off + s.n) * k], k);
+        }
         Ok(())
     }
 

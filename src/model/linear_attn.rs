@@ -1,6 +1,6 @@
 //! The GatedDeltaNet block of Qwen3.5 / Qwen3-Next (SPEC.md §5).
 
-use super::{load_mat, load_vec, Ctx};
+use super::{load_mat, load_vec, per_seq, Ctx, StatePair};
 use crate::backend::{Backend, DeltaArgs, DeltaState, DeltaWeights};
 use crate::config::{LinearAttnConfig, ModelConfig};
 use crate::error::{Error, Result};
@@ -43,7 +43,7 @@ impl<B: Backend> DeltaNetWeights<B> {
     }
 
     /// x `[n, hidden]` (normed) → out `[n, hidden]`, advancing the state.
-    pub fn forward(&self, c: &Ctx<B>, x: &B::Buf, conv: &mut B::Buf, ssm: &mut B::Buf, out: &mut B::Buf) -> Result<()> {
+    pub fn forward(&self, c: &Ctx<B>, x: &B::Buf, states: &mut [StatePair<'_, B>], out: &mut B::Buf) -> Result<()> {
         let (b, n) = (c.b, c.n);
         let l = linear_cfg(c.cfg)?;
         let (hv, dv) = (l.num_value_heads, l.value_head_dim);
@@ -66,12 +66,27 @@ impl<B: Backend> DeltaNetWeights<B> {
             v_dim: dv,
             kernel: l.conv_kernel,
         };
-        let w = DeltaWeights {
-            conv_w: &self.conv_w,
-            a_log: &self.a_log,
-            dt_bias: &self.dt_bias,
-        };
-        b.gated_delta(&qkv, &alpha, &beta, w, DeltaState { conv, ssm }, args, &mut o)?;
+        let widths = [l.conv_dim(), hv, hv];
+        per_seq(
+            c,
+            &mut [&mut qkv, &mut alpha, &mut beta],
+            &widths,
+            &mut o,
+            hv * dv,
+            states,
+            |s, t, (conv, ssm), o| {
+                let [qkv, alpha, beta] = t else {
+                    return Err(Error::Invalid("per_seq: three inputs expected".into()));
+                };
+                let args = DeltaArgs { n: s.n, ..args };
+                let w = DeltaWeights {
+                    conv_w: &self.conv_w,
+                    a_log: &self.a_log,
+                    dt_bias: &self.dt_bias,
+                };
+                b.gated_delta(qkv, alpha, beta, w, DeltaState { conv, ssm }, args, o)
+            },
+        )?;
         let mut y = b.alloc(n * hv * dv)?;
         b.gated_rms_norm(&o, &z, &self.norm, n * hv, dv, c.cfg.rms_norm_eps, &mut y)?;
         b.linear(&self.out_proj, &y, n, out)

@@ -1,7 +1,7 @@
 //! DeepSeek-V3 multi-head latent attention, computed in absorbed form
 //! over a cache of the normalized latent and the rotated rope key.
 
-use super::{load_mat, load_vec, Ctx};
+use super::{load_mat, load_vec, per_seq, Ctx, StatePair};
 use crate::backend::{Backend, MlaArgs, RopeArgs, Strided};
 use crate::config::{MlaConfig, ModelConfig};
 use crate::error::{Error, Result};
@@ -66,23 +66,15 @@ impl<B: Backend> MlaWeights<B> {
         })
     }
 
-    /// x `[n, hidden]` (normed) → out `[n, hidden]`; appends the latent and
-    /// rope key at `pos0`.
-    pub fn forward(
-        &self,
-        c: &Ctx<B>,
-        x: &B::Buf,
-        latent: &mut B::Buf,
-        kpe: &mut B::Buf,
-        out: &mut B::Buf,
-    ) -> Result<()> {
-        let (b, cfg, n, pos0) = (c.b, c.cfg, c.n, c.pos0);
+    /// x `[n, hidden]` (normed) → out `[n, hidden]`; appends each
+    /// sequence's latent and rope key to its caches at its `pos0`.
+    pub fn forward(&self, c: &Ctx<B>, x: &B::Buf, caches: &mut [StatePair<'_, B>], out: &mut B::Buf) -> Result<()> {
+        let (b, cfg, n) = (c.b, c.cfg, c.n);
         let m = mla_cfg(cfg)?;
         let h = cfg.num_attention_heads;
         let (dn, dr, dv, r) = (m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim, m.kv_lora_rank);
         let qd = dn + dr;
         let mut q = b.alloc(n * h * qd)?;
-        // [n, kvr | dr]; q_a (or q) and kv_a both read x: one call.
         let mut ckv = b.alloc(n * (r + dr))?;
         match &self.q {
             QProj::Lora { q_a, norm, q_b, rank } => {
@@ -94,63 +86,63 @@ impl<B: Backend> MlaWeights<B> {
             }
             QProj::Direct(w) => b.linear_many(&[w, &self.kv_a], x, n, &mut [&mut q, &mut ckv])?,
         }
-        let rope = |heads, stride| RopeArgs {
-            n_tokens: n,
-            n_heads: heads,
-            head_stride: stride,
-            token_stride: heads * stride,
-            rot_off: stride - dr,
-            rot_dim: dr,
-            pos0,
-            interleaved: m.rope_interleave,
-            mscale: c.rope_mscale,
+        // ckv `[n, r + dr]` → the latent `[n, r]` (normed) and k_pe `[n, dr]`.
+        let part = |width, src_off| Strided {
+            rows: n,
+            width,
+            src_off,
+            src_stride: r + dr,
+            dst_off: 0,
+            dst_stride: width,
         };
-        b.rope(&mut q, c.inv_freq, rope(h, qd))?;
-
         let mut c_kv = b.alloc(n * r)?;
-        b.copy(
-            &ckv,
-            &mut c_kv,
-            Strided {
-                rows: n,
-                width: r,
-                src_off: 0,
-                src_stride: r + dr,
-                dst_off: 0,
-                dst_stride: r,
-            },
-        )?;
+        b.copy(&ckv, &mut c_kv, part(r, 0))?;
         let mut c_norm = b.alloc(n * r)?;
         b.rms_norm(&c_kv, &self.kv_norm, n, r, LORA_NORM_EPS, &mut c_norm)?;
-        b.copy(&c_norm, latent, Strided::contiguous(n * r, 0, pos0 * r))?;
         let mut k_rot = b.alloc(n * dr)?;
-        b.copy(
-            &ckv,
-            &mut k_rot,
-            Strided {
-                rows: n,
-                width: dr,
-                src_off: r,
-                src_stride: r + dr,
-                dst_off: 0,
-                dst_stride: dr,
-            },
-        )?;
-        b.rope(&mut k_rot, c.inv_freq, rope(1, dr))?;
-        b.copy(&k_rot, kpe, Strided::contiguous(n * dr, 0, pos0 * dr))?;
+        b.copy(&ckv, &mut k_rot, part(dr, r))?;
 
         let mut o = b.alloc(n * h * dv)?;
-        let args = MlaArgs {
-            n,
-            pos0,
-            n_heads: h,
-            nope: dn,
-            rope: dr,
-            v_dim: dv,
-            kv_lora_rank: r,
-            scale: c.attn_scale,
-        };
-        b.mla_attention(&q, latent, kpe, &self.kv_b, args, &mut o)?;
+        let widths = [h * qd, r, dr];
+        per_seq(
+            c,
+            &mut [&mut q, &mut c_norm, &mut k_rot],
+            &widths,
+            &mut o,
+            h * dv,
+            caches,
+            |s, t, (latent, kpe), o| {
+                let [q, c_norm, k_rot] = t else {
+                    return Err(Error::Invalid("per_seq: three inputs expected".into()));
+                };
+                let rope = |heads, stride| RopeArgs {
+                    n_tokens: s.n,
+                    n_heads: heads,
+                    head_stride: stride,
+                    token_stride: heads * stride,
+                    rot_off: stride - dr,
+                    rot_dim: dr,
+                    pos0: s.pos0,
+                    interleaved: m.rope_interleave,
+                    mscale: c.rope_mscale,
+                };
+                b.rope(q, c.inv_freq, rope(h, qd))?;
+                b.copy(c_norm, latent, Strided::contiguous(s.n * r, 0, s.pos0 * r))?;
+                b.rope(k_rot, c.inv_freq, rope(1, dr))?;
+                b.copy(k_rot, kpe, Strided::contiguous(s.n * dr, 0, s.pos0 * dr))?;
+                let args = MlaArgs {
+                    n: s.n,
+                    pos0: s.pos0,
+                    n_heads: h,
+                    nope: dn,
+                    rope: dr,
+                    v_dim: dv,
+                    kv_lora_rank: r,
+                    scale: c.attn_scale,
+                };
+                b.mla_attention(q, latent, kpe, &self.kv_b, args, o)
+            },
+        )?;
         b.linear(&self.o_proj, &o, n, out)
     }
 }

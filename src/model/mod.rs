@@ -44,11 +44,72 @@ pub struct Ctx<'a, B: Backend> {
     pub rope_mscale: f32,
     /// Softmax scale of MLA (GQA computes its own).
     pub attn_scale: f32,
-    /// Tokens in this chunk, and the position of the first.
+    /// Tokens in this pass (all sequences'), and each sequence's part.
     pub n: usize,
-    pub pos0: usize,
+    pub segs: &'a [Seg],
     pub timer: &'a PhaseTimer,
     pub trace: &'a RouteTrace,
+}
+
+/// One sequence's part of a forward pass: rows `[off, off + n)` of the
+/// pass's activations, at positions `pos0 .. pos0 + n` of its own state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Seg {
+    pub off: usize,
+    pub n: usize,
+    pub pos0: usize,
+}
+
+/// Run `core` once per sequence of the pass, on that sequence's rows of
+/// `ins` (`ins[i]` is `[n, widths[i]]`), with its state, writing its rows
+/// of `out` `[n, out_w]`. With one sequence `core` gets the buffers
+/// themselves; with several, copies of the rows (and its output is copied
+/// into place). Everything outside `core` runs once over all the rows.
+pub(crate) fn per_seq<B: Backend, S>(
+    c: &Ctx<B>,
+    ins: &mut [&mut B::Buf],
+    widths: &[usize],
+    out: &mut B::Buf,
+    out_w: usize,
+    states: &mut [S],
+    mut core: impl FnMut(Seg, &mut [&mut B::Buf], &mut S, &mut B::Buf) -> Result<()>,
+) -> Result<()> {
+    if c.segs.len() != states.len() || ins.len() != widths.len() {
+        return Err(Error::Invalid(format!(
+            "{} sequences with {} states, {} inputs with {} widths",
+            c.segs.len(),
+            states.len(),
+            ins.len(),
+            widths.len()
+        )));
+    }
+    if let ([seg], [st]) = (c.segs, &mut *states) {
+        return core(*seg, ins, st, out);
+    }
+    let b = c.b;
+    for (seg, st) in c.segs.iter().zip(states.iter_mut()) {
+        let mut own = Vec::with_capacity(ins.len());
+        for (buf, &w) in ins.iter().zip(widths) {
+            let mut t = b.alloc(seg.n * w)?; // [seg.n, w]
+            b.copy(buf, &mut t, Strided::contiguous(seg.n * w, seg.off * w, 0))?;
+            own.push(t);
+        }
+        let mut refs: Vec<&mut B::Buf> = own.iter_mut().collect();
+        let mut o = b.alloc(seg.n * out_w)?; // [seg.n, out_w]
+        core(*seg, &mut refs, st, &mut o)?;
+        b.copy(&o, out, Strided::contiguous(seg.n * out_w, 0, seg.off * out_w))?;
+    }
+    Ok(())
+}
+
+/// One sequence's work in a batched forward pass.
+pub struct SeqStep<'s, B: Backend> {
+    pub state: &'s mut State<B>,
+    pub tokens: &'s [u32],
+    /// The position of the first token.
+    pub pos0: usize,
+    /// The logits of every token instead of the last one's.
+    pub all: bool,
 }
 
 enum Mixer<B: Backend> {
@@ -77,6 +138,21 @@ pub enum LayerState<B: Backend> {
     Delta { conv: B::Buf, ssm: B::Buf },
     /// latent `[capacity, kvr]`, k_pe `[capacity, dr]`.
     Mla { latent: B::Buf, kpe: B::Buf },
+}
+
+/// A layer state's two buffers, as a mixer of the matching kind takes them.
+pub(crate) type StatePair<'s, B> = (&'s mut <B as Backend>::Buf, &'s mut <B as Backend>::Buf);
+
+impl<B: Backend> LayerState<B> {
+    /// The two buffers, when the state belongs to a mixer of kind `mixer`.
+    fn pair_for(&mut self, mixer: &Mixer<B>) -> Result<StatePair<'_, B>> {
+        match (mixer, self) {
+            (Mixer::Gqa(_), LayerState::Kv { k, v }) => Ok((k, v)),
+            (Mixer::Delta(_), LayerState::Delta { conv, ssm }) => Ok((conv, ssm)),
+            (Mixer::Mla(_), LayerState::Mla { latent, kpe }) => Ok((latent, kpe)),
+            _ => Err(Error::Invalid("layer state does not match the layer kind".into())),
+        }
+    }
 }
 
 /// All mutable per-sequence state: one entry per layer, and the capacity
@@ -255,18 +331,48 @@ impl<B: Backend> Net<B> {
         pos0: usize,
         all: bool,
     ) -> Result<Vec<f32>> {
+        let mut seqs = [SeqStep {
+            state: st,
+            tokens,
+            pos0,
+            all,
+        }];
+        Ok(self.forward_batch(&mut seqs, store)?.pop().unwrap_or_default())
+    }
+
+    /// One forward pass over several sequences, each with its own state,
+    /// positions and tokens: the dense products and the MoE layers run once
+    /// over all the tokens (each expert is read once for every token routed
+    /// to it), the token mixers per sequence. Returns each sequence's
+    /// logits as [`Net::forward`] does.
+    pub fn forward_batch(&self, seqs: &mut [SeqStep<'_, B>], store: &ExpertStore) -> Result<Vec<Vec<f32>>> {
         let (b, cfg) = (&self.b, &self.cfg);
-        let n = tokens.len();
-        if n == 0 {
-            return Err(Error::Invalid("no tokens to evaluate".into()));
+        if seqs.is_empty() {
+            return Ok(Vec::new());
         }
-        if let Some(&t) = tokens.iter().find(|&&t| t as usize >= cfg.vocab_size) {
-            return Err(Error::TokenOutOfRange {
-                token: t,
-                vocab: cfg.vocab_size,
+        let mut segs = Vec::with_capacity(seqs.len());
+        let mut tokens = Vec::new();
+        for s in seqs.iter() {
+            if s.tokens.is_empty() {
+                return Err(Error::Invalid("no tokens to evaluate".into()));
+            }
+            if let Some(&t) = s.tokens.iter().find(|&&t| t as usize >= cfg.vocab_size) {
+                return Err(Error::TokenOutOfRange {
+                    token: t,
+                    vocab: cfg.vocab_size,
+                });
+            }
+            segs.push(Seg {
+                off: tokens.len(),
+                n: s.tokens.len(),
+                pos0: s.pos0,
             });
+            tokens.extend_from_slice(s.tokens);
         }
-        self.reserve(st, pos0 + n, pos0)?;
+        for s in seqs.iter_mut() {
+            self.reserve(s.state, s.pos0 + s.tokens.len(), s.pos0)?;
+        }
+        let n = tokens.len();
         b.begin_pass(n);
         let hid = cfg.hidden_size;
         let ctx = Ctx {
@@ -277,12 +383,12 @@ impl<B: Backend> Net<B> {
             rope_mscale: self.rope_mscale,
             attn_scale: self.attn_scale,
             n,
-            pos0,
+            segs: &segs,
             timer: &self.timer,
             trace: &self.trace,
         };
         let mut x = b.alloc(n * hid)?; // [n, hidden], the residual stream
-        b.embed(&self.embed, tokens, &mut x)?;
+        b.embed(&self.embed, &tokens, &mut x)?;
         let eps = cfg.rms_norm_eps;
         let mut xn = b.alloc(n * hid)?; // [n, hidden], the normed input of the next mixer or FFN
         let mut y = b.alloc(n * hid)?;
@@ -291,13 +397,17 @@ impl<B: Backend> Net<B> {
                 b.rms_norm(&x, &first.input_norm, n, hid, eps, &mut xn)
             })?;
         }
-        for (i, (layer, ls)) in self.layers.iter().zip(st.layers.iter_mut()).enumerate() {
-            self.timer.measure(b, Phase::Attention, || match (&layer.mixer, ls) {
-                (Mixer::Gqa(w), LayerState::Kv { k, v }) => w.forward(&ctx, &xn, k, v, &mut y),
-                (Mixer::Delta(w), LayerState::Delta { conv, ssm }) => w.forward(&ctx, &xn, conv, ssm, &mut y),
-                (Mixer::Mla(w), LayerState::Mla { latent, kpe }) => w.forward(&ctx, &xn, latent, kpe, &mut y),
-                _ => Err(Error::Invalid("layer state does not match the layer kind".into())),
+        for (i, layer) in self.layers.iter().enumerate() {
+            let mut states = seqs
+                .iter_mut()
+                .map(|s| s.state.layers[i].pair_for(&layer.mixer))
+                .collect::<Result<Vec<_>>>()?;
+            self.timer.measure(b, Phase::Attention, || match &layer.mixer {
+                Mixer::Gqa(w) => w.forward(&ctx, &xn, &mut states, &mut y),
+                Mixer::Delta(w) => w.forward(&ctx, &xn, &mut states, &mut y),
+                Mixer::Mla(w) => w.forward(&ctx, &xn, &mut states, &mut y),
             })?;
+            drop(states);
             b.add_rms_norm(&mut x, &y, &layer.post_norm, n, hid, eps, &mut xn)?;
             match &layer.ffn {
                 Ffn::Dense(m) => self
@@ -322,18 +432,44 @@ impl<B: Backend> Net<B> {
                 None => b.add(&mut x, &y, n * hid)?,
             }
         }
-        let (first, rows) = if all { (0, n) } else { (n - 1, 1) };
-        self.timer.measure(b, Phase::LmHead, || {
-            let mut last = b.alloc(rows * hid)?;
-            b.copy(&x, &mut last, Strided::contiguous(rows * hid, first * hid, 0))?;
-            let mut normed = b.alloc(rows * hid)?;
-            b.rms_norm(&last, &self.final_norm, rows, hid, eps, &mut normed)?;
-            let mut logits = b.alloc(rows * cfg.vocab_size)?;
-            b.linear(self.lm_head.as_ref().unwrap_or(&self.embed), &normed, rows, &mut logits)?;
-            let mut out = vec![0.0f32; rows * cfg.vocab_size];
-            b.download(&logits, 0, &mut out)?;
-            Ok(out)
-        })
+        self.timer.measure(b, Phase::LmHead, || self.lm_head(&x, &segs, seqs))
+    }
+
+    /// The final norm and the LM head over the rows whose logits are
+    /// wanted (each sequence's last, or all of them), in one product.
+    fn lm_head(&self, x: &B::Buf, segs: &[Seg], seqs: &[SeqStep<'_, B>]) -> Result<Vec<Vec<f32>>> {
+        let (b, cfg) = (&self.b, &self.cfg);
+        let (hid, vocab) = (cfg.hidden_size, cfg.vocab_size);
+        // (first row, rows) of each sequence's wanted logits.
+        let want: Vec<(usize, usize)> = segs
+            .iter()
+            .zip(seqs)
+            .map(|(g, s)| if s.all { (g.off, g.n) } else { (g.off + g.n - 1, 1) })
+            .collect();
+        let rows: usize = want.iter().map(|w| w.1).sum();
+        let mut last = b.alloc(rows * hid)?; // [rows, hidden]
+        let mut at = 0;
+        for &(first, r) in &want {
+            b.copy(x, &mut last, Strided::contiguous(r * hid, first * hid, at * hid))?;
+            at += r;
+        }
+        let mut normed = b.alloc(rows * hid)?;
+        b.rms_norm(&last, &self.final_norm, rows, hid, cfg.rms_norm_eps, &mut normed)?;
+        let mut logits = b.alloc(rows * vocab)?; // [rows, vocab]
+        b.linear(self.lm_head.as_ref().unwrap_or(&self.embed), &normed, rows, &mut logits)?;
+        let mut host = vec![0.0f32; rows * vocab];
+        b.download(&logits, 0, &mut host)?;
+        if let [_] = want[..] {
+            return Ok(vec![host]);
+        }
+        let mut at = 0;
+        Ok(want
+            .iter()
+            .map(|&(_, r)| {
+                at += r;
+                host[(at - r) * vocab..at * vocab].to_vec()
+            })
+            .collect())
     }
 
     pub fn arch(&self) -> Arch {

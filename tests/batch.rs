@@ -1,0 +1,218 @@
+//! Several sequences in one forward pass (`Model::eval_batch`, SPEC.md
+//! §3): a sequence evaluated in a batch — mixing prefill chunks and
+//! one-token steps, sequences of different lengths — gives the logits it
+//! gives alone (within rounding: the products over several rows run other
+//! kernels than one row's) and the same greedy tokens, for every golden
+//! fixture, on the CPU and on CUDA (counted as ignored where no GPU is).
+
+mod common;
+
+use common::*;
+use moeflux::{BatchItem, Device, Error, Model, Options, Session};
+
+/// Batched against alone, on the CPU: the same f32 arithmetic in another
+/// order (matrix-matrix against matrix-vector products).
+const CPU_TOL: f64 = 1e-5;
+/// On CUDA, as `cuda_golden`'s token-by-token tolerance.
+const CUDA_TOL: f64 = 1e-4;
+
+/// Token ids of three sequences (below every fixture's vocabulary).
+const SEQ: [[u32; 12]; 3] = [
+    [3, 101, 57, 402, 260, 19, 333, 0, 488, 150, 77, 5],
+    [9, 9, 250, 31, 140, 499, 2, 64, 301, 17, 460, 88],
+    [120, 44, 7, 380, 211, 56, 99, 430, 12, 305, 66, 1],
+];
+
+/// The steps of the schedule: per step, for each sequence, how many of its
+/// next tokens are evaluated (0: the sequence sits the step out) and
+/// whether all their logits are wanted.
+const SCHEDULE: [[(usize, bool); 3]; 5] = [
+    [(5, false), (2, true), (0, false)],
+    [(1, false), (3, false), (4, false)],
+    [(1, false), (1, false), (1, false)],
+    [(0, false), (1, false), (3, true)],
+    [(1, true), (2, false), (1, false)],
+];
+
+fn open(dir: &std::path::Path, device: Device) -> Model {
+    let opts = Options {
+        device,
+        ..Options::default()
+    };
+    Model::open(dir, &opts).expect("open the packed fixture")
+}
+
+/// Each sequence's logits per step of `SCHEDULE`, evaluated alone
+/// (`batched` false) or all together in one `eval_batch` per step.
+fn run(model: &Model, batched: bool) -> Vec<Vec<Vec<f32>>> {
+    let mut sessions: Vec<Session> = (0..3).map(|_| model.session().unwrap()).collect();
+    let mut at = [0usize; 3];
+    let mut out = vec![Vec::new(); 3];
+    for step in SCHEDULE {
+        let mut items = Vec::new();
+        let mut who = Vec::new();
+        for (i, (s, &(n, all))) in sessions.iter_mut().zip(&step).enumerate() {
+            if n == 0 {
+                continue;
+            }
+            let tokens = &SEQ[i][at[i]..at[i] + n];
+            at[i] += n;
+            if batched {
+                items.push(BatchItem {
+                    session: s,
+                    tokens,
+                    all,
+                });
+                who.push(i);
+            } else {
+                let pos = s.pos();
+                let logits = match all {
+                    true => s.eval_all(tokens, pos),
+                    false => s.eval_prompt(tokens, pos),
+                };
+                out[i].push(logits.unwrap());
+            }
+        }
+        if batched {
+            let logits = model.eval_batch(&mut items).unwrap();
+            assert_eq!(logits.len(), who.len());
+            for (i, l) in who.into_iter().zip(logits) {
+                out[i].push(l);
+            }
+        }
+    }
+    for (s, n) in sessions.iter().zip(at) {
+        assert_eq!(s.pos(), n);
+    }
+    out
+}
+
+fn same_logits(name: &str, model: &Model, tol: f64) {
+    let vocab = model.n_vocab();
+    let alone = run(model, false);
+    let together = run(model, true);
+    let mut worst = 0.0f64;
+    for (i, (a, b)) in alone.iter().zip(&together).enumerate() {
+        assert_eq!(a.len(), b.len());
+        for (step, (x, y)) in a.iter().zip(b).enumerate() {
+            assert_eq!(x.len(), y.len(), "{name}: sequence {i} step {step}: logits length");
+            for (row, (xr, yr)) in x.chunks(vocab).zip(y.chunks(vocab)).enumerate() {
+                let e = rel_l2(yr, xr);
+                worst = worst.max(e);
+                assert!(
+                    e <= tol,
+                    "{name}: sequence {i} step {step} row {row}: batched vs alone {e:.3e} > {tol:e}"
+                );
+                assert_eq!(
+                    argmax(xr),
+                    argmax(yr),
+                    "{name}: sequence {i} step {step} row {row}: argmax"
+                );
+            }
+        }
+    }
+    eprintln!("{name}: batched vs alone, worst relative L2 {worst:.2e}");
+}
+
+/// Greedy decoding of three prompts of different lengths, together and
+/// alone: the same tokens.
+fn same_greedy_tokens(name: &str, model: &Model) {
+    let prompts: [&[u32]; 3] = [&SEQ[0][..7], &SEQ[1][..2], &SEQ[2][..4]];
+    let alone: Vec<Vec<u32>> = prompts
+        .iter()
+        .map(|p| {
+            let mut s = model.session().unwrap();
+            let mut l = s.eval_prompt(p, 0).unwrap();
+            let mut toks = Vec::new();
+            for _ in 0..8 {
+                let t = argmax(&l) as u32;
+                toks.push(t);
+                let pos = s.pos();
+                l = s.eval_token(t, pos).unwrap();
+            }
+            toks
+        })
+        .collect();
+    let mut sessions: Vec<Session> = (0..3).map(|_| model.session().unwrap()).collect();
+    let mut next: Vec<Vec<u32>> = prompts.iter().map(|p| p.to_vec()).collect();
+    let mut got = vec![Vec::new(); 3];
+    for _ in 0..8 {
+        let mut items: Vec<BatchItem> = sessions
+            .iter_mut()
+            .zip(&next)
+            .map(|(session, t)| BatchItem {
+                session,
+                tokens: t,
+                all: false,
+            })
+            .collect();
+        let logits = model.eval_batch(&mut items).unwrap();
+        for (i, l) in logits.iter().enumerate() {
+            let t = argmax(l) as u32;
+            got[i].push(t);
+            next[i] = vec![t];
+        }
+    }
+    assert_eq!(got, alone, "{name}: greedy tokens batched vs alone");
+}
+
+fn check(name: &str, flags: &[&str], device: Device, tol: f64) {
+    let model = open(&packed_with(name, flags), device);
+    same_logits(name, &model, tol);
+    same_greedy_tokens(name, &model);
+}
+
+/// Bad items are refused before anything runs: no session moves.
+fn refuses_bad_items() {
+    let model = open_cpu(&packed("qwen3_moe"));
+    let other = open_cpu(&packed("qwen3_moe"));
+    let mut a = model.session().unwrap();
+    let mut b = model.session().unwrap();
+    let mut c = other.session().unwrap();
+    a.eval_prompt(&SEQ[0][..3], 0).unwrap();
+    let cases: [(&[u32], &str); 2] = [(&[], "no tokens"), (&[1, 100_000], "out of range")];
+    for (bad, what) in cases {
+        let mut items = [
+            BatchItem {
+                session: &mut a,
+                tokens: &SEQ[0][3..5],
+                all: false,
+            },
+            BatchItem {
+                session: &mut b,
+                tokens: bad,
+                all: false,
+            },
+        ];
+        let e = model.eval_batch(&mut items).unwrap_err();
+        match what {
+            "no tokens" => assert!(matches!(e, Error::Invalid(_)), "{e}"),
+            _ => assert!(matches!(e, Error::TokenOutOfRange { token: 100_000, .. }), "{e}"),
+        }
+        assert_eq!((a.pos(), b.pos()), (3, 0), "{what}: a session moved");
+    }
+    let mut items = [BatchItem {
+        session: &mut c,
+        tokens: &SEQ[0][..2],
+        all: false,
+    }];
+    let e = model.eval_batch(&mut items).unwrap_err();
+    assert!(e.to_string().contains("another model"), "{e}");
+    assert!(model.eval_batch(&mut []).unwrap().is_empty());
+}
+
+fn main() {
+    let mut all = vec![trials::plain("refuses_bad_items", refuses_bad_items)];
+    macro_rules! batch_trials {
+        ($name:ident, $fixture:expr, $flags:expr) => {
+            all.push(trials::plain(concat!("cpu_", stringify!($name)), || {
+                check($fixture, $flags, Device::Cpu, CPU_TOL)
+            }));
+            all.push(trials::cuda(concat!("cuda_", stringify!($name)), || {
+                check($fixture, $flags, Device::Cuda(0), CUDA_TOL)
+            }));
+        };
+    }
+    crate::for_each_golden_fixture!(batch_trials!());
+    trials::run(all)
+}
