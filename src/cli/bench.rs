@@ -10,7 +10,7 @@ use clap::Args;
 use moeflux::experts::StatsSnapshot;
 use moeflux::experts::{CacheStats, SplitModel};
 use moeflux::synth::token_ids;
-use moeflux::Model;
+use moeflux::{BatchItem, Model, Session};
 use std::io::Write;
 use std::path::Path;
 use std::time::Instant;
@@ -50,6 +50,12 @@ pub struct BenchArgs {
     /// that tg is measured at that depth (as after a prompt of that length).
     #[arg(short = 'd', long, default_value_t = 0)]
     pub depth: usize,
+    /// Sequences evaluated together, in one forward pass per step
+    /// (`Model::eval_batch`): pp runs this many prompts at once (each step
+    /// takes chunk ÷ N tokens of each), tg this many streams of one token
+    /// per step. tok/s is then the aggregate over all of them.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub parallel: u32,
 }
 
 /// Drop the expert files from the page cache (POSIX_FADV_DONTNEED).
@@ -100,40 +106,104 @@ struct Row {
     secs: f64,
     /// `--timing`: seconds per phase of one extra run, and its tokens.
     phases: Option<(moeflux::model::timing::PhaseTimes, usize)>,
+    /// Sequences run together (`--parallel`); tok/s is their aggregate.
+    streams: usize,
 }
 
-/// A session for one run: the context of a decode at `depth` evaluated
-/// (untimed) already.
-fn prepared<'m>(model: &'m Model, chunk: usize, depth: usize, vocab: usize) -> anyhow::Result<moeflux::Session<'m>> {
-    let mut s = model.session()?;
-    s.set_chunk_size(chunk);
-    if depth > 0 {
-        s.eval_prompt(&token_ids(depth, vocab, 7), 0)?;
-    }
-    Ok(s)
-}
-
-/// Run a prompt (pp) or a token-by-token decode (tg) after what `s` holds.
-fn run_once(s: &mut moeflux::Session<'_>, toks: &[u32], pp: bool) -> anyhow::Result<()> {
-    let p0 = s.pos();
-    if pp {
-        s.eval_prompt(toks, p0)?;
-    } else {
-        for (i, &tk) in toks.iter().enumerate() {
-            s.eval_token(tk, p0 + i)?;
+impl Row {
+    /// The row's label: with several streams, `NAME ×N`.
+    fn label(&self) -> String {
+        match self.streams {
+            1 => self.name.clone(),
+            n => format!("{} ×{n}", self.name),
         }
+    }
+}
+
+/// The sessions of one run (`streams` of them): the context of a decode
+/// at `depth` evaluated (untimed) already, each its own.
+fn prepared<'m>(
+    model: &'m Model,
+    chunk: usize,
+    depth: usize,
+    vocab: usize,
+    streams: usize,
+) -> anyhow::Result<Vec<Session<'m>>> {
+    (0..streams)
+        .map(|i| {
+            let mut s = model.session()?;
+            s.set_chunk_size(chunk);
+            if depth > 0 {
+                s.eval_prompt(&token_ids(depth, vocab, 7 + i as u64), 0)?;
+            }
+            Ok(s)
+        })
+        .collect()
+}
+
+/// The tokens of run `seed` for each of `streams` sequences (the first
+/// stream's are those of a single-stream run).
+fn run_tokens(n: usize, vocab: usize, seed: u64, streams: usize) -> Vec<Vec<u32>> {
+    (0..streams)
+        .map(|i| token_ids(n.max(1), vocab, seed + 7919 * i as u64))
+        .collect()
+}
+
+/// Run a prompt (pp) or a token-by-token decode (tg) after what each
+/// session holds: one session alone as a user would, several together
+/// in one `eval_batch` per step (a prompt step takes chunk ÷ N tokens of
+/// each).
+fn run_once(model: &Model, ss: &mut [Session<'_>], toks: &[Vec<u32>], pp: bool) -> anyhow::Result<()> {
+    if let [s] = ss {
+        let p0 = s.pos();
+        if pp {
+            s.eval_prompt(&toks[0], p0)?;
+        } else {
+            for (i, &tk) in toks[0].iter().enumerate() {
+                s.eval_token(tk, p0 + i)?;
+            }
+        }
+        return Ok(());
+    }
+    let len = toks.iter().map(Vec::len).min().unwrap_or(0);
+    let step = match pp {
+        true => (ss[0].chunk_size() / ss.len()).max(1),
+        false => 1,
+    };
+    for at in (0..len).step_by(step) {
+        let end = (at + step).min(len);
+        let mut items: Vec<BatchItem> = ss
+            .iter_mut()
+            .zip(toks)
+            .map(|(session, t)| BatchItem {
+                session,
+                tokens: &t[at..end],
+                all: false,
+            })
+            .collect();
+        model.eval_batch(&mut items)?;
     }
     Ok(())
 }
 
 fn print_phases(out: &mut impl Write, rows: &[Row]) -> std::io::Result<()> {
+    for r in rows.iter().filter(|r| r.streams > 1) {
+        let (m, _) = mean_sd(&r.tps);
+        writeln!(
+            out,
+            "{}: {} sequences per forward pass, {:.2} tok/s each",
+            r.label(),
+            r.streams,
+            m / r.streams as f64
+        )?;
+    }
     for r in rows {
         if let Some((p, n)) = &r.phases {
             let ms = |s: f64| 1e3 * s / (*n).max(1) as f64;
             writeln!(
                 out,
                 "{} phases, ms/token (one synchronized run): attention {:.3} | routing {:.3} | experts {:.3} | dense ffn {:.3} | lm head {:.3}",
-                r.name,
+                r.label(),
                 ms(p.attention),
                 ms(p.routing),
                 ms(p.experts),
@@ -244,26 +314,29 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     let chunk = a.chunk.unwrap_or_else(|| model.prefill_chunk());
     let mut rows = Vec::new();
 
+    let streams = a.parallel as usize;
     let measure = |name: String, n_tok: usize, pp: bool| -> anyhow::Result<Row> {
         let mut tps = Vec::new();
         let mut traffic = StatsSnapshot::default();
         let mut cache: Option<CacheStats> = None;
         let mut secs = 0.0;
         let depth = if pp { 0 } else { a.depth };
+        // Tokens of a run: all streams'.
+        let run_tok = n_tok * streams;
         for r in 0..a.warmup {
-            let mut s = prepared(&model, chunk, depth, vocab)?;
-            run_once(&mut s, &token_ids(n_tok.max(1), vocab, 1000 + r as u64), pp)?;
+            let mut ss = prepared(&model, chunk, depth, vocab, streams)?;
+            run_once(&model, &mut ss, &run_tokens(n_tok, vocab, 1000 + r as u64, streams), pp)?;
         }
         for r in 0..reps {
-            let mut s = prepared(&model, chunk, depth, vocab)?;
+            let mut ss = prepared(&model, chunk, depth, vocab, streams)?;
             if a.cold {
                 evict(&a.model.model)?;
             }
-            let toks = token_ids(n_tok.max(1), vocab, r as u64 + 1);
+            let toks = run_tokens(n_tok, vocab, r as u64 + 1, streams);
             let before = store.stats();
             let cache_before = model.expert_cache_stats();
             let t = Instant::now();
-            run_once(&mut s, &toks, pp)?;
+            run_once(&model, &mut ss, &toks, pp)?;
             let dt = t.elapsed().as_secs_f64();
             if let (Some(b0), Some(b1)) = (cache_before, model.expert_cache_stats()) {
                 cache = Some(add_cache(cache, cache_delta(b0, b1)));
@@ -272,17 +345,17 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             traffic.bytes_read += d.bytes_read;
             traffic.read_ns += d.read_ns;
             secs += dt;
-            tps.push(n_tok as f64 / dt);
-            eprintln!("  {name} run {}/{reps}: {:.2} tok/s", r + 1, n_tok as f64 / dt);
+            tps.push(run_tok as f64 / dt);
+            eprintln!("  {name} run {}/{reps}: {:.2} tok/s", r + 1, run_tok as f64 / dt);
         }
         let phases = if a.timing {
-            let mut s = prepared(&model, chunk, depth, vocab)?;
+            let mut ss = prepared(&model, chunk, depth, vocab, streams)?;
             model.reset_timing();
             model.set_timing(true);
-            let r = run_once(&mut s, &token_ids(n_tok.max(1), vocab, 2000), pp);
+            let r = run_once(&model, &mut ss, &run_tokens(n_tok, vocab, 2000, streams), pp);
             model.set_timing(false);
             r?;
-            Some((model.phase_times(), n_tok.max(1)))
+            Some((model.phase_times(), run_tok.max(1)))
         } else {
             None
         };
@@ -290,11 +363,12 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             phases,
             name,
             tps,
-            bytes_per_tok: traffic.bytes_read as f64 / (reps * n_tok) as f64,
+            bytes_per_tok: traffic.bytes_read as f64 / (reps * run_tok) as f64,
             read_gbps: traffic.bytes_read as f64 / secs / 1e9,
             cache,
-            tokens: reps * n_tok,
+            tokens: reps * run_tok,
             secs,
+            streams,
         })
     };
     if a.prompt > 0 {
@@ -327,7 +401,8 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             .iter()
             .map(|r| {
                 let (m, sd) = mean_sd(&r.tps);
-                serde_json::json!({"test": r.name, "tok_s_mean": m, "tok_s_sd": sd, "runs": r.tps,
+                serde_json::json!({"test": r.name, "streams": r.streams, "tok_s_mean": m, "tok_s_sd": sd, "runs": r.tps,
+                    "per_stream_tok_s": m / r.streams as f64,
                     "expert_bytes_per_token": r.bytes_per_tok, "expert_read_gb_s": r.read_gbps,
                     "floor_tok_s": bw * 1e9 / r.bytes_per_tok.max(1.0)})
             })
@@ -371,7 +446,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         writeln!(
             out,
             "| {} | {:.2} ± {:.2} | {:.1} | {:.2} | {:.1} |",
-            r.name,
+            r.label(),
             m,
             sd,
             r.bytes_per_tok / 1e6,
@@ -423,7 +498,8 @@ fn print_cuda(
                 let (m, sd) = mean_sd(&r.tps);
                 let c = r.cache.unwrap_or_default();
                 let cols = cache_cols(&c, r.tokens, r.secs, h2d, split.as_ref());
-                serde_json::json!({"test": r.name, "tok_s_mean": m, "tok_s_sd": sd, "runs": r.tps,
+                serde_json::json!({"test": r.name, "streams": r.streams, "tok_s_mean": m, "tok_s_sd": sd, "runs": r.tps,
+                    "per_stream_tok_s": m / r.streams as f64,
                     "hits": c.hits, "misses": c.misses, "bypassed": c.bypassed, "on_cpu": c.on_host,
                     "prefetched": c.prefetched, "prefetch_hits": c.prefetch_hits,
                     "hit_rate": cols.hit_rate, "bytes_streamed_per_token": cols.mb_per_tok * 1e6,
@@ -464,7 +540,7 @@ fn print_cuda(
         writeln!(
             out,
             "| {} | {:.2} ± {:.2} | {:.1}% | {:.1} | {:.1} | {:.1} | {floor} |",
-            r.name,
+            r.label(),
             m,
             sd,
             100.0 * cols.hit_rate,
@@ -480,7 +556,7 @@ fn print_cuda(
             writeln!(
                 out,
                 "{} CPU steps: {} of {:.1} experts each, {:.0} µs of CPU, the host waited {:.0} µs for it after issuing the GPU's share",
-                r.name,
+                r.label(),
                 c.host_steps,
                 c.on_host as f64 / c.host_steps as f64,
                 per(c.host_ns),

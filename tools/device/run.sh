@@ -5,7 +5,8 @@
 #   tools/device/run.sh STAGE...
 # Stages: probe coldstart coldstart-model ops golden synth resident half quarter zero quarter-nopf cpu
 # golden-staging pieces quarter-staging quick quick25 kernels resident-nograph
-# quarter-nograph golden-nograph resident-nopdl quarter-nopdl profile.
+# quarter-nograph golden-nograph resident-nopdl quarter-nopdl profile batch parallel
+# parallel-skewed parallel-cpu.
 # Logs go to $OUT; a short table is printed last.
 set -uo pipefail
 OUT=${OUT:-/tmp/moeflux-out}
@@ -158,6 +159,31 @@ for stage in "$@"; do
             "$BIN/moeflux" bench --model "$MODEL" --device cuda -p 16 -n 24 -r 1 >"$OUT/ncu.csv" 2>"$OUT/ncu.err"
         note "ncu (rc $?, $((SECONDS - t0)) s)"
         python3 tools/device/ncu_summary.py "$OUT/ncu.csv" | tee -a "$SUMMARY"
+        ;;
+    batch)
+        # Sequences in one forward pass against each alone, on CUDA.
+        t0=$SECONDS
+        "$BIN/batch" cuda_ --test-threads=2 --nocapture >"$OUT/batch.log" 2>&1
+        note "batch tests (rc $?, $((SECONDS - t0)) s): $(grep -E '^test result' "$OUT/batch.log")"
+        grep -E "panicked|FAILED|worst" "$OUT/batch.log" | head -20 | tee -a "$SUMMARY"
+        ;;
+    parallel)
+        # Issue 13's rows: 8 streams decoded together against one.
+        for p in 1 8; do
+            bench "resident-p$p" --device cuda -p 0 -n 128 -r 3 --parallel $p
+            bench "quarter-p$p" --device cuda --expert-cache 25% -p 0 -n 128 -r 3 --parallel $p
+        done
+        ;;
+    parallel-skewed)
+        [ -d /tmp/q36s ] || "$BIN/moeflux" synth --preset qwen3.6-35b-a3b --routing skewed --out /tmp/q36s >"$OUT/synth-skewed.log" 2>&1
+        for p in 1 8; do
+            MODEL=/tmp/q36s bench "skewed-quarter-p$p" --device cuda --expert-cache 25% -p 0 -n 128 -r 3 --parallel $p
+        done
+        ;;
+    parallel-cpu)
+        for p in 1 8; do
+            bench "cpu-p$p" --device cpu -p 0 -n 32 -r 2 --parallel $p --timing
+        done
         ;;
     quick) bench quick --device cuda -p 64 -n 16 -r 1 ;;
     quick25) bench quick25 --device cuda --expert-cache 25% -p 64 -n 16 -r 1 ;;
