@@ -57,7 +57,7 @@ pub fn check_linear<B: Backend>(b: &B) {
     for &(bits, gs, rows, cols, f16) in &quant {
         let (view, dense) = quant_matrix(&mut rng, rows, cols, bits, gs, f16);
         let m = b.matrix(&view).expect("matrix");
-        for n in [1, 2, 3, 5, 8, 70] {
+        for n in [1, 2, 3, 5, 8, 13, 70] {
             let x = rng.vec(n * cols, 1.0);
             let mut y = b.alloc(n * rows).expect("alloc");
             b.linear(&m, &up(b, &x), n, &mut y).expect("linear");
@@ -78,7 +78,7 @@ pub fn check_linear<B: Backend>(b: &B) {
     ] {
         let (view, dense) = float_matrix(&mut rng, rows, cols, dtype);
         let m = b.matrix(&view).expect("matrix");
-        for n in [1, 2, 3, 7] {
+        for n in [1, 2, 3, 7, 11] {
             let x = rng.vec(n * cols, 1.0);
             let mut y = b.alloc(n * rows).expect("alloc");
             b.linear(&m, &up(b, &x), n, &mut y).expect("linear");

@@ -174,6 +174,10 @@ for stage in "$@"; do
             bench "quarter-p$p" --device cuda --expert-cache 25% -p 0 -n 128 -r 3 --parallel $p
         done
         ;;
+    parallel-timing)
+        bench resident-p8-timing --device cuda -p 0 -n 64 -r 2 --parallel 8 --timing
+        bench resident-p8-nopdl --no-pdl --device cuda -p 0 -n 64 -r 2 --parallel 8
+        ;;
     parallel-skewed)
         [ -d /tmp/q36s ] || "$BIN/moeflux" synth --preset qwen3.6-35b-a3b --routing skewed --out /tmp/q36s >"$OUT/synth-skewed.log" 2>&1
         for p in 1 8; do

@@ -52,8 +52,9 @@ macro_rules! cuda_args {
 const PDL_MAX_BLOCKS: u64 = 1056;
 /// Passes of at most this many tokens launch with programmatic stream
 /// serialization: on the H100 it gains decode 4–15% and cost a 512-token
-/// prefill 5.5% when every pass used it (BENCHMARKS.md).
-pub(crate) const PDL_MAX_TOKENS: usize = 4;
+/// prefill 5.5% when every pass used it (BENCHMARKS.md). 16 covers a
+/// batched decode step of up to 16 sequences.
+pub(crate) const PDL_MAX_TOKENS: usize = 16;
 
 /// One GPU: its context, streams and kernels.
 pub(crate) struct Gpu {

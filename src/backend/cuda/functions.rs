@@ -46,6 +46,8 @@ kernels!(
     /// The kernels of one format module (`FOR_FMT` in `kernels/matvec.cu`).
     FormatKernels {
         matvec,
+        matvec_tok4,
+        matvec_tok8,
         gemm,
         embed,
         moe_up,

@@ -66,6 +66,9 @@ pub(crate) fn group_shift(gs: usize, cols: usize, bits: u32) -> Result<i32> {
 /// `GM_BN` in kernels/matvec.cu).
 const GEMM_ROWS: usize = 128;
 const GEMM_TOKENS: usize = 64;
+/// The most tokens a product takes through `matvec_tok4/8` (a batched
+/// decode step) instead of the tiled `gemm`.
+const MATVEC_TOK_MAX: usize = 16;
 
 /// The `Mat` kernel argument (kernels/common.cuh).
 #[repr(C)]
@@ -307,6 +310,16 @@ impl CudaMatrix {
             // few rows over every SM.
             let grid = rows.div_ceil(8) as u32;
             gpu.launch(gpu.k.fmt(arg.fmt)?.matvec, (grid, 1, 1), 64, 0, cuda_args![arg, xp, yp])
+        } else if n <= MATVEC_TOK_MAX {
+            // matvec's warps over tiles of 4 or 8 tokens.
+            let (f, t) = match n {
+                ..=4 => (gpu.k.fmt(arg.fmt)?.matvec_tok4, 4),
+                _ => (gpu.k.fmt(arg.fmt)?.matvec_tok8, 8),
+            };
+            // 2 warps of 4 rows per block, as matvec.
+            let grid = (rows.div_ceil(8) as u32, n.div_ceil(t) as u32, 1);
+            let n = n as i32;
+            gpu.launch(f, grid, 64, 0, cuda_args![arg, xp, yp, n])
         } else {
             // Tiles of GEMM_ROWS × GEMM_TOKENS outputs.
             let (gx, gy) = (rows.div_ceil(GEMM_ROWS) as u32, n.div_ceil(GEMM_TOKENS) as u32);

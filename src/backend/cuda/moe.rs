@@ -34,8 +34,10 @@ pub(crate) struct ELayout {
     pad: i32,
 }
 
-/// Tokens up to which a resident model routes on the device alone.
-const DEVICE_ROUTE_TOKENS: usize = 4;
+/// Tokens up to which a resident model routes on the device alone (one
+/// block row per (token, expert) pair: a batched decode step of up to 16
+/// sequences stays off the host).
+const DEVICE_ROUTE_TOKENS: usize = 16;
 /// Experts per launch while streaming: the GPU computes one chunk while
 /// the next is read and copied.
 pub(crate) const STREAM_CHUNK: usize = 32;

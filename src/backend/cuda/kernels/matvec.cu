@@ -5,6 +5,8 @@
 // One token through quantized dense matrices: `matvec_q` (x in shared
 // memory, the scales applied once per chunk; up to 4 matrices that read
 // the same x in one launch).
+// A few tokens (batched decode): `matvec_tok4/8`, matvec's warps over
+// tiles of 4 or 8 tokens, each weight loaded once per tile.
 // Several tokens: 64×64 output tiles through shared memory.
 
 #define MV_R 4  // rows per warp
@@ -311,6 +313,55 @@ __device__ __forceinline__ void matvec_t(const Mat& m, const float* x, float* y)
 extern "C" __global__ void __launch_bounds__(256) matvec(Mat m, const float* x, float* y) {
     GRID_DEP();
     FOR_FMT(m.fmt, (matvec_t<F, S>(m, x, y)));
+}
+#endif
+
+// y[n, rows] = x[n, cols]·Wᵀ for a few tokens (batched decode): as
+// matvec_t, one warp per MV_R rows, but each weight is loaded and
+// dequantized once for the T tokens of the block's tile (grid y: tiles
+// t0 = blockIdx.y·T), each token's sum the fmaf sequence matvec runs for
+// it alone. Tokens past n repeat the last one's x and store nothing.
+template <int FMT, bool F16S, int T>
+__device__ __forceinline__ void matvec_tok_t(const Mat& m, const float* x, float* y, int n) {
+    const int lane = threadIdx.x & 31;
+    const int r0 = ((blockIdx.x * blockDim.x + threadIdx.x) >> 5) * MV_R;
+    const int t0 = blockIdx.y * T;
+    if (r0 >= m.rows) return;
+    Row rows[MV_R];
+    bool live[MV_R];
+#pragma unroll
+    for (int r = 0; r < MV_R; r++) {
+        live[r] = r0 + r < m.rows;
+        rows[r] = mat_row(m, live[r] ? r0 + r : r0);
+    }
+    const float* xs[T];
+    float acc[T][MV_R];
+#pragma unroll
+    for (int t = 0; t < T; t++) {
+        xs[t] = x + (size_t)min(t0 + t, n - 1) * m.cols;
+#pragma unroll
+        for (int r = 0; r < MV_R; r++) acc[t][r] = 0.0f;
+    }
+    rows_dot_tok<FMT, F16S, T>(rows, live, m.cols, m.gs_shift, m.vec, lane, xs, acc);
+#pragma unroll
+    for (int t = 0; t < T; t++)
+#pragma unroll
+        for (int r = 0; r < MV_R; r++) {
+            const float v = warp_sum(acc[t][r]);
+            if (lane == 0 && live[r] && t0 + t < n) y[(size_t)(t0 + t) * m.rows + r0 + r] = v;
+        }
+}
+
+// y[n, rows] = x[n, cols]·Wᵀ, tiles of 4 or 8 tokens; grid
+// (rows/(2·MV_R), ceil(n/T)), 64 threads (2 warps), as matvec's launch.
+#if FMT_GROUP_ON(FG_MATVEC)
+extern "C" __global__ void __launch_bounds__(256) matvec_tok4(Mat m, const float* x, float* y, int n) {
+    GRID_DEP();
+    FOR_FMT(m.fmt, (matvec_tok_t<F, S, 4>(m, x, y, n)));
+}
+extern "C" __global__ void __launch_bounds__(256) matvec_tok8(Mat m, const float* x, float* y, int n) {
+    GRID_DEP();
+    FOR_FMT(m.fmt, (matvec_tok_t<F, S, 8>(m, x, y, n)));
 }
 #endif
 
