@@ -150,6 +150,17 @@ pub struct Generation {
     pub logprobs: Vec<TokenLogprob>,
 }
 
+/// What a generation needs next ([`Generator::needs`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Need {
+    /// These tokens evaluated on its session, then `evaluated`.
+    Eval(Vec<u32>),
+    /// A token sampled from the logits it holds (`sample`).
+    Sample,
+    /// Nothing: it has ended (the text held back, when it ended now).
+    Ended(Option<String>),
+}
+
 /// A generation in progress over a session (see the module docs).
 pub struct Generator<'a, 'm> {
     session: &'a mut Session<'m>,
@@ -175,6 +186,10 @@ pub struct Generator<'a, 'm> {
     logits: Vec<f32>,
     /// The last sampled token, not yet evaluated.
     pending: Option<u32>,
+    /// Prompt tokens not yet evaluated, and the position to store a
+    /// checkpoint at on the way (`Request::checkpoint_at`).
+    todo: Vec<u32>,
+    mid: Option<usize>,
     finish: Option<Finish>,
     start: Mark,
     prefill_end: Mark,
@@ -197,6 +212,25 @@ impl<'a, 'm> Generator<'a, 'm> {
         stream: TextStream,
         req: Request<'a>,
     ) -> Result<Generator<'a, 'm>> {
+        let mut g = Generator::begin(session, stream, req)?;
+        // The prompt chunk by chunk, checking the cancel flag between chunks.
+        while let Need::Eval(chunk) = g.needs(g.session.chunk_size())? {
+            if g.cancelled() {
+                g.cancel()?;
+                break;
+            }
+            let pos = g.session.pos();
+            let logits = g.session.eval_prompt(&chunk, pos)?;
+            g.evaluated(&chunk, logits)?;
+        }
+        Ok(g)
+    }
+
+    /// Check the request and rewind the session as [`Generator::start`]
+    /// does, but evaluate nothing: the caller feeds the generation (see
+    /// [`Generator::needs`]), e.g. one `Model::eval_batch` step for
+    /// several generations at once.
+    pub fn begin(session: &'a mut Session<'m>, stream: TextStream, req: Request<'a>) -> Result<Generator<'a, 'm>> {
         let model = session.model();
         let prompt = req.prompt;
         if prompt.is_empty() {
@@ -213,7 +247,11 @@ impl<'a, 'm> Generator<'a, 'm> {
         let start = mark(session);
         let (keep, replayed) = rewind(session, prompt, req.held)?;
         let checkpoints = req.checkpoints && model.has_recurrent_layers();
-        let mut g = Generator {
+        // Evaluate up to the checkpoint position, store it, then the rest.
+        let mid = req
+            .checkpoint_at
+            .filter(|&c| checkpoints && c > keep && c < prompt.len());
+        Ok(Generator {
             sampler,
             constraint: req.constraint,
             top_logprobs: req.logprobs,
@@ -229,6 +267,8 @@ impl<'a, 'm> Generator<'a, 'm> {
             text: String::new(),
             logits: Vec::new(),
             pending: None,
+            todo: prompt[keep..].to_vec(),
+            mid,
             finish: None,
             start,
             prefill_end: start,
@@ -239,34 +279,79 @@ impl<'a, 'm> Generator<'a, 'm> {
                 ..GenerationStats::default()
             },
             session,
-        };
-        // Evaluate up to the checkpoint position, store it, then the rest.
-        let split = req
-            .checkpoint_at
-            .filter(|&c| checkpoints && c > keep && c < prompt.len());
-        let mid = split.unwrap_or(prompt.len());
-        g.eval_prompt(&prompt[keep..mid])?;
-        if split.is_some() && g.finish.is_none() {
-            g.session.checkpoint(mid)?;
-            g.eval_prompt(&prompt[mid..])?;
-        }
-        g.end_prefill()?;
-        Ok(g)
+        })
     }
 
-    /// Evaluate prompt tokens chunk by chunk, checking the cancel flag
-    /// between chunks.
-    fn eval_prompt(&mut self, tokens: &[u32]) -> Result<()> {
-        for chunk in tokens.chunks(self.session.chunk_size()) {
-            if self.cancelled() {
-                self.finish = Some(Finish::Cancelled);
-                return Ok(());
-            }
-            let pos = self.session.pos();
-            self.logits = self.session.eval_prompt(chunk, pos)?;
-            self.held.extend_from_slice(chunk);
+    /// What the generation needs next: tokens evaluated on its session
+    /// (at most `max` of the prompt, up to a checkpoint position; or the
+    /// token sampled last), then [`Generator::evaluated`]; or a sample
+    /// ([`Generator::sample`]); or nothing more — it has ended, with the
+    /// text held back until now when it ends here (the context is full).
+    pub fn needs(&mut self, max: usize) -> Result<Need> {
+        if self.finish.is_some() {
+            return Ok(Need::Ended(None));
         }
-        Ok(())
+        if !self.todo.is_empty() {
+            let pos = self.session.pos();
+            let mut n = self.todo.len().min(max.max(1));
+            if let Some(mid) = self.mid.filter(|&m| m > pos) {
+                n = n.min(mid - pos);
+            }
+            return Ok(Need::Eval(self.todo[..n].to_vec()));
+        }
+        match self.pending {
+            Some(_) if self.session.pos() >= self.session.model().n_ctx() => {
+                Ok(Need::Ended(self.end(Finish::ContextFull)?))
+            }
+            Some(t) => Ok(Need::Eval(vec![t])),
+            None => Ok(Need::Sample),
+        }
+    }
+
+    /// The session has evaluated `tokens` (the start of what
+    /// [`Generator::needs`] asked for), and `logits` `[vocab]` are those of
+    /// the last one. True when the generation is ready to sample.
+    pub fn evaluated(&mut self, tokens: &[u32], logits: Vec<f32>) -> Result<bool> {
+        self.held.extend_from_slice(tokens);
+        self.logits = logits;
+        if self.todo.is_empty() {
+            self.pending = None;
+            return Ok(true);
+        }
+        self.todo.drain(..tokens.len().min(self.todo.len()));
+        let pos = self.session.pos();
+        if self.todo.is_empty() {
+            self.end_prefill()?;
+            return Ok(true);
+        }
+        if self.mid == Some(pos) {
+            self.session.checkpoint(pos)?;
+        }
+        Ok(false)
+    }
+
+    /// End the generation as cancelled; the text held back until now.
+    pub fn cancel(&mut self) -> Result<Option<String>> {
+        if self.finish.is_some() {
+            return Ok(None);
+        }
+        if !self.todo.is_empty() {
+            self.todo.clear();
+            self.finish = Some(Finish::Cancelled);
+            self.end_prefill()?;
+            return Ok(None);
+        }
+        self.end(Finish::Cancelled)
+    }
+
+    /// Whether the generation has ended.
+    pub fn is_finished(&self) -> bool {
+        self.finish.is_some()
+    }
+
+    /// The session the generation runs on.
+    pub fn session(&mut self) -> &mut Session<'m> {
+        self.session
     }
 
     fn end_prefill(&mut self) -> Result<()> {
@@ -289,56 +374,76 @@ impl<'a, 'm> Generator<'a, 'm> {
     /// ended. Each call evaluates and samples as many tokens as it takes to
     /// produce text.
     pub fn next_piece(&mut self) -> Result<Option<String>> {
-        while self.finish.is_none() {
-            if let Some(tok) = self.pending.take() {
-                if self.cancelled() {
-                    return self.end(Finish::Cancelled);
+        loop {
+            if self.finish.is_none() && self.cancelled() {
+                return self.cancel();
+            }
+            match self.needs(usize::MAX)? {
+                Need::Ended(tail) => return Ok(tail),
+                Need::Eval(tokens) => {
+                    let pos = self.session.pos();
+                    let logits = self.session.eval_prompt(&tokens, pos)?;
+                    if !self.evaluated(&tokens, logits)? {
+                        continue;
+                    }
                 }
-                let pos = self.session.pos();
-                if pos >= self.session.model().n_ctx() {
-                    return self.end(Finish::ContextFull);
-                }
-                self.logits = self.session.eval_token(tok, pos)?;
-                self.held.push(tok);
+                Need::Sample => {}
             }
-            let raw = self.top_logprobs.map(|_| self.logits.clone());
-            if let Some(c) = &mut self.constraint {
-                c.mask(&mut self.logits)?;
-            }
-            let tok = self
-                .sampler
-                .sample_after(&mut self.logits, &self.history, self.prompt_len);
-            if let (Some(raw), Some(top)) = (raw, self.top_logprobs) {
-                self.logprobs.push(TokenLogprob::of(&raw, tok, top));
-            }
-            let complete = match &mut self.constraint {
-                Some(c) => {
-                    c.accept(tok)?;
-                    c.is_complete()
-                }
-                None => false,
-            };
-            self.history.push(tok);
-            if self.first_token.is_none() {
-                self.first_token = Some(mark(self.session));
-            }
-            let step = self.stream.push(tok)?;
-            self.text.push_str(&step.text);
-            if let Some(reason) = step.finish {
-                self.finish = Some(reason.into());
-                self.close()?;
-                return Ok(non_empty(step.text));
-            }
-            if complete {
-                let tail = self.end(Finish::Complete)?;
-                return Ok(non_empty(step.text + tail.as_deref().unwrap_or("")));
-            }
-            self.pending = Some(tok);
-            if !step.text.is_empty() {
-                return Ok(Some(step.text));
+            let piece = self.sample()?;
+            if piece.is_some() || self.finish.is_some() {
+                return Ok(piece);
             }
         }
-        Ok(None)
+    }
+
+    /// Sample the next token from the logits of the last evaluated one;
+    /// the text it completes, if any. The generation may end here
+    /// ([`Generator::is_finished`]); otherwise the token is to be
+    /// evaluated next.
+    pub fn sample(&mut self) -> Result<Option<String>> {
+        if self.finish.is_some() {
+            return Ok(None);
+        }
+        if self.pending.is_some() || !self.todo.is_empty() || self.logits.is_empty() {
+            return Err(Error::Invalid(
+                "sample: the generation's last tokens are not evaluated yet".into(),
+            ));
+        }
+        let raw = self.top_logprobs.map(|_| self.logits.clone());
+        if let Some(c) = &mut self.constraint {
+            c.mask(&mut self.logits)?;
+        }
+        let tok = self
+            .sampler
+            .sample_after(&mut self.logits, &self.history, self.prompt_len);
+        if let (Some(raw), Some(top)) = (raw, self.top_logprobs) {
+            self.logprobs.push(TokenLogprob::of(&raw, tok, top));
+        }
+        let complete = match &mut self.constraint {
+            Some(c) => {
+                c.accept(tok)?;
+                c.is_complete()
+            }
+            None => false,
+        };
+        self.history.push(tok);
+        if self.first_token.is_none() {
+            self.first_token = Some(mark(self.session));
+        }
+        let step = self.stream.push(tok)?;
+        self.text.push_str(&step.text);
+        if let Some(reason) = step.finish {
+            self.finish = Some(reason.into());
+            self.close()?;
+            return Ok(non_empty(step.text));
+        }
+        if complete {
+            let tail = self.end(Finish::Complete)?;
+            return Ok(non_empty(step.text + tail.as_deref().unwrap_or("")));
+        }
+        self.pending = Some(tok);
+        self.logits.clear();
+        Ok(non_empty(step.text))
     }
 
     /// The log-probabilities of the tokens generated since the last call
@@ -399,19 +504,28 @@ impl<'a, 'm> Generator<'a, 'm> {
     }
 
     /// The result; a generation stopped before it ended counts as cancelled.
-    pub fn finish(mut self) -> Result<Generation> {
+    pub fn finish(self) -> Result<Generation> {
+        self.finish_with_session().0
+    }
+
+    /// [`Generator::finish`], and the session back (a scheduler that runs
+    /// several generations hands it to the next one).
+    pub fn finish_with_session(mut self) -> (Result<Generation>, &'a mut Session<'m>) {
         if self.finish.is_none() {
-            self.end(Finish::Cancelled)?;
+            if let Err(e) = self.cancel() {
+                return (Err(e), self.session);
+            }
         }
         let finish = self.finish.take().unwrap_or(Finish::Cancelled);
-        Ok(Generation {
+        let g = Generation {
             tokens: self.history.split_off(self.prompt_len),
             text: self.text,
             finish,
             stats: self.stats,
             session_tokens: self.held,
             logprobs: self.logprobs,
-        })
+        };
+        (Ok(g), self.session)
     }
 }
 
