@@ -17,6 +17,7 @@
 //! or when the caller's cancel flag is set; the text held back until then (an incomplete
 //! character, a possible stop string) comes out as the last piece.
 
+mod batch;
 mod logprobs;
 mod stats;
 mod think;
@@ -24,6 +25,7 @@ mod think;
 use stats::Mark;
 pub use stats::{CacheTraffic, ExpertTraffic, GenerationStats, PhaseBreakdown};
 
+pub use batch::{Batch, BatchEvent};
 pub use logprobs::TokenLogprob;
 pub use think::{Segment, ThinkSplitter};
 
@@ -347,6 +349,11 @@ impl<'a, 'm> Generator<'a, 'm> {
     /// Whether the generation has ended.
     pub fn is_finished(&self) -> bool {
         self.finish.is_some()
+    }
+
+    /// Whether prompt tokens remain to be evaluated.
+    pub fn is_prefilling(&self) -> bool {
+        self.finish.is_none() && !self.todo.is_empty()
     }
 
     /// The session the generation runs on.

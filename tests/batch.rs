@@ -8,7 +8,10 @@
 mod common;
 
 use common::*;
+use moeflux::generate::{Batch, BatchEvent, Finish, Generation, Generator, Request};
+use moeflux::text::{SamplingParams, TextStream};
 use moeflux::{BatchItem, Device, Error, Model, Options, Session};
+use std::collections::HashMap;
 
 /// Batched against alone, on the CPU: the same f32 arithmetic in another
 /// order (matrix-matrix against matrix-vector products).
@@ -156,10 +159,89 @@ fn same_greedy_tokens(name: &str, model: &Model) {
     assert_eq!(got, alone, "{name}: greedy tokens batched vs alone");
 }
 
+fn greedy(n: usize) -> SamplingParams {
+    SamplingParams {
+        temperature: 0.0,
+        max_tokens: Some(n),
+        ..SamplingParams::default()
+    }
+}
+
+/// Prompts of 9, 2 and 5 tokens (the first longer than the step budget
+/// of `scheduler_matches_alone`).
+fn prompts() -> [Vec<u32>; 3] {
+    [SEQ[0][..9].to_vec(), SEQ[1][..2].to_vec(), SEQ[2][..5].to_vec()]
+}
+
+fn request(prompt: &[u32], logprobs: bool) -> Request<'_> {
+    Request {
+        logprobs: logprobs.then_some(2),
+        ..Request::new(prompt, greedy(6))
+    }
+}
+
+/// The scheduler (`generate::Batch`: chunked prefill beside decodes, a
+/// step budget of 4 tokens) generates what each request generates alone,
+/// piece for piece; a generation cancelled part-way ends as cancelled and
+/// leaves the others as they were.
+fn scheduler_matches_alone(name: &str, model: &Model) {
+    let prompts = prompts();
+    let alone: Vec<Generation> = prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let mut s = model.session().unwrap();
+            let stream = TextStream::ids(&[], &greedy(6));
+            let mut g = Generator::start_with_stream(&mut s, stream, request(p, i == 0)).unwrap();
+            while g.next_piece().unwrap().is_some() {}
+            g.finish().unwrap()
+        })
+        .collect();
+    for cancel_at in [None, Some(3)] {
+        let mut sessions: Vec<Session> = (0..3).map(|_| model.session().unwrap()).collect();
+        let mut batch = Batch::new(4);
+        for (i, (s, p)) in sessions.iter_mut().zip(&prompts).enumerate() {
+            let stream = TextStream::ids(&[], &greedy(6));
+            batch.add(i as u64, Generator::begin(s, stream, request(p, i == 0)).unwrap());
+        }
+        let mut text: HashMap<u64, String> = HashMap::new();
+        let mut done: HashMap<u64, Generation> = HashMap::new();
+        let mut steps = 0;
+        while !batch.is_empty() {
+            steps += 1;
+            assert!(steps < 100, "{name}: the batch does not end");
+            for ev in batch.step(model, |id| id == 1 && cancel_at.is_some_and(|c| steps >= c)) {
+                match ev {
+                    BatchEvent::Piece { id, text: t, .. } => text.entry(id).or_default().push_str(&t),
+                    BatchEvent::Done { id, result, session } => {
+                        let g = result.unwrap();
+                        assert_eq!(session.tokens(), Some(&g.session_tokens[..]), "{name}: {id}: session tokens");
+                        done.insert(id, g);
+                    }
+                }
+            }
+        }
+        for (i, want) in alone.iter().enumerate() {
+            let got = &done[&(i as u64)];
+            assert_eq!(got.text, text.get(&(i as u64)).cloned().unwrap_or_default(), "{name}: {i}: pieces");
+            if i == 1 && cancel_at.is_some() {
+                assert_eq!(got.finish, Finish::Cancelled, "{name}: the cancelled one");
+                assert!(want.tokens.starts_with(&got.tokens), "{name}: cancelled part differs");
+                continue;
+            }
+            assert_eq!(got.tokens, want.tokens, "{name}: {i}: tokens, batched vs alone");
+            assert_eq!(got.text, want.text, "{name}: {i}: text");
+            assert_eq!(got.finish, want.finish, "{name}: {i}: finish");
+            assert_eq!(got.logprobs.len(), want.logprobs.len(), "{name}: {i}: logprobs");
+        }
+    }
+}
+
 fn check(name: &str, flags: &[&str], device: Device, tol: f64) {
     let model = open(&packed_with(name, flags), device);
     same_logits(name, &model, tol);
     same_greedy_tokens(name, &model);
+    scheduler_matches_alone(name, &model);
 }
 
 /// Bad items are refused before anything runs: no session moves.
