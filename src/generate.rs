@@ -152,6 +152,32 @@ pub struct Generation {
     pub logprobs: Vec<TokenLogprob>,
 }
 
+/// A generation [`Generator::begin`] refused: why, and the session back.
+pub type Refused<'a, 'm> = (Error, &'a mut Session<'m>);
+
+/// Check a request against the session's model, and rewind the session to
+/// the longest prefix it shares with the prompt: the sampler, the mark
+/// the stats start from, the prompt tokens kept and how many of those
+/// were evaluated again.
+fn check_and_rewind(session: &mut Session<'_>, req: &Request<'_>) -> Result<(Sampler, Mark, usize, usize)> {
+    let model = session.model();
+    let prompt = req.prompt;
+    if prompt.is_empty() {
+        return Err(Error::Invalid("the prompt has no tokens".into()));
+    }
+    if prompt.len() > model.n_ctx() {
+        return Err(Error::Invalid(format!(
+            "the prompt has {} tokens, more than the model's context of {}",
+            prompt.len(),
+            model.n_ctx()
+        )));
+    }
+    let sampler = Sampler::new(req.sampling.clone(), model.n_vocab())?;
+    let start = mark(session);
+    let (keep, replayed) = rewind(session, prompt, req.held)?;
+    Ok((sampler, start, keep, replayed))
+}
+
 /// What a generation needs next ([`Generator::needs`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Need {
@@ -214,7 +240,8 @@ impl<'a, 'm> Generator<'a, 'm> {
         stream: TextStream,
         req: Request<'a>,
     ) -> Result<Generator<'a, 'm>> {
-        let mut g = Generator::begin(session, stream, req)?;
+        let cancel = req.cancel;
+        let mut g = Generator::prepare(session, stream, req, cancel).map_err(|(e, _)| e)?;
         // The prompt chunk by chunk, checking the cancel flag between chunks.
         while let Need::Eval(chunk) = g.needs(g.session.chunk_size())? {
             if g.cancelled() {
@@ -231,23 +258,37 @@ impl<'a, 'm> Generator<'a, 'm> {
     /// Check the request and rewind the session as [`Generator::start`]
     /// does, but evaluate nothing: the caller feeds the generation (see
     /// [`Generator::needs`]), e.g. one `Model::eval_batch` step for
-    /// several generations at once.
-    pub fn begin(session: &'a mut Session<'m>, stream: TextStream, req: Request<'a>) -> Result<Generator<'a, 'm>> {
+    /// several generations at once ([`Batch`]). The request is not kept,
+    /// so it cannot carry a cancel flag: the caller cancels
+    /// ([`Generator::cancel`], or `Batch::step`'s `cancelled`).
+    /// On error the session comes back with it (unchanged, or cleared
+    /// if rewinding it failed).
+    pub fn begin(
+        session: &'a mut Session<'m>,
+        stream: TextStream,
+        req: Request<'_>,
+    ) -> std::result::Result<Generator<'a, 'm>, Refused<'a, 'm>> {
+        if req.cancel.is_some() {
+            let e = Error::Invalid(
+                "Generator::begin keeps no cancel flag: cancel through the caller (Generator::cancel)".into(),
+            );
+            return Err((e, session));
+        }
+        Generator::prepare(session, stream, req, None)
+    }
+
+    fn prepare(
+        session: &'a mut Session<'m>,
+        stream: TextStream,
+        req: Request<'_>,
+        cancel: Option<&'a AtomicBool>,
+    ) -> std::result::Result<Generator<'a, 'm>, Refused<'a, 'm>> {
+        let (sampler, start, keep, replayed) = match check_and_rewind(session, &req) {
+            Ok(v) => v,
+            Err(e) => return Err((e, session)),
+        };
         let model = session.model();
         let prompt = req.prompt;
-        if prompt.is_empty() {
-            return Err(Error::Invalid("the prompt has no tokens".into()));
-        }
-        if prompt.len() > model.n_ctx() {
-            return Err(Error::Invalid(format!(
-                "the prompt has {} tokens, more than the model's context of {}",
-                prompt.len(),
-                model.n_ctx()
-            )));
-        }
-        let sampler = Sampler::new(req.sampling.clone(), model.n_vocab())?;
-        let start = mark(session);
-        let (keep, replayed) = rewind(session, prompt, req.held)?;
         let checkpoints = req.checkpoints && model.has_recurrent_layers();
         // Evaluate up to the checkpoint position, store it, then the rest.
         let mid = req
@@ -260,7 +301,7 @@ impl<'a, 'm> Generator<'a, 'm> {
             logprobs: Vec::new(),
             logprobs_taken: 0,
             stream,
-            cancel: req.cancel,
+            cancel,
             checkpoints,
             timing: req.timing,
             history: prompt.to_vec(),

@@ -202,7 +202,10 @@ fn scheduler_matches_alone(name: &str, model: &Model) {
         let mut batch = Batch::new(4);
         for (i, (s, p)) in sessions.iter_mut().zip(&prompts).enumerate() {
             let stream = TextStream::ids(&[], &greedy(6));
-            batch.add(i as u64, Generator::begin(s, stream, request(p, i == 0)).unwrap());
+            let g = Generator::begin(s, stream, request(p, i == 0))
+                .map_err(|(e, _)| e)
+                .unwrap();
+            batch.add(i as u64, g);
         }
         let mut text: HashMap<u64, String> = HashMap::new();
         let mut done: HashMap<u64, Generation> = HashMap::new();
@@ -214,8 +217,12 @@ fn scheduler_matches_alone(name: &str, model: &Model) {
                 match ev {
                     BatchEvent::Piece { id, text: t, .. } => text.entry(id).or_default().push_str(&t),
                     BatchEvent::Done { id, result, session } => {
-                        let g = result.unwrap();
-                        assert_eq!(session.tokens(), Some(&g.session_tokens[..]), "{name}: {id}: session tokens");
+                        let g = (*result).unwrap();
+                        assert_eq!(
+                            session.tokens(),
+                            Some(&g.session_tokens[..]),
+                            "{name}: {id}: session tokens"
+                        );
                         done.insert(id, g);
                     }
                 }
@@ -223,7 +230,11 @@ fn scheduler_matches_alone(name: &str, model: &Model) {
         }
         for (i, want) in alone.iter().enumerate() {
             let got = &done[&(i as u64)];
-            assert_eq!(got.text, text.get(&(i as u64)).cloned().unwrap_or_default(), "{name}: {i}: pieces");
+            assert_eq!(
+                got.text,
+                text.get(&(i as u64)).cloned().unwrap_or_default(),
+                "{name}: {i}: pieces"
+            );
             if i == 1 && cancel_at.is_some() {
                 assert_eq!(got.finish, Finish::Cancelled, "{name}: the cancelled one");
                 assert!(want.tokens.starts_with(&got.tokens), "{name}: cancelled part differs");

@@ -21,7 +21,9 @@ pub struct ServeArgs {
     /// Require `Authorization: Bearer KEY` on every endpoint but /health and /.
     #[arg(long, value_name = "KEY", env = "MOEFLUX_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
-    /// Generations that run at once, each in its own slot (session).
+    /// Generations that run at once, each in its own slot (session); all
+    /// of them advance together, one forward pass per step (continuous
+    /// batching: the weights and each expert are read once per step).
     #[arg(long, default_value_t = 1, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
     pub parallel: u16,
     /// Requests that may wait for a free slot; more are refused with 503.

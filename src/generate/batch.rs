@@ -1,9 +1,10 @@
 //! Several generations advanced together: each step evaluates every
 //! running generation's next tokens in one `Model::eval_batch` (continuous
 //! batching). Decoding generations take one token each; prompts take what
-//! is left of the step's token budget, in chunks (chunked prefill), so that
-//! a long prompt does not stall the streams already decoding; the prompt
-//! that starts a step's share rotates, so that every prompt advances.
+//! is left of the step's token budget, in chunks (chunked prefill; at most
+//! `MIXED_PROMPT_TOKENS` while others decode), so that a long prompt does
+//! not stall the streams already decoding; the prompt that starts a
+//! step's share rotates, so that every prompt advances.
 //!
 //! ```text
 //! let mut batch = Batch::new(512);
@@ -18,6 +19,10 @@ use crate::engine::Model;
 use crate::error::{Error, Result};
 use crate::session::{BatchItem, Session};
 
+/// The most prompt tokens a step evaluates while other generations
+/// decode in it: each of their tokens waits for the whole step.
+pub const MIXED_PROMPT_TOKENS: usize = 512;
+
 /// What happened to one generation in a step.
 pub enum BatchEvent<'a, 'm> {
     /// The next piece of its text, and the log-probabilities of the tokens
@@ -30,7 +35,7 @@ pub enum BatchEvent<'a, 'm> {
     /// It ended (or failed): the result, and its session back.
     Done {
         id: u64,
-        result: Result<Generation>,
+        result: Box<Result<Generation>>,
         session: &'a mut Session<'m>,
     },
 }
@@ -101,8 +106,13 @@ impl<'a, 'm> Batch<'a, 'm> {
                 Err(e) => ended.push((i, Some(e))),
             }
         }
-        // The prompts' share of the budget, from this step's first prompt on.
-        let mut left = self.budget.saturating_sub(work.len());
+        // The prompts' share of the budget, from this step's first prompt
+        // on; while others decode, at most `MIXED_PROMPT_TOKENS`.
+        let budget = match work.is_empty() {
+            true => self.budget,
+            false => self.budget.min(MIXED_PROMPT_TOKENS + work.len()),
+        };
+        let mut left = budget.saturating_sub(work.len());
         if !prefill.is_empty() {
             let first = self.turn % prefill.len();
             self.turn = self.turn.wrapping_add(1);
@@ -163,7 +173,11 @@ impl<'a, 'm> Batch<'a, 'm> {
                 Some(e) => Err(e),
                 None => result,
             };
-            events.push(BatchEvent::Done { id, result, session });
+            events.push(BatchEvent::Done {
+                id,
+                result: Box::new(result),
+                session,
+            });
         }
         events
     }
@@ -171,7 +185,8 @@ impl<'a, 'm> Batch<'a, 'm> {
     /// One forward pass over the generations `work` names, with their tokens.
     fn eval(&mut self, model: &Model, work: &[(usize, Vec<u32>)]) -> Result<Vec<Vec<f32>>> {
         // Each generation's session, in `work`'s order (indices distinct).
-        let mut sessions: Vec<Option<&mut Session<'m>>> = self.running.iter_mut().map(|(_, g)| Some(g.session())).collect();
+        let mut sessions: Vec<Option<&mut Session<'m>>> =
+            self.running.iter_mut().map(|(_, g)| Some(g.session())).collect();
         let mut items = Vec::with_capacity(work.len());
         for (i, t) in work {
             if let Some(session) = sessions[*i].take() {

@@ -6,9 +6,10 @@
 //! server.run(&model, text, |addr| eprintln!("listening on http://{addr}"))?;  // until SIGINT/SIGTERM
 //! ```
 //!
-//! The HTTP side runs on a small tokio runtime; inference never does: each
-//! of `parallel` slot threads owns a `Session` of the shared `Model` and
-//! takes jobs from a bounded queue ([`slots`]). A handler renders and
+//! The HTTP side runs on a small tokio runtime; inference never does: one
+//! inference thread owns `parallel` slots (`Session`s of the shared
+//! `Model`), takes jobs from a bounded queue and runs every slot's
+//! generation in the same forward passes ([`slots`]). A handler renders and
 //! tokenizes the prompt, queues a job, and turns the slot's text pieces
 //! into a JSON reply or an SSE stream. A client that goes away drops its
 //! reply, which sets the job's cancel flag: the slot stops within a token.
@@ -154,7 +155,7 @@ impl Shared {
         let room = ready.n_ctx - n;
         sampling.max_tokens = Some(sampling.max_tokens.map_or(room, |m| m.min(room)));
         let cancel = Arc::new(AtomicBool::new(false));
-        let (tx, rx) = tokio::sync::mpsc::channel(64);
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         self.submit(Job {
             prompt,
             sampling,
@@ -251,19 +252,15 @@ impl Server {
         let parallel = config.parallel.max(1);
         let shared = &*self.shared;
         std::thread::scope(|scope| {
-            let mut senders = Vec::new();
-            for slot in 0..parallel {
-                let (tx, rx) = std::sync::mpsc::channel();
-                senders.push(tx);
-                let tok = text.tokenizer.clone();
-                std::thread::Builder::new()
-                    .name(format!("moeflux-slot-{slot}"))
-                    .spawn_scoped(scope, move || {
-                        slots::work(&shared.pool, slot, model, &tok, &shared.metrics, rx)
-                    })
-                    .map_err(|e| Error::Server(format!("cannot start slot thread: {e}")))?;
-            }
-            shared.pool.open(senders);
+            let (tx, rx) = std::sync::mpsc::channel();
+            let tok = text.tokenizer.clone();
+            std::thread::Builder::new()
+                .name("moeflux-infer".into())
+                .spawn_scoped(scope, move || {
+                    slots::work(&shared.pool, parallel, model, &tok, &shared.metrics, rx)
+                })
+                .map_err(|e| Error::Server(format!("cannot start the inference thread: {e}")))?;
+            shared.pool.open(parallel, tx);
             // Set once: `run` consumes the server.
             let _ = shared.ready.set(Ready {
                 text,

@@ -1,13 +1,17 @@
-//! Slots: `--parallel N` inference threads, each owning a `Session` of the
-//! one shared `Model`, fed from a bounded queue. A request goes to the
-//! idle slot whose session shares the longest prefix with its prompt, so
-//! that a conversation's next turn evaluates only the new tokens.
+//! Slots: `--parallel N` sessions of the one shared `Model`, fed from a
+//! bounded queue and run together by one inference thread: every running
+//! generation advances in the same forward pass (`generate::Batch`:
+//! decodes one token each, prompts in chunks beside them). A request goes
+//! to the idle slot whose session shares the longest prefix with its
+//! prompt, so that a conversation's next turn evaluates only the new
+//! tokens.
 
 use super::metrics::Metrics;
 use crate::error::{Error, Result};
-use crate::generate::{Generation, Generator, Request, TokenLogprob};
-use crate::text::{Constraint, SamplingParams, Tokenizer};
-use crate::Model;
+use crate::generate::{Batch, BatchEvent, Generation, Generator, Request, TokenLogprob};
+use crate::text::{Constraint, SamplingParams, TextStream, Tokenizer};
+use crate::{Model, Session};
+use std::collections::HashMap;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
@@ -26,7 +30,9 @@ pub struct Job {
     pub logprobs: Option<usize>,
     /// Set when the client goes away or the server shuts down.
     pub cancel: Arc<AtomicBool>,
-    pub events: tokio::sync::mpsc::Sender<Event>,
+    /// Unbounded: the inference thread never waits on a slow client (the
+    /// pieces of one answer are few and small).
+    pub events: tokio::sync::mpsc::UnboundedSender<Event>,
 }
 
 /// What a slot reports about its job.
@@ -53,8 +59,9 @@ struct State {
     held: Vec<Vec<u32>>,
     /// The cancel flag of each slot's running job.
     running: Vec<Option<Arc<AtomicBool>>>,
-    /// One sender per slot thread; empty until the model is loaded.
-    slots: Vec<mpsc::Sender<Job>>,
+    /// The inference thread's job channel (with the slot chosen); none
+    /// until the model is loaded.
+    slots: Option<mpsc::Sender<(usize, Job)>>,
     closed: bool,
 }
 
@@ -72,7 +79,7 @@ impl Pool {
                 idle: Vec::new(),
                 held: Vec::new(),
                 running: Vec::new(),
-                slots: Vec::new(),
+                slots: None,
                 closed: false,
             }),
             queue_cap,
@@ -84,14 +91,13 @@ impl Pool {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Start taking jobs, one sender per slot thread.
-    pub fn open(&self, slots: Vec<mpsc::Sender<Job>>) {
+    /// Start taking jobs for `n` slots, sent to the inference thread.
+    pub fn open(&self, n: usize, slots: mpsc::Sender<(usize, Job)>) {
         let mut s = self.lock();
-        let n = slots.len();
         s.idle = (0..n).rev().collect();
         s.held = vec![Vec::new(); n];
         s.running = vec![None; n];
-        s.slots = slots;
+        s.slots = Some(slots);
     }
 
     /// Stop taking jobs: queued ones are dropped (their clients hear that
@@ -105,12 +111,12 @@ impl Pool {
         }
     }
 
-    /// Drop the slot senders so that the slot threads end.
+    /// Drop the job sender so that the inference thread ends.
     pub fn close(&self) {
         let mut s = self.lock();
         s.closed = true;
         s.queue.clear();
-        s.slots.clear();
+        s.slots = None;
     }
 
     /// Queue a job; it starts at once when a slot is idle.
@@ -119,7 +125,7 @@ impl Pool {
         if s.closed {
             return Err(Refusal::ShuttingDown);
         }
-        if s.slots.is_empty() {
+        if s.slots.is_none() {
             return Err(Refusal::Loading);
         }
         if s.idle.is_empty() && s.queue.len() >= self.queue_cap {
@@ -155,11 +161,14 @@ fn dispatch(s: &mut State) {
             .unwrap_or(0);
         let slot = s.idle.swap_remove(best);
         s.running[slot] = Some(job.cancel.clone());
-        if let Err(mpsc::SendError(job)) = s.slots[slot].send(job) {
-            // The slot thread is gone (the server is closing): the job's
-            // client hears that its channel closed.
+        let sent = match &s.slots {
+            Some(tx) => tx.send((slot, job)).is_ok(),
+            None => false,
+        };
+        if !sent {
+            // The inference thread is gone (the server is closing): the
+            // job's client hears that its channel closed.
             s.running[slot] = None;
-            drop(job);
         }
     }
 }
@@ -168,62 +177,104 @@ fn common_prefix(a: &[u32], b: &[u32]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
-/// A slot thread: run jobs until the pool closes.
-pub fn work(pool: &Pool, slot: usize, model: &Model, tok: &Tokenizer, metrics: &Metrics, jobs: mpsc::Receiver<Job>) {
-    let mut session = model.session();
-    while let Ok(mut job) = jobs.recv() {
-        let result = match &mut session {
-            Ok(session) => run(session, tok, &mut job),
-            Err(e) => Err(Error::Server(format!("slot {slot} has no session: {e}"))),
+/// The inference thread: `n` sessions, run together by a `Batch` until
+/// the pool closes. Blocks for a job while nothing runs; between steps it
+/// takes every job that has arrived.
+pub fn work(
+    pool: &Pool,
+    n: usize,
+    model: &Model,
+    tok: &Tokenizer,
+    metrics: &Metrics,
+    jobs: mpsc::Receiver<(usize, Job)>,
+) {
+    let mut sessions: Vec<Result<Session>> = (0..n).map(|_| model.session()).collect();
+    // Each slot's session while it is idle (taken by its running job).
+    let mut idle: Vec<Option<&mut Session>> = sessions.iter_mut().map(|s| s.as_mut().ok()).collect();
+    let mut running: HashMap<u64, Job> = HashMap::new();
+    let mut batch = Batch::new(model.prefill_chunk());
+    loop {
+        let first = match batch.is_empty() {
+            true => match jobs.recv() {
+                Ok(j) => Some(j),
+                Err(_) => return,
+            },
+            false => None,
         };
-        if let Ok(g) = &result {
-            metrics.record(&g.stats);
-        }
-        let held = match &mut session {
-            Ok(s) => {
-                if result.is_err() {
-                    // Whatever the error left, start the next job afresh.
-                    let _ = s.clear();
+        for (slot, mut job) in first.into_iter().chain(std::iter::from_fn(|| jobs.try_recv().ok())) {
+            let Some(session) = idle.get_mut(slot).and_then(Option::take) else {
+                let e = Error::Server(format!("slot {slot} has no session"));
+                let _ = job.events.send(Event::Done(Box::new(Err(e))));
+                pool.release(slot, Vec::new());
+                continue;
+            };
+            let req = Request {
+                checkpoints: true,
+                constraint: job.constraint.take(),
+                logprobs: job.logprobs,
+                checkpoint_at: job.checkpoint_at,
+                ..Request::new(&job.prompt, job.sampling.clone())
+            };
+            match Generator::begin(session, TextStream::new(tok, &job.sampling), req) {
+                Ok(g) => {
+                    batch.add(slot as u64, g);
+                    running.insert(slot as u64, job);
                 }
-                s.tokens().map(<[u32]>::to_vec).unwrap_or_default()
+                Err((e, session)) => {
+                    let _ = job.events.send(Event::Done(Box::new(Err(e))));
+                    pool.release(slot, held(session, true));
+                    idle[slot] = Some(session);
+                }
             }
-            Err(_) => Vec::new(),
-        };
-        // The client may be gone; nothing more to tell then.
-        let _ = job.events.blocking_send(Event::Done(Box::new(result)));
-        pool.release(slot, held);
+        }
+        let cancelled = |id: u64| running.get(&id).is_some_and(|j| j.cancel.load(Ordering::Relaxed));
+        for event in batch.step(model, cancelled) {
+            match event {
+                BatchEvent::Piece { id, text, logprobs } => {
+                    if let Some(job) = running.get(&id) {
+                        if job.events.send(Event::Piece(text, logprobs)).is_err() {
+                            // The client is gone: stop at the next step.
+                            job.cancel.store(true, Ordering::Relaxed);
+                        }
+                    }
+                }
+                BatchEvent::Done { id, result, session } => {
+                    if let Ok(g) = &*result {
+                        metrics.record(&g.stats);
+                    }
+                    let held = held(session, result.is_err());
+                    if let Some(job) = running.remove(&id) {
+                        // The client may be gone; nothing more to tell then.
+                        let _ = job.events.send(Event::Done(result));
+                    }
+                    let slot = id as usize;
+                    idle[slot] = Some(session);
+                    pool.release(slot, held);
+                }
+            }
+        }
     }
 }
 
-fn run(session: &mut crate::Session<'_>, tok: &Tokenizer, job: &mut Job) -> Result<Generation> {
-    let req = Request {
-        checkpoints: true,
-        constraint: job.constraint.take(),
-        logprobs: job.logprobs,
-        checkpoint_at: job.checkpoint_at,
-        cancel: Some(&job.cancel),
-        ..Request::new(&job.prompt, job.sampling.clone())
-    };
-    let mut g = Generator::start(session, tok, req)?;
-    while let Some(piece) = g.next_piece()? {
-        let lps = g.take_logprobs();
-        if job.events.blocking_send(Event::Piece(piece, lps)).is_err() {
-            job.cancel.store(true, Ordering::Relaxed);
-        }
+/// The tokens a slot's session holds after a job; after an error it is
+/// cleared first (the next job starts afresh, whatever the error left).
+fn held(session: &mut Session<'_>, failed: bool) -> Vec<u32> {
+    if failed {
+        let _ = session.clear();
     }
-    g.finish()
+    session.tokens().map(<[u32]>::to_vec).unwrap_or_default()
 }
 
 /// A job handed to a slot, from the handler's side: its events, and its
 /// cancel flag, set when this is dropped (the reply finished, or the
 /// client went away and the server dropped the reply).
 pub struct Running {
-    pub events: tokio::sync::mpsc::Receiver<Event>,
+    pub events: tokio::sync::mpsc::UnboundedReceiver<Event>,
     cancel: Arc<AtomicBool>,
 }
 
 impl Running {
-    pub fn new(events: tokio::sync::mpsc::Receiver<Event>, cancel: Arc<AtomicBool>) -> Running {
+    pub fn new(events: tokio::sync::mpsc::UnboundedReceiver<Event>, cancel: Arc<AtomicBool>) -> Running {
         Running { events, cancel }
     }
 

@@ -6,7 +6,7 @@ use std::io::Read;
 
 #[test]
 fn sixteen_concurrent_clients_all_get_their_answer() {
-    let s = Server::start(&["--parallel", "2"]);
+    let s = Server::start(&["--parallel", "4"]);
     let replies: Vec<_> = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..16)
             .map(|i| {
