@@ -15,6 +15,12 @@
    answer and a short new question. The second turn's TTFT and its
    `cached_tokens` show whether only the new tokens were evaluated.
 
+With --clients N (N > 1), instead: --runs rounds of N streamed
+completions sent at once (issue 13's rows for `serve --parallel N`), each
+with its own prompt of --prompt-tokens ids; per stream its decode tok/s
+as above, and the aggregate: all the tokens generated over the time from
+the first request to the last token.
+
 Only the standard library; prints one JSON object (and a readable
 summary on stderr).
 """
@@ -89,6 +95,7 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--history", type=int, default=4000)
+    ap.add_argument("--clients", type=int, default=1)
     a = ap.parse_args()
     rng = random.Random(0)
     with urllib.request.urlopen(a.base + "/v1/models", timeout=60) as r:
@@ -99,6 +106,9 @@ def main():
     ids = post(a.base, "/tokenize", {"content": words(rng, 4 * a.prompt_tokens)})["tokens"]
     if len(ids) < a.prompt_tokens + a.runs + 1:
         raise SystemExit("the tokenizer gave too few tokens for the prompt")
+
+    if a.clients > 1:
+        return concurrent(a, model, ids)
 
     runs = []
     for i in range(a.runs + 1):  # the first is a warm-up
@@ -145,6 +155,45 @@ def main():
                  "turn2_ttft_ms": 1e3 * t2, "turn2_usage": u2},
     }
     print(json.dumps(out))
+
+
+def concurrent(a, model, ids):
+    """--clients N streams at once, --runs times (after one warm-up)."""
+    import threading
+
+    rounds = []
+    for i in range(a.runs + 1):
+        res = [None] * a.clients
+
+        def one(c):
+            prompt = ids[i * a.clients + c : i * a.clients + c + a.prompt_tokens]
+            body = {"model": model, "prompt": prompt, "max_tokens": a.max_tokens, "temperature": 0,
+                    "stream": True}
+            res[c] = post_stream(a.base, "/v1/completions", body)
+
+        t0 = time.perf_counter()
+        threads = [threading.Thread(target=one, args=(c,)) for c in range(a.clients)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        wall = time.perf_counter() - t0
+        if any(r is None for r in res):
+            raise SystemExit("a client failed")
+        tokens = sum(r[2] for r in res)
+        per = [(r[2] - 1) / (r[1] - r[0]) for r in res if r[2] > 1]
+        row = {"wall_s": wall, "tokens": tokens, "aggregate_tok_s": tokens / wall,
+               "per_stream_decode_tok_s": per, "ttft_ms": [1e3 * r[0] for r in res]}
+        if i > 0:
+            rounds.append(row)
+        print(f"round {i}{' (warm-up)' if i == 0 else ''}: {a.clients} streams, {tokens} tokens in {wall:.2f} s: "
+              f"{tokens / wall:.1f} tok/s aggregate, {statistics.mean(per):.2f} tok/s per stream", file=sys.stderr)
+    agg = [r["aggregate_tok_s"] for r in rounds]
+    per = [statistics.mean(r["per_stream_decode_tok_s"]) for r in rounds]
+    print(json.dumps({"model": model, "clients": a.clients, "prompt_tokens": a.prompt_tokens,
+                      "max_tokens": a.max_tokens, "aggregate_tok_s_mean": statistics.mean(agg),
+                      "aggregate_tok_s_sd": statistics.stdev(agg) if len(agg) > 1 else 0.0,
+                      "per_stream_tok_s_mean": statistics.mean(per), "rounds": rounds}))
 
 
 if __name__ == "__main__":

@@ -63,7 +63,7 @@ pub fn trials() -> Vec<libtest_mimic::Trial> {
 fn every_kernel_matches_the_reference_and_the_scalar_kernel() {
     let mut rng = Rng::new(11);
     for (name, view, dense) in cases(&mut rng) {
-        for n in [1, 4, 6, 9] {
+        for n in [1, 3, 4, 6, 9, 17] {
             let x = rng.vec(n * view.cols, 1.0);
             let want = reference::linear(&dense, view.rows, view.cols, &x, n);
             let mut scalar = vec![0.0f32; n * view.rows];

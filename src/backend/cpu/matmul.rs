@@ -31,8 +31,9 @@ pub enum Kernel {
     Scalar,
     /// x86_64 AVX2 + FMA + F16C.
     Avx2,
-    /// x86_64 AVX-512 F + BW + VL for the one-token quantized product
-    /// (decode); the AVX2 kernels for everything else.
+    /// x86_64 AVX-512 F + BW + VL for quantized products of up to
+    /// `AVX512_MAX_TOKENS` tokens (decode, batched decode); the AVX2
+    /// kernels for everything else.
     Avx512,
 }
 
@@ -68,17 +69,24 @@ impl Kernel {
     }
 
     /// The kernel that computes `mat` over `n` tokens when `self` is asked
-    /// for: AVX-512 covers the one-token quantized product of whole 16-byte
-    /// groups, and leaves the rest to the AVX2 kernels.
+    /// for: AVX-512 covers the quantized products of whole 16-byte groups
+    /// over at most `AVX512_MAX_TOKENS` tokens, and leaves the rest to the
+    /// AVX2 kernels.
     fn for_product(self, mat: &Mat, n: usize) -> Kernel {
         match (self, mat) {
             #[cfg(target_arch = "x86_64")]
-            (Kernel::Avx512, Mat::Quant(q)) if n == 1 && super::simd512::quant_supported(q) => Kernel::Avx512,
+            (Kernel::Avx512, Mat::Quant(q)) if n <= AVX512_MAX_TOKENS && super::simd512::quant_supported(q) => {
+                Kernel::Avx512
+            }
             (Kernel::Avx512, _) => Kernel::Avx2,
             (k, _) => k,
         }
     }
 }
+
+/// The most tokens the AVX-512 quantized kernels take (a batched decode
+/// step); longer products decode rows to f32 for the AVX2 tiled product.
+pub const AVX512_MAX_TOKENS: usize = 16;
 
 /// `y[n, rows] = x[n, cols] · Wᵀ` with the fastest kernel of this CPU.
 pub fn linear(w: &MatrixView, x: &[f32], n: usize, y: &mut [f32]) -> Result<()> {

@@ -1,6 +1,8 @@
-//! AVX-512 (F + BW + VL) kernel for the one-token quantized `linear`
-//! (decode), chosen at run time on CPUs that have it; the AVX2 kernels in
-//! `simd` do the rest (several tokens, float weights) on such CPUs.
+//! AVX-512 (F + BW + VL) kernels for the quantized `linear` of one token
+//! (decode) and of a few (a batched decode step, up to
+//! `matmul::AVX512_MAX_TOKENS`), chosen at run time on CPUs that have
+//! them; the AVX2 kernels in `simd` do the rest (more tokens, float
+//! weights) on such CPUs.
 //!
 //! 16 bytes of packed weights are widened to sixteen 32-bit lanes
 //! (`vpmovzxbd`) and value k of every byte is taken out with a shift and a
@@ -40,17 +42,100 @@ pub(crate) fn permute_x(x: &[f32], bits: usize) -> Vec<f32> {
     out
 }
 
-/// One token: rows `r0..r0 + out.len()` into `out`. `a.xp` must hold
-/// `permute_x(x, bits)`.
+/// Rows `r0..` into `out` (`[rows]` for one token, `[rows, n]` for
+/// several). `a.xp` must hold `permute_x(x, bits)`.
 ///
 /// # Safety
 /// `available()` and `quant_supported(m)` must hold, `m` must come from
-/// `Mat::new` (sizes checked), and `a` must be built for it with one token.
+/// `Mat::new` (sizes checked), and `a` must be built for it.
 pub(crate) unsafe fn quant_rows(m: &QuantMat, a: &Acts, r0: usize, out: &mut [f32]) {
+    if a.n > 1 {
+        return match m.bits {
+            2 => quant_tokens::<2>(m, a, r0, out),
+            4 => quant_tokens::<4>(m, a, r0, out),
+            _ => quant_tokens::<8>(m, a, r0, out),
+        };
+    }
     match m.bits {
         2 => quant_matvec::<2>(m, a, r0, out),
         4 => quant_matvec::<4>(m, a, r0, out),
         _ => quant_matvec::<8>(m, a, r0, out),
+    }
+}
+
+/// Several tokens (a batched decode step): rows `r0..` into `out`
+/// `[rows, n]`, each row's weights unpacked once per tile of up to four
+/// tokens (the row stays in L1 for the next tile).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn quant_tokens<const BITS: u32>(m: &QuantMat, a: &Acts, r0: usize, out: &mut [f32]) {
+    let n = a.n;
+    for (i, o) in out.chunks_exact_mut(n).enumerate() {
+        let mut t0 = 0;
+        while t0 < n {
+            match n - t0 {
+                1 => quant_tile::<BITS, 1>(m, a, r0 + i, t0, o),
+                2 => quant_tile::<BITS, 2>(m, a, r0 + i, t0, o),
+                3 => quant_tile::<BITS, 3>(m, a, r0 + i, t0, o),
+                _ => quant_tile::<BITS, 4>(m, a, r0 + i, t0, o),
+            }
+            t0 += (n - t0).min(4);
+        }
+    }
+}
+
+/// Row `r` · tokens `t0..t0 + T` into `o[t0..]`, as `quant_matvec` per
+/// token (`Σ_g s_g·Σ q·x + Σ_g b_g·Σ x`), each level vector applied to
+/// the T tokens' x before the next is unpacked.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+#[inline]
+unsafe fn quant_tile<const BITS: u32, const T: usize>(m: &QuantMat, a: &Acts, r: usize, t0: usize, o: &mut [f32]) {
+    let pb = 8 / BITS as usize;
+    let (gs, groups, cols) = (m.group_size, m.groups(), m.cols);
+    let blocks = gs * BITS as usize / 128; // 16-byte blocks per group
+    let mask = _mm512_set1_epi32((1 << BITS) - 1);
+    let xp = a.xp.as_ptr().add(t0 * cols);
+    let xsum = a.xsum.as_ptr().add(t0 * groups);
+    let w = m.weight.as_ptr().add(r * m.row_bytes());
+    let sp = m.scales.as_ptr().add(2 * r * groups);
+    let bp = m.biases.as_ptr().add(2 * r * groups);
+    let mut s16 = [0.0f32; 16];
+    let mut tot = [_mm512_setzero_ps(); T];
+    let mut btot = [_mm512_setzero_ps(); T];
+    for g0 in (0..groups).step_by(16) {
+        let gn = (groups - g0).min(16);
+        let gmask: __mmask16 = if gn >= 16 { 0xFFFF } else { (1u16 << gn) - 1 };
+        _mm512_storeu_ps(s16.as_mut_ptr(), halves16(sp.add(2 * g0), gn, m.f16_scales));
+        let b = halves16(bp.add(2 * g0), gn, m.f16_scales);
+        for t in 0..T {
+            let xs = _mm512_maskz_loadu_ps(gmask, xsum.add(t * groups + g0));
+            btot[t] = _mm512_fmadd_ps(b, xs, btot[t]);
+        }
+        for (gi, &s) in s16.iter().enumerate().take(gn) {
+            let g = g0 + gi;
+            let gw = w.add(g * gs * BITS as usize / 8);
+            let mut acc = [_mm512_setzero_ps(); T];
+            for blk in 0..blocks {
+                let mut v = _mm512_cvtepu8_epi32(_mm_loadu_si128(gw.add(16 * blk) as *const __m128i));
+                for k in 0..pb {
+                    let lv = if k + 1 == pb { v } else { _mm512_and_si512(v, mask) };
+                    let q = _mm512_cvtepi32_ps(lv);
+                    let off = g * gs + 16 * pb * blk + 16 * k;
+                    for t in 0..T {
+                        acc[t] = _mm512_fmadd_ps(q, _mm512_loadu_ps(xp.add(t * cols + off)), acc[t]);
+                    }
+                    if k + 1 < pb {
+                        v = _mm512_srli_epi32::<BITS>(v);
+                    }
+                }
+            }
+            let sv = _mm512_set1_ps(s);
+            for t in 0..T {
+                tot[t] = _mm512_fmadd_ps(acc[t], sv, tot[t]);
+            }
+        }
+    }
+    for t in 0..T {
+        o[t0 + t] = _mm512_reduce_add_ps(tot[t]) + _mm512_reduce_add_ps(btot[t]);
     }
 }
 
