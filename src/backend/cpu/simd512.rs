@@ -86,6 +86,9 @@ unsafe fn quant_tokens<const BITS: u32>(m: &QuantMat, a: &Acts, r0: usize, out: 
 /// Row `r` · tokens `t0..t0 + T` into `o[t0..]`, as `quant_matvec` per
 /// token (`Σ_g s_g·Σ q·x + Σ_g b_g·Σ x`), each level vector applied to
 /// the T tokens' x before the next is unpacked.
+// Index loops, not iterators: constant indices after unrolling keep the
+// accumulators in registers (see quant_matvec).
+#[allow(clippy::needless_range_loop)]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
 #[inline]
 unsafe fn quant_tile<const BITS: u32, const T: usize>(m: &QuantMat, a: &Acts, r: usize, t0: usize, o: &mut [f32]) {
