@@ -178,6 +178,20 @@ for stage in "$@"; do
         bench resident-p8-timing --device cuda -p 0 -n 64 -r 2 --parallel 8 --timing
         bench resident-p8-nopdl --no-pdl --device cuda -p 0 -n 64 -r 2 --parallel 8
         ;;
+    serve-parallel)
+        # 8 clients at once through `serve --parallel 8` (one forward pass
+        # per step for all of them) against one client, same server.
+        "$BIN/moeflux" serve --model "$MODEL" --device cuda --parallel 8 --port 18081 $SERVE_ARGS >"$OUT/serve-par.log" 2>&1 &
+        spid=$!
+        for _ in $(seq 120); do curl -sf localhost:18081/health >/dev/null && break; sleep 1; done
+        for c in 1 8; do
+            t0=$SECONDS
+            python3 "$ROOT/tools/serve_bench.py" http://127.0.0.1:18081 --clients $c --runs 2 --prompt-tokens 64 --max-tokens 128 --history 200 >"$OUT/serve-par-$c.json" 2>"$OUT/serve-par-$c.err"
+            note "serve_bench --clients $c $SERVE_ARGS (rc $?, $((SECONDS - t0)) s)"
+            tail -n 3 "$OUT/serve-par-$c.err" | cut -c1-200 | tee -a "$SUMMARY"
+        done
+        kill -INT $spid; wait $spid
+        ;;
     parallel-skewed)
         [ -d /tmp/q36s ] || "$BIN/moeflux" synth --preset qwen3.6-35b-a3b --routing skewed --out /tmp/q36s >"$OUT/synth-skewed.log" 2>&1
         for p in 1 8; do
