@@ -83,9 +83,10 @@ unsafe fn quant_tokens<const BITS: u32>(m: &QuantMat, a: &Acts, r0: usize, out: 
     }
 }
 
-/// Row `r` · tokens `t0..t0 + T` into `o[t0..]`, as `quant_matvec` per
-/// token (`Σ_g s_g·Σ q·x + Σ_g b_g·Σ x`), each level vector applied to
-/// the T tokens' x before the next is unpacked.
+/// Row `r` · tokens `t0..t0 + T` into `o[t0..]`: each level vector is
+/// dequantized once (`q·s + b`, as the AVX2 kernels form their f32 rows,
+/// so no large `Σ q·x` cancels against `b·Σ x`) and applied to the T
+/// tokens' x before the next is unpacked.
 // Index loops, not iterators: constant indices after unrolling keep the
 // accumulators in registers (see quant_matvec).
 #[allow(clippy::needless_range_loop)]
@@ -97,48 +98,37 @@ unsafe fn quant_tile<const BITS: u32, const T: usize>(m: &QuantMat, a: &Acts, r:
     let blocks = gs * BITS as usize / 128; // 16-byte blocks per group
     let mask = _mm512_set1_epi32((1 << BITS) - 1);
     let xp = a.xp.as_ptr().add(t0 * cols);
-    let xsum = a.xsum.as_ptr().add(t0 * groups);
     let w = m.weight.as_ptr().add(r * m.row_bytes());
     let sp = m.scales.as_ptr().add(2 * r * groups);
     let bp = m.biases.as_ptr().add(2 * r * groups);
-    let mut s16 = [0.0f32; 16];
-    let mut tot = [_mm512_setzero_ps(); T];
-    let mut btot = [_mm512_setzero_ps(); T];
+    let (mut s16, mut b16) = ([0.0f32; 16], [0.0f32; 16]);
+    let mut acc = [_mm512_setzero_ps(); T];
     for g0 in (0..groups).step_by(16) {
         let gn = (groups - g0).min(16);
-        let gmask: __mmask16 = if gn >= 16 { 0xFFFF } else { (1u16 << gn) - 1 };
         _mm512_storeu_ps(s16.as_mut_ptr(), halves16(sp.add(2 * g0), gn, m.f16_scales));
-        let b = halves16(bp.add(2 * g0), gn, m.f16_scales);
-        for t in 0..T {
-            let xs = _mm512_maskz_loadu_ps(gmask, xsum.add(t * groups + g0));
-            btot[t] = _mm512_fmadd_ps(b, xs, btot[t]);
-        }
-        for (gi, &s) in s16.iter().enumerate().take(gn) {
+        _mm512_storeu_ps(b16.as_mut_ptr(), halves16(bp.add(2 * g0), gn, m.f16_scales));
+        for gi in 0..gn {
             let g = g0 + gi;
+            let (sv, bv) = (_mm512_set1_ps(s16[gi]), _mm512_set1_ps(b16[gi]));
             let gw = w.add(g * gs * BITS as usize / 8);
-            let mut acc = [_mm512_setzero_ps(); T];
             for blk in 0..blocks {
                 let mut v = _mm512_cvtepu8_epi32(_mm_loadu_si128(gw.add(16 * blk) as *const __m128i));
                 for k in 0..pb {
                     let lv = if k + 1 == pb { v } else { _mm512_and_si512(v, mask) };
-                    let q = _mm512_cvtepi32_ps(lv);
+                    let wv = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lv), sv, bv);
                     let off = g * gs + 16 * pb * blk + 16 * k;
                     for t in 0..T {
-                        acc[t] = _mm512_fmadd_ps(q, _mm512_loadu_ps(xp.add(t * cols + off)), acc[t]);
+                        acc[t] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(xp.add(t * cols + off)), acc[t]);
                     }
                     if k + 1 < pb {
                         v = _mm512_srli_epi32::<BITS>(v);
                     }
                 }
             }
-            let sv = _mm512_set1_ps(s);
-            for t in 0..T {
-                tot[t] = _mm512_fmadd_ps(acc[t], sv, tot[t]);
-            }
         }
     }
     for t in 0..T {
-        o[t0 + t] = _mm512_reduce_add_ps(tot[t]) + _mm512_reduce_add_ps(btot[t]);
+        o[t0 + t] = _mm512_reduce_add_ps(acc[t]);
     }
 }
 
