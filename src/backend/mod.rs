@@ -146,13 +146,9 @@ pub struct MoeArgs<'a> {
 }
 
 /// A guess at a later MoE layer's experts: that layer's router logits
-/// `[n, n_experts]`, computed early on this layer's input (a decode step:
-/// at most `HINT_TOKENS` tokens), so that a backend which streams experts
-/// can start copying them while this layer computes.
-/// Most tokens of a step that computes a [`MoeHint`] (one token, or a
-/// batched decode step).
-pub const HINT_TOKENS: usize = 16;
-
+/// `[n_experts]`, computed early on this layer's (one-token) input, so that
+/// a backend which streams experts can start copying them while this layer
+/// computes.
 pub struct MoeHint<'a, Buf> {
     pub layer: usize,
     pub logits: &'a Buf,

@@ -4,7 +4,7 @@
 
 use super::timing::Phase;
 use super::{load_mat, Ctx};
-use crate::backend::{Backend, MoeArgs, MoeHint, MoeInputs, HINT_TOKENS};
+use crate::backend::{Backend, MoeArgs, MoeHint, MoeInputs};
 use crate::config::{Arch, ModelConfig};
 use crate::error::Result;
 use crate::format::packed::WeightsFile;
@@ -118,9 +118,9 @@ impl<B: Backend> MoeBlock<B> {
         let (b, cfg, n) = (c.b, c.cfg, c.n);
         let (hid, e) = (cfg.hidden_size, cfg.num_experts);
         let mut logits = b.alloc(n * e)?; // [n, n_experts]
-        let next = next.filter(|_| n <= HINT_TOKENS && b.wants_moe_hint(c.store));
+        let next = next.filter(|_| n == 1 && b.wants_moe_hint(c.store));
         let mut hint_logits = match next {
-            Some(_) => Some(b.alloc(n * e)?), // [n, n_experts] of the next layer
+            Some(_) => Some(b.alloc(e)?), // [n_experts] of the next layer
             None => None,
         };
         let mut gate_up = match &self.shared {

@@ -14,7 +14,7 @@ use super::cache::ExpertCache;
 use super::driver::{Gpu, MAX_GRID_Y};
 use super::hybrid::{self, HostStep, HYBRID_TOKENS};
 use super::matrix::{group_shift, Format, F16_SCALES};
-use crate::backend::{MoeArgs, MoeInputs, HINT_TOKENS};
+use crate::backend::{MoeArgs, MoeInputs};
 use crate::config::Routing;
 use crate::cuda_args;
 use crate::error::{Error, Result};
@@ -121,9 +121,9 @@ pub(crate) fn expert_layout(ll: &LayerLayout, group_size: usize, hidden: usize, 
 }
 
 /// Route `n` tokens on the device: ids `[n, k]` (u32) and weights `[n, k]`;
-/// with `hint` (the next MoE layer's router logits `[n, E]` on this
-/// layer's input), n more rows of ids and weights: the guess at that
-/// layer's experts.
+/// with `hint` (the next MoE layer's router logits `[E]` on this layer's
+/// input), one more row of ids and weights: the guess at that layer's
+/// experts.
 fn route(
     gpu: &Arc<Gpu>,
     logits: &CudaBuf,
@@ -154,9 +154,9 @@ fn route(
         b.want("router bias", e)?;
     }
     if let Some(h) = hint {
-        h.want("router hint logits", a.n * e)?;
+        h.want("router hint logits", e)?;
     }
-    let rows = a.n * (1 + hint.is_some() as usize);
+    let rows = a.n + hint.is_some() as usize;
     let smem = ((2 * e + n_group) * 4) as u32;
     let bp = match bias {
         Some(b) => b.read(gpu)?,
@@ -320,14 +320,13 @@ pub(crate) fn moe(gpu: &Arc<Gpu>, cache: Option<&ExpertCache>, io: MoeIo, a: Moe
     }
     let ll = io.store.layer_layout(a.layer)?;
     let el = expert_layout(ll, io.store.group_size(), a.hidden, a.inter)?;
-    // A hint is used only where it can help: a decode step (one token or
-    // a small batch), streaming.
+    // A hint is used only where it can help: one token, streaming.
     let hint = io
         .hint
         .as_ref()
         .map(|h| (h.layer, h.logits))
-        .filter(|_| n <= HINT_TOKENS && cache.is_some_and(|c| c.prefetching() && c.store_id() == io.store.id()));
-    let rows = n * (1 + hint.is_some() as usize);
+        .filter(|_| n == 1 && cache.is_some_and(|c| c.prefetching() && c.store_id() == io.store.id()));
+    let rows = n + hint.is_some() as usize;
     let ids = DevMem::new(gpu, rows * k * 4)?;
     let wts = CudaBuf::zeroed(gpu, rows * k)?;
     route(gpu, io.logits, hint.map(|h| h.1), io.bias, &a, &ids, &wts)?;
@@ -402,7 +401,7 @@ fn grouped(
     let split = cache.filter(|c| n <= HYBRID_TOKENS && c.split().is_some());
     // The ids of the n tokens, then (with a hint) the next layer's guess;
     // for a split, the weights and the activations in the same wait.
-    let mut host = vec![0u32; n * (1 + hint.is_some() as usize) * k];
+    let mut host = vec![0u32; (n + hint.is_some() as usize) * k];
     let mut wh = vec![0f32; if split.is_some() { n * k } else { 0 }];
     let mut xh = vec![0f32; if split.is_some() { n * a.hidden } else { 0 }];
     let (wp, xp) = match split {
@@ -505,12 +504,11 @@ fn grouped(
     }
     if n == 1 {
         cache.predict(io.store, a.layer, &experts)?;
-    }
-    match hint {
-        // The guesses of every token, together.
-        Some(next) => cache.prefetch_hint(io.store, next, &host[n * k..])?,
-        None if n > 1 => cache.prefetch_next_layer(io.store, a.layer, n, k)?,
-        None => {}
+        if let Some(next) = hint {
+            cache.prefetch_hint(io.store, next, &host[k..])?;
+        }
+    } else {
+        cache.prefetch_next_layer(io.store, a.layer, n, k)?;
     }
     Ok(cpu_part)
 }

@@ -56,7 +56,7 @@ extern "C" __global__ void moe_route(const float* logits, const float* bias, u32
     __shared__ float sh[32], sh_v[32];
     __shared__ int sh_i[32], sel[ROUTE_MAXK];
     __shared__ int keep[64];
-    const float* l = (int)blockIdx.x < n ? logits + (i64)blockIdx.x * E : hint + (i64)((int)blockIdx.x - n) * E;
+    const float* l = (int)blockIdx.x < n ? logits + (i64)blockIdx.x * E : hint;
     if (mode == 0) {
         float mx = NEG_INF;
         for (int i = threadIdx.x; i < E; i += blockDim.x) mx = fmaxf(mx, l[i]);
@@ -194,7 +194,7 @@ __device__ __forceinline__ void route_warp_t(const float* l, u32* ids, float* wt
 extern "C" __global__ void __launch_bounds__(32)
     moe_route_warp(const float* logits, u32* ids, float* wts, int E, int k, int norm, const float* hint, int n) {
     GRID_DEP();
-    const float* l = (int)blockIdx.x < n ? logits + (i64)blockIdx.x * E : hint + (i64)((int)blockIdx.x - n) * E;
+    const float* l = (int)blockIdx.x < n ? logits + (i64)blockIdx.x * E : hint;
     if (E <= 256) {
         route_warp_t<8>(l, ids, wts, E, k, norm);
     } else if (E <= 512) {
