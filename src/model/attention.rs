@@ -4,7 +4,7 @@
 use super::{load_mat, load_vec, per_seq, Ctx, StatePair};
 use crate::backend::{AttnArgs, Backend, RopeArgs, Strided};
 use crate::config::ModelConfig;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::format::packed::WeightsFile;
 
 pub struct GqaWeights<B: Backend> {
@@ -80,15 +80,11 @@ impl<B: Backend> GqaWeights<B> {
         let widths = [h * hd, row, row];
         per_seq(
             c,
-            &mut [&mut qn, &mut kn, &mut v],
-            &widths,
-            &mut o,
-            h * hd,
+            [&mut qn, &mut kn, &mut v],
+            widths,
+            (&mut o, h * hd),
             caches,
-            |s, t, (kc, vc), o| {
-                let [qn, kn, v] = t else {
-                    return Err(Error::Invalid("per_seq: three inputs expected".into()));
-                };
+            |s, [qn, kn, v], (kc, vc), o| {
                 let rope = |heads| RopeArgs {
                     n_tokens: s.n,
                     n_heads: heads,

@@ -69,15 +69,11 @@ impl<B: Backend> DeltaNetWeights<B> {
         let widths = [l.conv_dim(), hv, hv];
         per_seq(
             c,
-            &mut [&mut qkv, &mut alpha, &mut beta],
-            &widths,
-            &mut o,
-            hv * dv,
+            [&mut qkv, &mut alpha, &mut beta],
+            widths,
+            (&mut o, hv * dv),
             states,
-            |s, t, (conv, ssm), o| {
-                let [qkv, alpha, beta] = t else {
-                    return Err(Error::Invalid("per_seq: three inputs expected".into()));
-                };
+            |s, [qkv, alpha, beta], (conv, ssm), o| {
                 let args = DeltaArgs { n: s.n, ..args };
                 let w = DeltaWeights {
                     conv_w: &self.conv_w,

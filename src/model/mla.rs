@@ -106,15 +106,11 @@ impl<B: Backend> MlaWeights<B> {
         let widths = [h * qd, r, dr];
         per_seq(
             c,
-            &mut [&mut q, &mut c_norm, &mut k_rot],
-            &widths,
-            &mut o,
-            h * dv,
+            [&mut q, &mut c_norm, &mut k_rot],
+            widths,
+            (&mut o, h * dv),
             caches,
-            |s, t, (latent, kpe), o| {
-                let [q, c_norm, k_rot] = t else {
-                    return Err(Error::Invalid("per_seq: three inputs expected".into()));
-                };
+            |s, [q, c_norm, k_rot], (latent, kpe), o| {
                 let rope = |heads, stride| RopeArgs {
                     n_tokens: s.n,
                     n_heads: heads,

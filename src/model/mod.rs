@@ -65,22 +65,19 @@ pub struct Seg {
 /// of `out` `[n, out_w]`. With one sequence `core` gets the buffers
 /// themselves; with several, copies of the rows (and its output is copied
 /// into place). Everything outside `core` runs once over all the rows.
-pub(crate) fn per_seq<B: Backend, S>(
+pub(crate) fn per_seq<B: Backend, S, const N: usize>(
     c: &Ctx<B>,
-    ins: &mut [&mut B::Buf],
-    widths: &[usize],
-    out: &mut B::Buf,
-    out_w: usize,
+    mut ins: [&mut B::Buf; N],
+    widths: [usize; N],
+    (out, out_w): (&mut B::Buf, usize),
     states: &mut [S],
-    mut core: impl FnMut(Seg, &mut [&mut B::Buf], &mut S, &mut B::Buf) -> Result<()>,
+    mut core: impl FnMut(Seg, [&mut B::Buf; N], &mut S, &mut B::Buf) -> Result<()>,
 ) -> Result<()> {
-    if c.segs.len() != states.len() || ins.len() != widths.len() {
+    if c.segs.len() != states.len() {
         return Err(Error::Invalid(format!(
-            "{} sequences with {} states, {} inputs with {} widths",
+            "{} sequences with {} states",
             c.segs.len(),
-            states.len(),
-            ins.len(),
-            widths.len()
+            states.len()
         )));
     }
     if let ([seg], [st]) = (c.segs, &mut *states) {
@@ -88,15 +85,17 @@ pub(crate) fn per_seq<B: Backend, S>(
     }
     let b = c.b;
     for (seg, st) in c.segs.iter().zip(states.iter_mut()) {
-        let mut own = Vec::with_capacity(ins.len());
-        for (buf, &w) in ins.iter().zip(widths) {
+        let mut own = Vec::with_capacity(N);
+        for (buf, &w) in ins.iter_mut().zip(&widths) {
             let mut t = b.alloc(seg.n * w)?; // [seg.n, w]
             b.copy(buf, &mut t, Strided::contiguous(seg.n * w, seg.off * w, 0))?;
             own.push(t);
         }
-        let mut refs: Vec<&mut B::Buf> = own.iter_mut().collect();
+        let mut own: [B::Buf; N] = own
+            .try_into()
+            .map_err(|_| Error::Invalid("per_seq: one copy per input".into()))?;
         let mut o = b.alloc(seg.n * out_w)?; // [seg.n, out_w]
-        core(*seg, &mut refs, st, &mut o)?;
+        core(*seg, own.each_mut(), st, &mut o)?;
         b.copy(&o, out, Strided::contiguous(seg.n * out_w, 0, seg.off * out_w))?;
     }
     Ok(())
