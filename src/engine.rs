@@ -436,21 +436,29 @@ impl Model {
 
     /// One forward pass over several sequences (`Net::forward_batch`).
     pub(crate) fn forward_batch(&self, steps: &mut [EngineStep<'_>]) -> Result<Vec<Vec<f32>>> {
-        match &self.engine {
-            Engine::Cpu(n) => {
-                let mut seqs = seq_steps(steps, |s| match s {
-                    EngineState::Cpu(s) => Some(s),
-                    EngineState::Cuda(_) => None,
-                })?;
-                n.forward_batch(&mut seqs, &self.store)
-            }
-            Engine::Cuda(n) => {
-                let mut seqs = seq_steps(steps, |s| match s {
-                    EngineState::Cuda(s) => Some(s),
-                    EngineState::Cpu(_) => None,
-                })?;
-                n.forward_batch(&mut seqs, &self.store)
-            }
+        with_net!(&self.engine, n => n.forward_batch(&mut seq_steps(steps)?, &self.store))
+    }
+}
+
+/// A backend's own variant of [`EngineState`].
+trait StateOf: crate::backend::Backend {
+    fn state_of(s: &mut EngineState) -> Option<&mut State<Self>>;
+}
+
+impl StateOf for CpuBackend {
+    fn state_of(s: &mut EngineState) -> Option<&mut State<Self>> {
+        match s {
+            EngineState::Cpu(s) => Some(s),
+            EngineState::Cuda(_) => None,
+        }
+    }
+}
+
+impl StateOf for CudaBackend {
+    fn state_of(s: &mut EngineState) -> Option<&mut State<Self>> {
+        match s {
+            EngineState::Cuda(s) => Some(s),
+            EngineState::Cpu(_) => None,
         }
     }
 }
@@ -463,17 +471,14 @@ pub(crate) struct EngineStep<'s> {
     pub all: bool,
 }
 
-/// The steps with their states of backend `B` (`pick`), or an error for a
-/// state of another device.
-fn seq_steps<'s, B: crate::backend::Backend>(
-    steps: &'s mut [EngineStep<'_>],
-    pick: impl Fn(&'s mut EngineState) -> Option<&'s mut State<B>>,
-) -> Result<Vec<SeqStep<'s, B>>> {
+/// The steps with their states of backend `B`, or an error for a state of
+/// another device.
+fn seq_steps<'s, B: StateOf>(steps: &'s mut [EngineStep<'_>]) -> Result<Vec<SeqStep<'s, B>>> {
     steps
         .iter_mut()
         .map(|s| {
             let state =
-                pick(&mut *s.state).ok_or_else(|| Error::Invalid("a session state of another device".into()))?;
+                B::state_of(s.state).ok_or_else(|| Error::Invalid("a session state of another device".into()))?;
             Ok(SeqStep {
                 state,
                 tokens: s.tokens,
