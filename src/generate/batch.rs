@@ -93,10 +93,14 @@ impl<'a, 'm> Batch<'a, 'm> {
         for (i, (id, g)) in self.running.iter_mut().enumerate() {
             let need = match cancelled(*id) {
                 true => g.cancel().map(Need::Ended),
+                // Its share is decided below, once the decodes are counted.
+                false if g.is_prefilling() => {
+                    prefill.push(i);
+                    continue;
+                }
                 false => g.needs(1),
             };
             match need {
-                Ok(Need::Eval(_)) if g.is_prefilling() => prefill.push(i),
                 Ok(Need::Eval(t)) => work.push((i, t)),
                 Ok(Need::Sample) => sample_now.push(i),
                 Ok(Need::Ended(tail)) => {
