@@ -204,8 +204,8 @@ pub fn work(
         for (slot, mut job) in first.into_iter().chain(std::iter::from_fn(|| jobs.try_recv().ok())) {
             let Some(session) = idle.get_mut(slot).and_then(Option::take) else {
                 let e = Error::Server(format!("slot {slot} has no session"));
-                let _ = job.events.send(Event::Done(Box::new(Err(e))));
                 pool.release(slot, Vec::new());
+                let _ = job.events.send(Event::Done(Box::new(Err(e))));
                 continue;
             };
             let req = Request {
@@ -221,9 +221,9 @@ pub fn work(
                     running.insert(slot as u64, job);
                 }
                 Err((e, session)) => {
-                    let _ = job.events.send(Event::Done(Box::new(Err(e))));
                     pool.release(slot, held(session, true));
                     idle[slot] = Some(session);
+                    let _ = job.events.send(Event::Done(Box::new(Err(e))));
                 }
             }
         }
@@ -242,14 +242,15 @@ pub fn work(
                     if let Ok(g) = &*result {
                         metrics.record(&g.stats);
                     }
-                    let held = held(session, result.is_err());
+                    // The slot is free before the client hears the end (a
+                    // client that then asks /metrics sees it idle).
+                    let slot = id as usize;
+                    pool.release(slot, held(session, result.is_err()));
+                    idle[slot] = Some(session);
                     if let Some(job) = running.remove(&id) {
                         // The client may be gone; nothing more to tell then.
                         let _ = job.events.send(Event::Done(result));
                     }
-                    let slot = id as usize;
-                    idle[slot] = Some(session);
-                    pool.release(slot, held);
                 }
             }
         }
