@@ -8,7 +8,7 @@
 
 use super::metrics::Metrics;
 use crate::error::{Error, Result};
-use crate::generate::{Batch, BatchEvent, Generation, Generator, Request, TokenLogprob};
+use crate::generate::{common_prefix, Batch, BatchEvent, Generation, Generator, Request, TokenLogprob};
 use crate::text::{Constraint, SamplingParams, TextStream, Tokenizer};
 use crate::{Model, Session};
 use std::collections::HashMap;
@@ -171,10 +171,6 @@ fn dispatch(s: &mut State) {
             s.running[slot] = None;
         }
     }
-}
-
-fn common_prefix(a: &[u32], b: &[u32]) -> usize {
-    a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
 /// The inference thread: `n` sessions, run together by a `Batch` until
