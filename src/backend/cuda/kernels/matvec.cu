@@ -285,6 +285,15 @@ __device__ __forceinline__ void rows_dot_tok(const Row (&rows)[MV_R], const bool
     rows_chunks_tok<FMT, F16S, T>(rows, live, cols, gs_shift, vlane, x, false, wv, acc);
 }
 
+// The MV_R rows of a warp from r0 (rows past the end dead, pointing at r0).
+__device__ __forceinline__ void warp_rows(const Mat& m, int r0, Row (&rows)[MV_R], bool (&live)[MV_R]) {
+#pragma unroll
+    for (int r = 0; r < MV_R; r++) {
+        live[r] = r0 + r < m.rows;
+        rows[r] = mat_row(m, live[r] ? r0 + r : r0);
+    }
+}
+
 // y[rows] = W·x for one token: one warp per MV_R rows, 256 threads a block.
 template <int FMT, bool F16S>
 __device__ __forceinline__ void matvec_t(const Mat& m, const float* x, float* y) {
@@ -293,13 +302,8 @@ __device__ __forceinline__ void matvec_t(const Mat& m, const float* x, float* y)
     if (r0 >= m.rows) return;
     Row rows[MV_R];
     bool live[MV_R];
-    float acc[MV_R];
-#pragma unroll
-    for (int r = 0; r < MV_R; r++) {
-        live[r] = r0 + r < m.rows;
-        rows[r] = mat_row(m, live[r] ? r0 + r : r0);
-        acc[r] = 0.0f;
-    }
+    warp_rows(m, r0, rows, live);
+    float acc[MV_R] = {};
     rows_dot<FMT, F16S>(rows, live, m.cols, m.gs_shift, m.vec, x, acc);
 #pragma unroll
     for (int r = 0; r < MV_R; r++) {
@@ -329,11 +333,7 @@ __device__ __forceinline__ void matvec_tok_t(const Mat& m, const float* x, float
     if (r0 >= m.rows) return;
     Row rows[MV_R];
     bool live[MV_R];
-#pragma unroll
-    for (int r = 0; r < MV_R; r++) {
-        live[r] = r0 + r < m.rows;
-        rows[r] = mat_row(m, live[r] ? r0 + r : r0);
-    }
+    warp_rows(m, r0, rows, live);
     const float* xs[T];
     float acc[T][MV_R];
 #pragma unroll
