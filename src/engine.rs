@@ -57,6 +57,8 @@ pub struct Options {
     pub io_mode: IoMode,
     /// Threads of the expert I/O pool.
     pub io_threads: usize,
+    /// CPU: threads that compute (0: one per CPU the process may use).
+    pub threads: usize,
     /// CUDA: device memory for routed experts (`Auto`: what is free after
     /// the dense weights, less a margin).
     pub expert_cache: CacheSize,
@@ -82,6 +84,7 @@ impl Default for Options {
             device: Device::Auto,
             io_mode: IoMode::default(),
             io_threads: 8,
+            threads: 0,
             expert_cache: CacheSize::Auto,
             prefetch: true,
             hybrid: Hybrid::Off,
@@ -284,11 +287,19 @@ impl Model {
                 }
                 Err(e) if opts.device == Device::Auto => {
                     opts.notify.say(&format!("device: cpu (CUDA device {i} failed: {e})"));
-                    Engine::Cpu(Box::new(Net::load(CpuBackend::new(), &config, &wf)?))
+                    Engine::Cpu(Box::new(Net::load(
+                        CpuBackend::with_threads(opts.threads)?,
+                        &config,
+                        &wf,
+                    )?))
                 }
                 Err(e) => return Err(e),
             },
-            _ => Engine::Cpu(Box::new(Net::load(CpuBackend::new(), &config, &wf)?)),
+            _ => Engine::Cpu(Box::new(Net::load(
+                CpuBackend::with_threads(opts.threads)?,
+                &config,
+                &wf,
+            )?)),
         };
         Ok(Model {
             engine,
@@ -322,6 +333,21 @@ impl Model {
         match &self.engine {
             Engine::Cpu(_) => "cpu",
             Engine::Cuda(_) => "cuda",
+        }
+    }
+    /// The CPU backend's threads (None on CUDA).
+    pub fn cpu_threads(&self) -> Option<crate::backend::cpu::PoolInfo> {
+        match &self.engine {
+            Engine::Cpu(n) => Some(n.b.pool_info()),
+            Engine::Cuda(_) => None,
+        }
+    }
+    /// `f` on the threads that compute (the CPU backend's pool; the
+    /// caller's thread on CUDA), e.g. to measure what they can read.
+    pub fn on_compute_threads<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        match &self.engine {
+            Engine::Cpu(n) => n.b.run(f),
+            Engine::Cuda(_) => f(),
         }
     }
     /// The GPU's name on CUDA.
@@ -431,12 +457,22 @@ impl Model {
     }
 
     pub(crate) fn forward(&self, st: &mut EngineState, tokens: &[u32], pos0: usize, all: bool) -> Result<Vec<f32>> {
-        with_net_state!(&self.engine, st, n, s => n.forward(s, &self.store, tokens, pos0, all))
+        match (&self.engine, st) {
+            (Engine::Cpu(n), EngineState::Cpu(s)) => n.b.run(|| n.forward(s, &self.store, tokens, pos0, all)),
+            (Engine::Cuda(n), EngineState::Cuda(s)) => n.forward(s, &self.store, tokens, pos0, all),
+            _ => Err(Error::Invalid("a session state of another device".into())),
+        }
     }
 
     /// One forward pass over several sequences (`Net::forward_batch`).
     pub(crate) fn forward_batch(&self, steps: &mut [EngineStep<'_>]) -> Result<Vec<Vec<f32>>> {
-        with_net!(&self.engine, n => n.forward_batch(&mut seq_steps(steps)?, &self.store))
+        match &self.engine {
+            Engine::Cpu(n) => {
+                let mut seqs = seq_steps(steps)?;
+                n.b.run(|| n.forward_batch(&mut seqs, &self.store))
+            }
+            Engine::Cuda(n) => n.forward_batch(&mut seq_steps(steps)?, &self.store),
+        }
     }
 }
 

@@ -386,7 +386,8 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         };
         rows.push(measure(name, a.gen, false)?);
     }
-    let bw = read_bandwidth();
+    let bw = model.on_compute_threads(read_bandwidth);
+    let threads = model.cpu_threads().map_or(rayon::current_num_threads(), |p| p.threads);
     let h2d = match model.pinned_copy_bandwidth() {
         Some(r) => Some(r?),
         None => None,
@@ -412,7 +413,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             "{}",
             serde_json::json!({"model": model.name(), "synth_routing": moeflux::synth::synth_routing(&a.model.model).map(|r| r.name()),
                 "device": model.device_name(), "io": store.mode().name(), "io_auto": a.model.io == moeflux::experts::IoMode::Auto,
-                "cold": a.cold, "load_s": load_s, "read_gb_s": bw, "threads": rayon::current_num_threads(),
+                "cold": a.cold, "load_s": load_s, "read_gb_s": bw, "threads": threads,
                 "kernel": moeflux::backend::cpu::matmul::Kernel::detect().name(), "results": j})
         )?;
         return Ok(());
@@ -433,7 +434,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         moeflux::backend::cpu::matmul::Kernel::detect().name(),
         load_s,
         bw,
-        rayon::current_num_threads()
+        threads
     )?;
     writeln!(
         out,

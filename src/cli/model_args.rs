@@ -30,6 +30,9 @@ pub struct ModelArgs {
     /// cgroup limit's (containers) when that is lower.
     #[arg(long, default_value = "auto")]
     pub io: IoMode,
+    /// CPU: threads that compute (0: one per CPU this process may use).
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    pub threads: usize,
     /// CUDA: device memory for routed experts: auto (free memory less a
     /// margin), a size (8G, 512M) or a share of the expert bytes from 0% to
     /// 100% (0%: only the smallest working set, the rest streamed).
@@ -71,6 +74,7 @@ impl ModelArgs {
         Options {
             device: self.device,
             io_mode: self.io,
+            threads: self.threads,
             expert_cache: self.expert_cache,
             prefetch: !self.no_prefetch,
             hybrid: self.hybrid,
@@ -115,7 +119,10 @@ impl ModelArgs {
             if self.hybrid != Hybrid::Off {
                 notes.push(format!("--hybrid has no effect on the {device}"));
             }
-        } else if cache.is_some_and(|c| c.resident) {
+        } else if self.threads != 0 {
+            notes.push("--threads has no effect on CUDA".into());
+        }
+        if cache.is_some_and(|c| c.resident) {
             if self.no_prefetch {
                 notes.push("--no-prefetch has no effect: every expert is resident on the device".into());
             }

@@ -5,6 +5,7 @@ mod attn;
 mod delta;
 pub mod matmul;
 pub(crate) mod moe;
+mod pool;
 mod qmatvec;
 #[cfg(target_arch = "x86_64")]
 mod simd;
@@ -16,14 +17,49 @@ use super::{AttnArgs, Backend, DeltaArgs, DeltaState, DeltaWeights, MlaArgs, Moe
 use crate::error::Result;
 use crate::format::MatrixView;
 use matmul::CpuMatrix;
+pub use pool::PoolInfo;
 use rayon::prelude::*;
 
+/// The CPU backend. Its parallel loops run on rayon's global pool, or on
+/// a pool of its own ([`CpuBackend::with_threads`]) in which
+/// [`CpuBackend::run`] runs a whole forward pass.
 #[derive(Debug, Default)]
-pub struct CpuBackend;
+pub struct CpuBackend {
+    pool: Option<(rayon::ThreadPool, PoolInfo)>,
+}
 
 impl CpuBackend {
+    /// On rayon's global pool (op tests, load checks).
     pub fn new() -> CpuBackend {
-        CpuBackend
+        CpuBackend { pool: None }
+    }
+
+    /// On a pool of `threads` workers (0: one per CPU the process may
+    /// use).
+    pub fn with_threads(threads: usize) -> Result<CpuBackend> {
+        Ok(CpuBackend {
+            pool: Some(pool::build(threads)?),
+        })
+    }
+
+    /// `f` on a worker of this backend's pool, so that its parallel loops
+    /// are split among the workers without a hand-off per loop (on the
+    /// caller's thread without a pool of its own).
+    pub fn run<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        match &self.pool {
+            Some((p, _)) => p.install(f),
+            None => f(),
+        }
+    }
+
+    /// The threads that compute (the global pool's when there is no own).
+    pub fn pool_info(&self) -> PoolInfo {
+        self.pool.as_ref().map_or(
+            PoolInfo {
+                threads: rayon::current_num_threads(),
+            },
+            |(_, i)| *i,
+        )
     }
 }
 
