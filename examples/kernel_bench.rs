@@ -204,7 +204,9 @@ fn main() {
     );
     println!(
         "kernel: {}\n",
-        match Kernel::detect() {
+        match Kernel::detect_fast() {
+            Kernel::Avx512Vnni =>
+                "vnni (fast path) and avx512 (exact) for one-token quantized products, avx2 for the rest (all measured below)",
             Kernel::Avx512 => "avx512 for one-token quantized products, avx2 for the rest (both measured below)",
             Kernel::Avx2 => "avx2",
             Kernel::Scalar => "scalar",
@@ -243,11 +245,11 @@ fn main() {
         // AVX-512 covers one-token quantized products only; the AVX2
         // kernels run beside it for comparison (and for the rest).
         let quant = matches!(kind, Kind::Quant(_));
-        let kernels: Vec<Kernel> = [Kernel::Avx512, Kernel::Avx2, Kernel::Scalar]
+        let kernels: Vec<Kernel> = [Kernel::Avx512Vnni, Kernel::Avx512, Kernel::Avx2, Kernel::Scalar]
             .into_iter()
             .filter(|k| k.available())
             .filter(|&k| match k {
-                Kernel::Avx512 => quant,
+                Kernel::Avx512 | Kernel::Avx512Vnni => quant,
                 Kernel::Scalar => Kernel::detect() == Kernel::Scalar || matches!(kind, Kind::Quant(4)),
                 Kernel::Avx2 => true,
             })
@@ -255,7 +257,8 @@ fn main() {
         for &kernel in &kernels {
             for &n in ns {
                 if n > 1
-                    && (kernel == Kernel::Avx512 || (kernel == Kernel::Scalar && Kernel::detect() != Kernel::Scalar))
+                    && (matches!(kernel, Kernel::Avx512 | Kernel::Avx512Vnni)
+                        || (kernel == Kernel::Scalar && Kernel::detect() != Kernel::Scalar))
                 {
                     continue;
                 }

@@ -59,6 +59,11 @@ pub struct Options {
     pub io_threads: usize,
     /// CPU: threads that compute (0: one per CPU the process may use).
     pub threads: usize,
+    /// CPU: f32 activations in every matrix product. Off, one-token
+    /// quantized products round the activations to 16-bit integers where
+    /// the CPU has AVX-512 VNNI (faster; within SPEC §6's fast-path
+    /// tolerance of the exact products).
+    pub exact: bool,
     /// CUDA: device memory for routed experts (`Auto`: what is free after
     /// the dense weights, less a margin).
     pub expert_cache: CacheSize,
@@ -85,6 +90,7 @@ impl Default for Options {
             io_mode: IoMode::default(),
             io_threads: 8,
             threads: 0,
+            exact: false,
             expert_cache: CacheSize::Auto,
             prefetch: true,
             hybrid: Hybrid::Off,
@@ -288,7 +294,7 @@ impl Model {
                 Err(e) if opts.device == Device::Auto => {
                     opts.notify.say(&format!("device: cpu (CUDA device {i} failed: {e})"));
                     Engine::Cpu(Box::new(Net::load(
-                        CpuBackend::with_threads(opts.threads)?,
+                        CpuBackend::with_options(opts.threads, opts.exact)?,
                         &config,
                         &wf,
                     )?))
@@ -296,7 +302,7 @@ impl Model {
                 Err(e) => return Err(e),
             },
             _ => Engine::Cpu(Box::new(Net::load(
-                CpuBackend::with_threads(opts.threads)?,
+                CpuBackend::with_options(opts.threads, opts.exact)?,
                 &config,
                 &wf,
             )?)),
@@ -333,6 +339,13 @@ impl Model {
         match &self.engine {
             Engine::Cpu(_) => "cpu",
             Engine::Cuda(_) => "cuda",
+        }
+    }
+    /// The CPU backend's product kernel (None on CUDA).
+    pub fn cpu_kernel(&self) -> Option<crate::backend::cpu::matmul::Kernel> {
+        match &self.engine {
+            Engine::Cpu(n) => Some(n.b.kernel()),
+            Engine::Cuda(_) => None,
         }
     }
     /// The CPU backend's threads (None on CUDA).

@@ -40,6 +40,7 @@ const SCHEDULE: [[(usize, bool); 3]; 5] = [
 fn open(dir: &std::path::Path, device: Device) -> Model {
     let opts = Options {
         device,
+        exact: true,
         ..Options::default()
     };
     Model::open(dir, &opts).expect("open the packed fixture")

@@ -223,6 +223,7 @@ fn ctrl_c_stops_the_generation_and_prints_the_summary() {
 fn open(dir: &Path) -> Model {
     let opts = Options {
         device: Device::Cpu,
+        exact: true,
         ..Options::default()
     };
     Model::open(dir, &opts).unwrap()

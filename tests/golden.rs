@@ -13,6 +13,7 @@ const CPU_TOL: f64 = 1e-4;
 fn open(dir: &std::path::Path) -> Model {
     let opts = Options {
         device: Device::Cpu,
+        exact: true,
         ..Options::default()
     };
     Model::open(dir, &opts).expect("open converted model")

@@ -388,6 +388,11 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     }
     let bw = model.on_compute_threads(read_bandwidth);
     let threads = model.cpu_threads().map_or(rayon::current_num_threads(), |p| p.threads);
+    // The CPU's kernel (on CUDA, the one hybrid misses would use).
+    let kernel = model
+        .cpu_kernel()
+        .unwrap_or_else(moeflux::backend::cpu::matmul::Kernel::detect)
+        .name();
     let h2d = match model.pinned_copy_bandwidth() {
         Some(r) => Some(r?),
         None => None,
@@ -414,7 +419,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             serde_json::json!({"model": model.name(), "synth_routing": moeflux::synth::synth_routing(&a.model.model).map(|r| r.name()),
                 "device": model.device_name(), "io": store.mode().name(), "io_auto": a.model.io == moeflux::experts::IoMode::Auto,
                 "cold": a.cold, "load_s": load_s, "read_gb_s": bw, "threads": threads,
-                "kernel": moeflux::backend::cpu::matmul::Kernel::detect().name(), "results": j})
+                "kernel": kernel, "results": j})
         )?;
         return Ok(());
     }
@@ -431,7 +436,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             ""
         },
         if a.cold { " (cold page cache)" } else { "" },
-        moeflux::backend::cpu::matmul::Kernel::detect().name(),
+        kernel,
         load_s,
         bw,
         threads

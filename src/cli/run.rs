@@ -337,13 +337,14 @@ pub fn write_summary(
     };
     writeln!(
         w,
-        "prompt {} tokens ({} reused) | generated {} tokens ({}) | {sampling} | {} on {}",
+        "prompt {} tokens ({} reused) | generated {} tokens ({}) | {sampling} | {} on {}{}",
         s.prompt_tokens,
         s.reused_tokens,
         s.generated_tokens,
         why(finish),
         model.name(),
-        model.device_name()
+        model.device_name(),
+        kernel_note(model)
     )?;
     writeln!(
         w,
@@ -388,6 +389,15 @@ pub fn write_summary(
             )
         }
         _ => writeln!(w, " | hit rate n/a ({} keeps no expert cache)", model.device_name()),
+    }
+}
+
+/// `, kernel K` on the CPU, with what the fast path does when it runs.
+pub fn kernel_note(model: &Model) -> String {
+    match model.cpu_kernel() {
+        Some(k) if !k.is_exact() => format!(", kernel {} (16-bit activations in decode; --exact for f32)", k.name()),
+        Some(k) => format!(", kernel {}", k.name()),
+        None => String::new(),
     }
 }
 

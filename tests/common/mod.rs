@@ -171,10 +171,11 @@ pub fn packed_with(name: &str, flags: &[&str]) -> PathBuf {
     dst
 }
 
-/// Open a packed model on the CPU.
+/// Open a packed model on the CPU, with exact (f32) products.
 pub fn open_cpu(dir: &Path) -> moeflux::Model {
     let opts = moeflux::Options {
         device: moeflux::Device::Cpu,
+        exact: true,
         ..moeflux::Options::default()
     };
     moeflux::Model::open(dir, &opts).unwrap()

@@ -8,7 +8,7 @@ cd "$(dirname "$0")/../.."
 
 cargo build --release
 mkdir -p target/devbin
-for t in backend_ops batch cuda_golden cuda_kernels; do
+for t in backend_ops batch cuda_golden cuda_kernels fast_path; do
     exe=$(cargo test --release --no-run --test "$t" --message-format=json 2>/dev/null |
         grep '"kind":\["test"\]' | grep -o '"executable":"[^"]*"' | cut -d'"' -f4 | tail -1)
     strip -o "target/devbin/$t" "$exe"

@@ -2,8 +2,10 @@
 //! affine 2/4/8-bit and bf16/f16/f32 weights. Rows are split across the
 //! rayon pool in blocks of a few tens of KiB of weights; inside a block
 //! each row (group) is decoded once and applied to all `n` inputs. The
-//! kernels live in `qmatvec` (scalar), `simd` (AVX2 + FMA) and `simd512`
-//! (AVX-512, one token), chosen at run time by the CPU's features.
+//! kernels live in `qmatvec` (scalar), `simd` (AVX2 + FMA), `simd512`
+//! (AVX-512, up to 16 tokens) and `vnni` (AVX-512 VNNI, one token, 16-bit
+//! integer activations: the fast path), chosen at run time by the CPU's
+//! features.
 
 use super::qmatvec::{self, Acts, Mat};
 use crate::error::{Error, Result};
@@ -35,15 +37,40 @@ pub enum Kernel {
     /// `AVX512_MAX_TOKENS` tokens (decode, batched decode); the AVX2
     /// kernels for everything else.
     Avx512,
+    /// AVX-512 VNNI for quantized products of one token, the activations
+    /// rounded to 16-bit integers per group (not exact: SPEC §6); the
+    /// `Avx512` kernels for everything else.
+    Avx512Vnni,
 }
 
 impl Kernel {
-    /// The fastest kernel this CPU runs.
+    /// The fastest exact kernel this CPU runs (f32 activations).
     pub fn detect() -> Kernel {
         [Kernel::Avx512, Kernel::Avx2]
             .into_iter()
             .find(|k| k.available())
             .unwrap_or(Kernel::Scalar)
+    }
+
+    /// The fastest kernel this CPU runs, exact or not.
+    pub fn detect_fast() -> Kernel {
+        match Kernel::Avx512Vnni.available() {
+            true => Kernel::Avx512Vnni,
+            false => Kernel::detect(),
+        }
+    }
+
+    /// The fastest kernel: `detect()` when `exact`, else `detect_fast()`.
+    pub fn choose(exact: bool) -> Kernel {
+        match exact {
+            true => Kernel::detect(),
+            false => Kernel::detect_fast(),
+        }
+    }
+
+    /// Whether every product takes the activations as f32.
+    pub fn is_exact(self) -> bool {
+        self != Kernel::Avx512Vnni
     }
 
     /// Whether this CPU runs `self`.
@@ -54,17 +81,20 @@ impl Kernel {
             Kernel::Avx2 => super::simd::available(),
             #[cfg(target_arch = "x86_64")]
             Kernel::Avx512 => super::simd512::available(),
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx512Vnni => super::vnni::available(),
             #[cfg(not(target_arch = "x86_64"))]
-            Kernel::Avx2 | Kernel::Avx512 => false,
+            Kernel::Avx2 | Kernel::Avx512 | Kernel::Avx512Vnni => false,
         }
     }
 
-    /// A short name for reports (`avx512`, `avx2`, `scalar`).
+    /// A short name for reports (`vnni`, `avx512`, `avx2`, `scalar`).
     pub fn name(self) -> &'static str {
         match self {
             Kernel::Scalar => "scalar",
             Kernel::Avx2 => "avx2",
             Kernel::Avx512 => "avx512",
+            Kernel::Avx512Vnni => "vnni",
         }
     }
 
@@ -74,6 +104,9 @@ impl Kernel {
     /// AVX2 kernels.
     fn for_product(self, mat: &Mat, n: usize) -> Kernel {
         match (self, mat) {
+            #[cfg(target_arch = "x86_64")]
+            (Kernel::Avx512Vnni, Mat::Quant(q)) if n == 1 && super::vnni::quant_supported(q) => Kernel::Avx512Vnni,
+            (Kernel::Avx512Vnni, _) => Kernel::Avx512.for_product(mat, n),
             #[cfg(target_arch = "x86_64")]
             (Kernel::Avx512, Mat::Quant(q)) if n <= AVX512_MAX_TOKENS && super::simd512::quant_supported(q) => {
                 Kernel::Avx512
@@ -236,7 +269,11 @@ fn prepare<'a>(kernel: Kernel, mat: &Mat, x: &'a [f32], n: usize, cols: usize) -
         return Acts::new(x, n, cols, None);
     };
     let mut acts = Acts::new(x, n, cols, Some(q.group_size));
-    acts.xp = permuted(kernel, q, acts.x);
+    match kernel {
+        #[cfg(target_arch = "x86_64")]
+        Kernel::Avx512Vnni => acts.xq = super::vnni::quantize_x(acts.x, &acts.xsum, q.group_size, q.bits),
+        _ => acts.xp = permuted(kernel, q, acts.x),
+    }
     acts
 }
 
@@ -257,6 +294,10 @@ fn permuted(kernel: Kernel, q: &qmatvec::QuantMat, x: &[f32]) -> Vec<f32> {
 /// chosen by `Kernel::for_product`.
 fn rows_into(kernel: Kernel, mat: &Mat, a: &Acts, r0: usize, out: &mut [f32]) {
     match (kernel, mat) {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as below; `for_product` chose this kernel for one token
+        // and a layout it takes, and `prepare` quantized x for it.
+        (Kernel::Avx512Vnni, Mat::Quant(q)) => unsafe { super::vnni::quant_rows(q, a, r0, out) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `linear_set_with` checked that the CPU has the features,
         // `Mat::new` checked every byte size, `for_product` checked the

@@ -12,34 +12,54 @@ mod simd;
 #[cfg(target_arch = "x86_64")]
 mod simd512;
 mod vector;
+#[cfg(target_arch = "x86_64")]
+mod vnni;
 
 use super::{AttnArgs, Backend, DeltaArgs, DeltaState, DeltaWeights, MlaArgs, MoeArgs, MoeInputs, RopeArgs, Strided};
 use crate::error::Result;
 use crate::format::MatrixView;
-use matmul::CpuMatrix;
+use matmul::{CpuMatrix, Kernel};
 pub use pool::PoolInfo;
 use rayon::prelude::*;
 
 /// The CPU backend. Its parallel loops run on rayon's global pool, or on
-/// a pool of its own ([`CpuBackend::with_threads`]) in which
+/// a pool of its own ([`CpuBackend::with_options`]) in which
 /// [`CpuBackend::run`] runs a whole forward pass.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct CpuBackend {
     pool: Option<(rayon::ThreadPool, PoolInfo)>,
+    /// The kernel of every matrix product (`Kernel::for_product` narrows
+    /// it per product).
+    kernel: Kernel,
+}
+
+impl Default for CpuBackend {
+    fn default() -> CpuBackend {
+        CpuBackend::new()
+    }
 }
 
 impl CpuBackend {
-    /// On rayon's global pool (op tests, load checks).
+    /// Exact products on rayon's global pool (op tests, load checks).
     pub fn new() -> CpuBackend {
-        CpuBackend { pool: None }
+        CpuBackend {
+            pool: None,
+            kernel: Kernel::detect(),
+        }
     }
 
     /// On a pool of `threads` workers (0: one per CPU the process may
-    /// use).
-    pub fn with_threads(threads: usize) -> Result<CpuBackend> {
+    /// use), with exact products or the fastest kernels (SPEC §6).
+    pub fn with_options(threads: usize, exact: bool) -> Result<CpuBackend> {
         Ok(CpuBackend {
             pool: Some(pool::build(threads)?),
+            kernel: Kernel::choose(exact),
         })
+    }
+
+    /// The kernel of the products.
+    pub fn kernel(&self) -> Kernel {
+        self.kernel
     }
 
     /// `f` on a worker of this backend's pool, so that its parallel loops
@@ -104,7 +124,7 @@ impl Backend for CpuBackend {
     }
 
     fn linear(&self, w: &CpuMatrix, x: &Vec<f32>, n: usize, y: &mut Vec<f32>) -> Result<()> {
-        matmul::linear(&w.view, x, n, y)
+        matmul::linear_with(self.kernel, &w.view, x, n, y)
     }
     fn linear_many(&self, ws: &[&CpuMatrix], x: &Vec<f32>, n: usize, ys: &mut [&mut Vec<f32>]) -> Result<()> {
         if ws.len() != ys.len() {
@@ -124,7 +144,7 @@ impl Backend for CpuBackend {
                 y: y.as_mut_slice(),
             })
             .collect();
-        matmul::linear_set(&mut ps)
+        matmul::linear_set_with(self.kernel, &mut ps)
     }
     fn embed(&self, table: &CpuMatrix, tokens: &[u32], y: &mut Vec<f32>) -> Result<()> {
         matmul::embed(&table.view, tokens, y)
@@ -257,6 +277,6 @@ impl Backend for CpuBackend {
             )));
         };
         let routes = crate::model::router::route(a.routing, l, a.n, a.k, bias.map(|_| b));
-        moe::moe(x, &routes, store, a, out)
+        moe::moe(self.kernel, x, &routes, store, a, out)
     }
 }

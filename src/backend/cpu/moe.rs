@@ -5,7 +5,7 @@
 //! are combined afterwards in expert order, so the result does not depend
 //! on the timing or the number of threads.
 
-use super::matmul::{linear_set, Product};
+use super::matmul::{linear_set_with, Kernel, Product};
 use super::silu;
 use crate::backend::{MoeArgs, Routes};
 use crate::error::{Error, Result};
@@ -35,7 +35,14 @@ pub(crate) fn routed_to(e: u32, ids: &[u32], weights: &[f32], n: usize, k: usize
     r
 }
 
-pub fn moe(x: &[f32], routes: &Routes, store: &ExpertStore, a: MoeArgs<'_>, out: &mut [f32]) -> Result<()> {
+pub fn moe(
+    kernel: Kernel,
+    x: &[f32],
+    routes: &Routes,
+    store: &ExpertStore,
+    a: MoeArgs<'_>,
+    out: &mut [f32],
+) -> Result<()> {
     let mut ids: Vec<u32> = routes.ids.clone();
     ids.sort_unstable();
     ids.dedup();
@@ -54,12 +61,14 @@ pub fn moe(x: &[f32], routes: &Routes, store: &ExpertStore, a: MoeArgs<'_>, out:
         .iter()
         .map(|&e| routed_to(e, &routes.ids, &routes.weights, a.n, routes.k))
         .collect();
-    apply(x, a.n, a.hidden, a.inter, &mats, &routed, out)
+    apply(kernel, x, a.n, a.hidden, a.inter, &mats, &routed, out)
 }
 
 /// `out[t] += Σ w · expert(x[t])` over the experts `mats` and the tokens
-/// `routed` to each (x `[n, hidden]`).
+/// `routed` to each (x `[n, hidden]`), the products with `kernel`.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn apply(
+    kernel: Kernel,
     x: &[f32],
     n: usize,
     h: usize,
@@ -115,7 +124,7 @@ pub(crate) fn apply(
             y: ui,
         });
     }
-    linear_set(&mut ps)?;
+    linear_set_with(kernel, &mut ps)?;
     drop(ps);
     for (gi, ui) in g.iter_mut().zip(&u) {
         for (gv, uv) in gi.iter_mut().zip(ui) {
@@ -134,7 +143,7 @@ pub(crate) fn apply(
             y: di,
         })
         .collect();
-    linear_set(&mut ps)?;
+    linear_set_with(kernel, &mut ps)?;
     drop(ps);
     for (r, di) in routed.iter().zip(&d) {
         for (i, &t) in r.toks.iter().enumerate() {

@@ -202,16 +202,15 @@ pub(crate) struct Acts<'a> {
     pub xsum: Vec<f32>,
     /// `[n, cols]` permuted, or empty.
     pub xp: Vec<f32>,
+    /// x rounded to integers per group (the fast path), or empty.
+    pub xq: QuantX,
 }
 
 impl<'a> Acts<'a> {
     pub fn new(x: &'a [f32], n: usize, cols: usize, group_size: Option<usize>) -> Acts<'a> {
         let x = &x[..n * cols];
         let xsum = match group_size {
-            Some(gs) => x
-                .chunks_exact(gs)
-                .map(|g| g.iter().map(|&v| v as f64).sum::<f64>() as f32)
-                .collect(),
+            Some(gs) => x.chunks_exact(gs).map(group_sum).collect(),
             None => Vec::new(),
         };
         Acts {
@@ -220,6 +219,7 @@ impl<'a> Acts<'a> {
             x,
             xsum,
             xp: Vec::new(),
+            xq: QuantX::default(),
         }
     }
 
@@ -227,6 +227,68 @@ impl<'a> Acts<'a> {
     pub fn token(&self, t: usize) -> &[f32] {
         &self.x[t * self.cols..(t + 1) * self.cols]
     }
+}
+
+/// The activations quantized per group: `x[t, c] ≈ scale[t, c / gs] · q[t, c']`
+/// with the columns of each 32-byte block of weights in unpacking order
+/// (column `PB·i + k` of a block at `32k + i`).
+#[derive(Default)]
+pub(crate) struct QuantX {
+    /// `[n, cols]`, permuted.
+    pub q: Vec<i16>,
+    /// `[n, cols / gs]`.
+    pub scale: Vec<f32>,
+    /// `[n, cols / gs]`: what the rounding lost, `Σ x − scale·Σ q` per group.
+    pub resid: Vec<f32>,
+}
+
+/// `x` `[n, cols]` quantized for `bits`-bit weights in groups of `gs`
+/// (`gs` a multiple of `256 / bits`), rounding half away from zero; the
+/// portable form of `vnni::quantize_x` (which rounds half to even), for
+/// the layouts it leaves to this one.
+pub(crate) fn quantize_x(x: &[f32], gs: usize, bits: usize) -> QuantX {
+    let pb = 8 / bits;
+    let mut q = vec![0i16; x.len()];
+    let mut scale = Vec::with_capacity(x.len() / gs);
+    let mut resid = Vec::with_capacity(x.len() / gs);
+    for (xg, qg) in x.chunks_exact(gs).zip(q.chunks_exact_mut(gs)) {
+        let amax = xg.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        let s = amax / 32767.0;
+        scale.push(s);
+        if amax == 0.0 || !amax.is_finite() {
+            // Zeros stay zero; a non-finite group gives a non-finite scale,
+            // so the output is non-finite as the exact product's would be.
+            resid.push(0.0);
+            continue;
+        }
+        let inv = 32767.0 / amax;
+        for (xb, qb) in xg.chunks_exact(32 * pb).zip(qg.chunks_exact_mut(32 * pb)) {
+            for i in 0..32 {
+                for k in 0..pb {
+                    let v = xb[pb * i + k] * inv;
+                    qb[32 * k + i] = (v + 0.5f32.copysign(v)) as i16;
+                }
+            }
+        }
+        let sx: f64 = xg.iter().map(|&v| v as f64).sum();
+        let sq: i64 = qg.iter().map(|&v| v as i64).sum();
+        resid.push((sx - s as f64 * sq as f64) as f32);
+    }
+    QuantX { q, scale, resid }
+}
+
+/// `Σ g` accumulated in f64 over eight lanes (independent additions the
+/// compiler vectorizes, instead of one chain of dependent ones).
+fn group_sum(g: &[f32]) -> f32 {
+    let mut acc = [0.0f64; 8];
+    let mut chunks = g.chunks_exact(8);
+    for c in &mut chunks {
+        for (a, &v) in acc.iter_mut().zip(c) {
+            *a += v as f64;
+        }
+    }
+    let tail: f64 = chunks.remainder().iter().map(|&v| v as f64).sum();
+    (acc.iter().sum::<f64>() + tail) as f32
 }
 
 /// Scalar kernel, quantized: rows `r0..r0 + out.len()/n` into `out`

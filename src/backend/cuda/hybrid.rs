@@ -9,6 +9,7 @@
 use super::buf::CudaBuf;
 use super::cache::ExpertCache;
 use super::driver::Gpu;
+use crate::backend::cpu::matmul::Kernel;
 use crate::backend::cpu::moe::{apply, routed_to, Routed};
 use crate::error::{Error, Result};
 use crate::experts::{ExpertStore, Hybrid, SplitModel};
@@ -66,7 +67,8 @@ pub(crate) fn with_cpu_part(
     rayon::in_place_scope(|sc| {
         sc.spawn(|_| {
             let t0 = Instant::now();
-            cpu = apply(s.x, s.n, s.hidden, s.inter, &mats, &routed, &mut sum).map(|_| t0.elapsed().as_secs_f64());
+            cpu = apply(Kernel::detect(), s.x, s.n, s.hidden, s.inter, &mats, &routed, &mut sum)
+                .map(|_| t0.elapsed().as_secs_f64());
         });
         on_gpu = gpu.bind().and_then(|_| gpu_part());
         issued = Instant::now();
@@ -113,7 +115,7 @@ pub(crate) fn measure(
         for _ in 0..4 {
             let mut out = vec![0f32; hidden];
             let t0 = Instant::now();
-            apply(&x, 1, hidden, inter, &mats[..c], &routed, &mut out)?;
+            apply(Kernel::detect(), &x, 1, hidden, inter, &mats[..c], &routed, &mut out)?;
             best = best.min(t0.elapsed().as_secs_f64());
         }
         Ok(best)
