@@ -407,6 +407,18 @@ impl Model {
     /// the device at phase boundaries, so it costs a little when on).
     pub fn set_timing(&self, on: bool) {
         self.timer().set_enabled(on);
+        if let Engine::Cpu(n) = &self.engine {
+            n.b.set_profiling(on);
+        }
+    }
+
+    /// CPU: seconds and calls per kind of operation while timing was on
+    /// (None on CUDA).
+    pub fn cpu_op_times(&self) -> Option<Vec<crate::backend::cpu::OpTime>> {
+        match &self.engine {
+            Engine::Cpu(n) => Some(n.b.op_times()),
+            Engine::Cuda(_) => None,
+        }
     }
 
     /// Seconds spent per phase since the model was opened (or `reset_timing`).
@@ -416,6 +428,9 @@ impl Model {
 
     pub fn reset_timing(&self) {
         self.timer().reset();
+        if let Engine::Cpu(n) = &self.engine {
+            n.b.reset_profile();
+        }
     }
 
     fn trace(&self) -> &crate::model::trace::RouteTrace {

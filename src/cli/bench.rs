@@ -104,8 +104,8 @@ struct Row {
     tokens: usize,
     /// Seconds of the timed runs.
     secs: f64,
-    /// `--timing`: seconds per phase of one extra run, and its tokens.
-    phases: Option<(moeflux::model::timing::PhaseTimes, usize)>,
+    /// `--timing`: one extra, synchronized run.
+    phases: Option<Phases>,
     /// Sequences run together (`--parallel`); tok/s is their aggregate.
     streams: usize,
 }
@@ -186,6 +186,17 @@ fn run_once(model: &Model, ss: &mut [Session<'_>], toks: &[Vec<u32>], pp: bool) 
     Ok(())
 }
 
+/// What `--timing` measured in its run.
+struct Phases {
+    /// Seconds per phase.
+    times: moeflux::model::timing::PhaseTimes,
+    /// CPU: seconds and calls per kind of operation.
+    ops: Option<Vec<moeflux::backend::cpu::OpTime>>,
+    /// Seconds of the whole run.
+    wall: f64,
+    tokens: usize,
+}
+
 fn print_phases(out: &mut impl Write, rows: &[Row]) -> std::io::Result<()> {
     for r in rows.iter().filter(|r| r.streams > 1) {
         let (m, _) = mean_sd(&r.tps);
@@ -198,8 +209,9 @@ fn print_phases(out: &mut impl Write, rows: &[Row]) -> std::io::Result<()> {
         )?;
     }
     for r in rows {
-        if let Some((p, n)) = &r.phases {
-            let ms = |s: f64| 1e3 * s / (*n).max(1) as f64;
+        if let Some(ph) = &r.phases {
+            let (p, n) = (&ph.times, ph.tokens);
+            let ms = |s: f64| 1e3 * s / n.max(1) as f64;
             writeln!(
                 out,
                 "{} phases, ms/token (one synchronized run): attention {:.3} | routing {:.3} | experts {:.3} | dense ffn {:.3} | lm head {:.3}",
@@ -210,6 +222,21 @@ fn print_phases(out: &mut impl Write, rows: &[Row]) -> std::io::Result<()> {
                 ms(p.dense_ffn),
                 ms(p.lm_head)
             )?;
+            if let Some(ops) = &ph.ops {
+                let timed: f64 = ops.iter().map(|o| o.secs).sum();
+                let parts: Vec<String> = ops
+                    .iter()
+                    .map(|o| format!("{} {:.3} ({:.0} calls)", o.name, ms(o.secs), o.calls as f64 / n as f64))
+                    .collect();
+                writeln!(
+                    out,
+                    "{} cpu operations, ms/token: {} | other {:.3} | total {:.3}",
+                    r.label(),
+                    parts.join(" | "),
+                    ms(ph.wall - timed),
+                    ms(ph.wall)
+                )?;
+            }
         }
     }
     Ok(())
@@ -352,10 +379,17 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             let mut ss = prepared(&model, chunk, depth, vocab, streams)?;
             model.reset_timing();
             model.set_timing(true);
+            let t0 = Instant::now();
             let r = run_once(&model, &mut ss, &run_tokens(n_tok, vocab, 2000, streams), pp);
+            let wall = t0.elapsed().as_secs_f64();
             model.set_timing(false);
             r?;
-            Some((model.phase_times(), run_tok.max(1)))
+            Some(Phases {
+                times: model.phase_times(),
+                ops: model.cpu_op_times(),
+                wall,
+                tokens: run_tok.max(1),
+            })
         } else {
             None
         };

@@ -1,5 +1,6 @@
 //! The GatedDeltaNet conv + recurrence on the CPU (SPEC.md §5).
 
+use super::vector::dot;
 use super::CpuBackend;
 use super::{sigmoid, silu};
 use crate::backend::{DeltaArgs, DeltaState, DeltaWeights};
@@ -69,20 +70,18 @@ pub fn gated_delta(
                 let v = &x[2 * hk * dk + h * dv..2 * hk * dk + (h + 1) * dv];
                 let g = (-(w.a_log[h].exp()) * softplus(a_in[t * hv + h] + w.dt_bias[h])).exp();
                 let beta = sigmoid(b_in[t * hv + h]);
+                // Row i = value channel i of S ← g·S; δ = β(v − S k);
+                // S ← S + δ kᵀ; o = S q, from two dot products of the old
+                // row (S_i·k, S_i·q) and one update, all of them vectorized:
+                //   sk = g·(S_i·k), o_i = g·(S_i·q) + δ·(k·q), S_i ← g·S_i + δ·k.
+                let kq = dot(k, q);
                 for (i, row) in s.chunks_exact_mut(dk).enumerate() {
-                    // row i = value channel i: S ← g·S; δ = β(v − S k); S ← S + δ kᵀ; o = S q
-                    let mut sk = 0.0;
-                    for (sv, kv) in row.iter_mut().zip(k) {
-                        *sv *= g;
-                        sk += *sv * kv;
-                    }
+                    let sk = g * dot(row, k);
                     let delta = beta * (v[i] - sk);
-                    let mut acc = 0.0;
-                    for ((sv, kv), qv) in row.iter_mut().zip(k).zip(q) {
-                        *sv += delta * kv;
-                        acc += *sv * qv;
+                    o[i] = g * dot(row, q) + delta * kq;
+                    for (sv, kv) in row.iter_mut().zip(k) {
+                        *sv = g * *sv + delta * kv;
                     }
-                    o[i] = acc;
                 }
             }
         });

@@ -6,6 +6,7 @@ mod delta;
 pub mod matmul;
 pub(crate) mod moe;
 mod pool;
+mod profile;
 mod qmatvec;
 #[cfg(target_arch = "x86_64")]
 mod simd;
@@ -20,6 +21,8 @@ use crate::error::Result;
 use crate::format::MatrixView;
 use matmul::{CpuMatrix, Kernel};
 pub use pool::PoolInfo;
+pub use profile::OpTime;
+use profile::{Op, OpProfile};
 use rayon::prelude::*;
 
 /// The CPU backend. Its parallel loops run on rayon's global pool, or on
@@ -31,6 +34,7 @@ pub struct CpuBackend {
     /// The kernel of every matrix product (`Kernel::for_product` narrows
     /// it per product).
     kernel: Kernel,
+    prof: OpProfile,
 }
 
 impl Default for CpuBackend {
@@ -45,6 +49,7 @@ impl CpuBackend {
         CpuBackend {
             pool: None,
             kernel: Kernel::detect(),
+            prof: OpProfile::default(),
         }
     }
 
@@ -54,12 +59,27 @@ impl CpuBackend {
         Ok(CpuBackend {
             pool: Some(pool::build(threads)?),
             kernel: Kernel::choose(exact),
+            prof: OpProfile::default(),
         })
     }
 
     /// The kernel of the products.
     pub fn kernel(&self) -> Kernel {
         self.kernel
+    }
+
+    /// Time each kind of operation from now on (or stop).
+    pub fn set_profiling(&self, on: bool) {
+        self.prof.set_enabled(on);
+    }
+
+    /// Seconds and calls per kind of operation while profiling was on.
+    pub fn op_times(&self) -> Vec<OpTime> {
+        self.prof.snapshot()
+    }
+
+    pub fn reset_profile(&self) {
+        self.prof.reset();
     }
 
     /// `f` on a worker of this backend's pool, so that its parallel loops
@@ -124,38 +144,44 @@ impl Backend for CpuBackend {
     }
 
     fn linear(&self, w: &CpuMatrix, x: &Vec<f32>, n: usize, y: &mut Vec<f32>) -> Result<()> {
-        matmul::linear_with(self.kernel, &w.view, x, n, y)
+        self.prof
+            .time(Op::Products, || matmul::linear_with(self.kernel, &w.view, x, n, y))
     }
     fn linear_many(&self, ws: &[&CpuMatrix], x: &Vec<f32>, n: usize, ys: &mut [&mut Vec<f32>]) -> Result<()> {
-        if ws.len() != ys.len() {
-            return Err(crate::error::Error::Invalid(format!(
-                "linear_many: {} matrices and {} outputs",
-                ws.len(),
-                ys.len()
-            )));
-        }
-        let mut ps: Vec<matmul::Product> = ws
-            .iter()
-            .zip(ys.iter_mut())
-            .map(|(w, y)| matmul::Product {
-                w: &w.view,
-                x,
-                n,
-                y: y.as_mut_slice(),
-            })
-            .collect();
-        matmul::linear_set_with(self.kernel, &mut ps)
+        self.prof.time(Op::Products, || {
+            if ws.len() != ys.len() {
+                return Err(crate::error::Error::Invalid(format!(
+                    "linear_many: {} matrices and {} outputs",
+                    ws.len(),
+                    ys.len()
+                )));
+            }
+            let mut ps: Vec<matmul::Product> = ws
+                .iter()
+                .zip(ys.iter_mut())
+                .map(|(w, y)| matmul::Product {
+                    w: &w.view,
+                    x,
+                    n,
+                    y: y.as_mut_slice(),
+                })
+                .collect();
+            matmul::linear_set_with(self.kernel, &mut ps)
+        })
     }
     fn embed(&self, table: &CpuMatrix, tokens: &[u32], y: &mut Vec<f32>) -> Result<()> {
-        matmul::embed(&table.view, tokens, y)
+        self.prof
+            .time(Op::Elementwise, || matmul::embed(&table.view, tokens, y))
     }
 
     fn rms_norm(&self, x: &Vec<f32>, w: &Vec<f32>, rows: usize, dim: usize, eps: f32, y: &mut Vec<f32>) -> Result<()> {
-        y[..rows * dim]
-            .par_chunks_mut(dim)
-            .zip(x[..rows * dim].par_chunks(dim))
-            .for_each(|(o, r)| rms_norm_row(r, w, eps, o));
-        Ok(())
+        self.prof.time(Op::Norms, || {
+            y[..rows * dim]
+                .par_chunks_mut(dim)
+                .zip(x[..rows * dim].par_chunks(dim))
+                .for_each(|(o, r)| rms_norm_row(r, w, eps, o));
+            Ok(())
+        })
     }
 
     fn gated_rms_norm(
@@ -168,23 +194,27 @@ impl Backend for CpuBackend {
         eps: f32,
         y: &mut Vec<f32>,
     ) -> Result<()> {
-        y[..rows * dim]
-            .par_chunks_mut(dim)
-            .zip(x[..rows * dim].par_chunks(dim).zip(z[..rows * dim].par_chunks(dim)))
-            .for_each(|(o, (r, g))| {
-                rms_norm_row(r, w, eps, o);
-                for (v, gv) in o.iter_mut().zip(g) {
-                    *v *= silu(*gv);
-                }
-            });
-        Ok(())
+        self.prof.time(Op::Norms, || {
+            y[..rows * dim]
+                .par_chunks_mut(dim)
+                .zip(x[..rows * dim].par_chunks(dim).zip(z[..rows * dim].par_chunks(dim)))
+                .for_each(|(o, (r, g))| {
+                    rms_norm_row(r, w, eps, o);
+                    for (v, gv) in o.iter_mut().zip(g) {
+                        *v *= silu(*gv);
+                    }
+                });
+            Ok(())
+        })
     }
 
     fn add(&self, y: &mut Vec<f32>, x: &Vec<f32>, len: usize) -> Result<()> {
-        for (a, b) in y[..len].iter_mut().zip(&x[..len]) {
-            *a += b;
-        }
-        Ok(())
+        self.prof.time(Op::Elementwise, || {
+            for (a, b) in y[..len].iter_mut().zip(&x[..len]) {
+                *a += b;
+            }
+            Ok(())
+        })
     }
 
     fn add_scaled_rows(
@@ -196,46 +226,58 @@ impl Backend for CpuBackend {
         dim: usize,
         sigmoid_gate: bool,
     ) -> Result<()> {
-        for r in 0..rows {
-            let s = if sigmoid_gate { sigmoid(scale[r]) } else { scale[r] };
-            for (a, b) in y[r * dim..(r + 1) * dim].iter_mut().zip(&x[r * dim..(r + 1) * dim]) {
-                *a += s * b;
+        self.prof.time(Op::Elementwise, || {
+            for r in 0..rows {
+                let s = if sigmoid_gate { sigmoid(scale[r]) } else { scale[r] };
+                for (a, b) in y[r * dim..(r + 1) * dim].iter_mut().zip(&x[r * dim..(r + 1) * dim]) {
+                    *a += s * b;
+                }
             }
-        }
-        Ok(())
+            Ok(())
+        })
     }
 
     fn swiglu(&self, gate: &Vec<f32>, up: &Vec<f32>, len: usize, y: &mut Vec<f32>) -> Result<()> {
-        for ((o, g), u) in y[..len].iter_mut().zip(&gate[..len]).zip(&up[..len]) {
-            *o = silu(*g) * u;
-        }
-        Ok(())
+        self.prof.time(Op::Elementwise, || {
+            for ((o, g), u) in y[..len].iter_mut().zip(&gate[..len]).zip(&up[..len]) {
+                *o = silu(*g) * u;
+            }
+            Ok(())
+        })
     }
 
     fn sigmoid_mul(&self, x: &mut Vec<f32>, gate: &Vec<f32>, len: usize) -> Result<()> {
-        for (v, g) in x[..len].iter_mut().zip(&gate[..len]) {
-            *v *= sigmoid(*g);
-        }
-        Ok(())
+        self.prof.time(Op::Elementwise, || {
+            for (v, g) in x[..len].iter_mut().zip(&gate[..len]) {
+                *v *= sigmoid(*g);
+            }
+            Ok(())
+        })
     }
 
     fn copy(&self, src: &Vec<f32>, dst: &mut Vec<f32>, s: Strided) -> Result<()> {
-        for r in 0..s.rows {
-            let a = s.src_off + r * s.src_stride;
-            let b = s.dst_off + r * s.dst_stride;
-            dst[b..b + s.width].copy_from_slice(&src[a..a + s.width]);
-        }
-        Ok(())
+        self.prof.time(Op::Elementwise, || {
+            for r in 0..s.rows {
+                let a = s.src_off + r * s.src_stride;
+                let b = s.dst_off + r * s.dst_stride;
+                dst[b..b + s.width].copy_from_slice(&src[a..a + s.width]);
+            }
+            Ok(())
+        })
     }
 
     fn rope(&self, x: &mut Vec<f32>, inv_freq: &Vec<f32>, a: RopeArgs) -> Result<()> {
-        attn::rope(x, inv_freq, a);
-        Ok(())
+        self.prof.time(Op::Attention, || {
+            attn::rope(x, inv_freq, a);
+            Ok(())
+        })
     }
 
     fn attention(&self, q: &Vec<f32>, k: &Vec<f32>, v: &Vec<f32>, a: AttnArgs, out: &mut Vec<f32>) -> Result<()> {
-        attn::attention(q, k, v, a, out);
-        Ok(())
+        self.prof.time(Op::Attention, || {
+            attn::attention(q, k, v, a, out);
+            Ok(())
+        })
     }
 
     fn mla_attention(
@@ -247,8 +289,10 @@ impl Backend for CpuBackend {
         a: MlaArgs,
         out: &mut Vec<f32>,
     ) -> Result<()> {
-        attn::mla_attention(q, latent, k_pe, kv_b, a, out);
-        Ok(())
+        self.prof.time(Op::Attention, || {
+            attn::mla_attention(q, latent, k_pe, kv_b, a, out);
+            Ok(())
+        })
     }
 
     fn gated_delta(
@@ -261,8 +305,10 @@ impl Backend for CpuBackend {
         args: DeltaArgs,
         out: &mut Vec<f32>,
     ) -> Result<()> {
-        delta::gated_delta(qkv, a, b, w, state, args, out);
-        Ok(())
+        self.prof.time(Op::Recurrence, || {
+            delta::gated_delta(qkv, a, b, w, state, args, out);
+            Ok(())
+        })
     }
 
     fn moe(&self, m: MoeInputs<'_, Vec<f32>>, a: MoeArgs<'_>, out: &mut Vec<f32>) -> Result<()> {
@@ -276,7 +322,9 @@ impl Backend for CpuBackend {
                 a.n
             )));
         };
-        let routes = crate::model::router::route(a.routing, l, a.n, a.k, bias.map(|_| b));
-        moe::moe(self.kernel, x, &routes, store, a, out)
+        let routes = self.prof.time(Op::MoeRead, || {
+            crate::model::router::route(a.routing, l, a.n, a.k, bias.map(|_| b))
+        });
+        moe::moe(self.kernel, &self.prof, x, &routes, store, a, out)
     }
 }

@@ -6,6 +6,7 @@
 //! on the timing or the number of threads.
 
 use super::matmul::{linear_set_with, Kernel, Product};
+use super::profile::{Op, OpProfile};
 use super::silu;
 use crate::backend::{MoeArgs, Routes};
 use crate::error::{Error, Result};
@@ -35,8 +36,10 @@ pub(crate) fn routed_to(e: u32, ids: &[u32], weights: &[f32], n: usize, k: usize
     r
 }
 
-pub fn moe(
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn moe(
     kernel: Kernel,
+    prof: &OpProfile,
     x: &[f32],
     routes: &Routes,
     store: &ExpertStore,
@@ -47,7 +50,7 @@ pub fn moe(
     ids.sort_unstable();
     ids.dedup();
     let layout = store.layer_layout(a.layer)?;
-    let blobs = store.read(a.layer, &ids)?;
+    let blobs = prof.time(Op::MoeRead, || store.read(a.layer, &ids))?;
     if blobs.len() != ids.len() {
         return Err(Error::Invalid(
             "expert read returned the wrong number of experts".into(),
@@ -61,7 +64,9 @@ pub fn moe(
         .iter()
         .map(|&e| routed_to(e, &routes.ids, &routes.weights, a.n, routes.k))
         .collect();
-    apply(kernel, x, a.n, a.hidden, a.inter, &mats, &routed, out)
+    prof.time(Op::MoeCompute, || {
+        apply(kernel, x, a.n, a.hidden, a.inter, &mats, &routed, out)
+    })
 }
 
 /// `out[t] += Σ w · expert(x[t])` over the experts `mats` and the tokens
