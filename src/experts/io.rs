@@ -147,12 +147,15 @@ impl ExpertFile {
         })
     }
 
-    /// The `len` bytes at `off`.
-    pub fn read(&self, off: u64, len: usize) -> Result<Region> {
+    /// The `len` bytes at `off`. A mapped file hands out a view, after
+    /// asking the kernel to start reading the range when `advise` (the
+    /// compute that follows faults in what is not there yet).
+    pub fn read(&self, off: u64, len: usize, advise: bool) -> Result<Region> {
         if let Some(map) = &self.map {
             let start = off as usize;
-            // Start reading the range now; the compute that follows faults it in.
-            let _ = map.advise_range(Advice::WillNeed, start, len);
+            if advise {
+                let _ = map.advise_range(Advice::WillNeed, start, len);
+            }
             return Ok(Region::new(map.clone(), start, len));
         }
         if self.direct {

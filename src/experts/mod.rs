@@ -20,7 +20,7 @@ use crate::format::packed::{expert_file_name, LayerLayout, Layout, EXPERTS_DIR, 
 use crate::format::Region;
 use io::ExpertFile;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -91,6 +91,12 @@ impl StatsSnapshot {
 struct LayerFile {
     file: ExpertFile,
     layout: LayerLayout,
+    /// Mapped files: the experts whose pages the kernel was already asked
+    /// to read ahead. The hint is a system call that walks the range's
+    /// pages (about 60 µs per MoE layer of 8 experts on the 16-core device
+    /// host, page cache warm); it is given once per expert — mapping is
+    /// chosen when the experts fit in memory, so they stay cached.
+    advised: Box<[AtomicBool]>,
 }
 
 pub struct ExpertStore {
@@ -171,6 +177,7 @@ impl ExpertStore {
             layers.push(Some(LayerFile {
                 file,
                 layout: ll.clone(),
+                advised: (0..layout.num_experts).map(|_| AtomicBool::new(false)).collect(),
             }));
         }
         let pool = rayon::ThreadPoolBuilder::new()
@@ -252,7 +259,10 @@ impl ExpertStore {
         }
         let t0 = Instant::now();
         let reading = self.stats.begin_read();
-        let read = |&e: &u32| lf.file.read(e as u64 * size as u64, size);
+        let read = |&e: &u32| {
+            let advise = !lf.advised[e as usize].swap(true, Ordering::Relaxed);
+            lf.file.read(e as u64 * size as u64, size, advise)
+        };
         // A mapped read is a view (no copy): no need to hand it to the pool.
         let blobs: Result<Vec<Region>> = match self.mode {
             IoMode::Mmap => ids.iter().map(read).collect(),

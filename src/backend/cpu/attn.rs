@@ -33,7 +33,7 @@ fn softmax(s: &mut [f32]) {
     let m = s.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
     let mut sum = 0.0;
     for v in s.iter_mut() {
-        *v = (*v - m).exp();
+        *v = super::vector::exp(*v - m);
         sum += *v;
     }
     for v in s.iter_mut() {

@@ -105,12 +105,12 @@ impl CpuBackend {
 
 #[inline]
 pub(crate) fn silu(x: f32) -> f32 {
-    x / (1.0 + (-x).exp())
+    x / (1.0 + vector::exp(-x))
 }
 
 #[inline]
 pub(crate) fn sigmoid(x: f32) -> f32 {
-    1.0 / (1.0 + (-x).exp())
+    1.0 / (1.0 + vector::exp(-x))
 }
 
 pub(crate) fn rms_norm_row(x: &[f32], w: &[f32], eps: f32, y: &mut [f32]) {
