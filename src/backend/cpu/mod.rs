@@ -114,7 +114,8 @@ pub(crate) fn sigmoid(x: f32) -> f32 {
 }
 
 pub(crate) fn rms_norm_row(x: &[f32], w: &[f32], eps: f32, y: &mut [f32]) {
-    let ss: f32 = x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32;
+    // Eight partial sums (`dot`), not one chain of dependent additions.
+    let ss = vector::dot(x, x) / x.len() as f32;
     let inv = 1.0 / (ss + eps).sqrt();
     for ((o, v), g) in y.iter_mut().zip(x).zip(w) {
         *o = v * inv * g;
