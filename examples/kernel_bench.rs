@@ -206,7 +206,7 @@ fn main() {
         "kernel: {}\n",
         match Kernel::detect_fast() {
             Kernel::Avx512Vnni =>
-                "vnni (fast path) and avx512 (exact) for one-token quantized products, avx2 for the rest (all measured below)",
+                "vnni (fast path) for quantized products, avx512 (exact) for one-token ones, avx2 for the rest (all measured below)",
             Kernel::Avx512 => "avx512 for one-token quantized products, avx2 for the rest (both measured below)",
             Kernel::Avx2 => "avx2",
             Kernel::Scalar => "scalar",
@@ -257,8 +257,7 @@ fn main() {
         for &kernel in &kernels {
             for &n in ns {
                 if n > 1
-                    && (matches!(kernel, Kernel::Avx512 | Kernel::Avx512Vnni)
-                        || (kernel == Kernel::Scalar && Kernel::detect() != Kernel::Scalar))
+                    && (kernel == Kernel::Avx512 || (kernel == Kernel::Scalar && Kernel::detect() != Kernel::Scalar))
                 {
                     continue;
                 }

@@ -59,10 +59,10 @@ pub struct Options {
     pub io_threads: usize,
     /// CPU: threads that compute (0: one per CPU the process may use).
     pub threads: usize,
-    /// CPU: f32 activations in every matrix product. Off, one-token
-    /// quantized products round the activations to 16-bit integers where
-    /// the CPU has AVX-512 VNNI (faster; within SPEC §6's fast-path
-    /// tolerance of the exact products).
+    /// CPU: f32 activations in every matrix product. Off, quantized
+    /// products round the activations to 16-bit integers where the CPU
+    /// has AVX-512 VNNI (faster; within SPEC §6's fast-path tolerance of
+    /// the exact products).
     pub exact: bool,
     /// CUDA: device memory for routed experts (`Auto`: what is free after
     /// the dense weights, less a margin).

@@ -2,7 +2,7 @@
 //! activations rounded to 16-bit integers (AVX-512 VNNI) against the exact
 //! f32 products, on every golden fixture — as the golden test converts it,
 //! and float fixtures also quantized at 2, 4 and 8 bits. Token by token
-//! (decode, where the fast kernel runs), the logits stay within 2e-3
+//! (decode) and as one chunk (prefill), the logits stay within 2e-3
 //! (relative L2) of the exact path's and of transformers' (where the
 //! weights are the reference's), the argmax agrees at every position, and
 //! greedy decoding gives transformers' tokens. On a CPU without VNNI the
@@ -92,6 +92,31 @@ fn check(name: &str, flags: &[&str]) {
                     argmax(&f),
                     argmax(want),
                     "{what}: argmax differs from transformers at {pos}"
+                );
+            }
+            differs |= f != e;
+        }
+        // The whole sequence as one chunk (the multi-token fast kernel).
+        let all_e = exact.session().unwrap().eval_all(&r.tokens, 0).unwrap();
+        let all_f = fast.session().unwrap().eval_all(&r.tokens, 0).unwrap();
+        let vocab = fast.n_vocab();
+        for (pos, (f, e)) in all_f.chunks_exact(vocab).zip(all_e.chunks_exact(vocab)).enumerate() {
+            let err = rel_l2(f, e);
+            worst = worst.max(err);
+            assert!(
+                err <= FAST_TOL,
+                "{what}: chunk position {pos}: fast vs exact relative L2 {err:.3e}"
+            );
+            assert_eq!(
+                argmax(f),
+                argmax(e),
+                "{what}: chunk argmax differs from the exact path at {pos}"
+            );
+            if is_reference {
+                let err = rel_l2(f, &r.logits[pos]);
+                assert!(
+                    err <= FAST_TOL,
+                    "{what}: chunk position {pos}: fast vs transformers {err:.3e}"
                 );
             }
             differs |= f != e;

@@ -33,10 +33,10 @@ pub struct ModelArgs {
     /// CPU: threads that compute (0: one per CPU this process may use).
     #[arg(long, default_value_t = 0, value_name = "N")]
     pub threads: usize,
-    /// CPU: f32 activations in every matrix product. Without it, one-token
-    /// quantized products (decode) round the activations to 16-bit
-    /// integers per group where the CPU has AVX-512 VNNI: faster, and
-    /// within 2e-3 of the exact logits (SPEC §6).
+    /// CPU: f32 activations in every matrix product. Without it, quantized
+    /// products round the activations to 16-bit integers per group where
+    /// the CPU has AVX-512 VNNI: faster, and within 2e-3 of the exact
+    /// logits (SPEC §6).
     #[arg(long)]
     pub exact: bool,
     /// CUDA: device memory for routed experts: auto (free memory less a

@@ -395,7 +395,10 @@ pub fn write_summary(
 /// `, kernel K` on the CPU, with what the fast path does when it runs.
 pub fn kernel_note(model: &Model) -> String {
     match model.cpu_kernel() {
-        Some(k) if !k.is_exact() => format!(", kernel {} (16-bit activations in decode; --exact for f32)", k.name()),
+        Some(k) if !k.is_exact() => format!(
+            ", kernel {} (16-bit activations in quantized products; --exact for f32)",
+            k.name()
+        ),
         Some(k) => format!(", kernel {}", k.name()),
         None => String::new(),
     }

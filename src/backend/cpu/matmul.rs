@@ -3,7 +3,7 @@
 //! rayon pool in blocks of a few tens of KiB of weights; inside a block
 //! each row (group) is decoded once and applied to all `n` inputs. The
 //! kernels live in `qmatvec` (scalar), `simd` (AVX2 + FMA), `simd512`
-//! (AVX-512, up to 16 tokens) and `vnni` (AVX-512 VNNI, one token, 16-bit
+//! (AVX-512, up to 16 tokens) and `vnni` (AVX-512 VNNI, 16-bit
 //! integer activations: the fast path), chosen at run time by the CPU's
 //! features.
 
@@ -37,9 +37,9 @@ pub enum Kernel {
     /// `AVX512_MAX_TOKENS` tokens (decode, batched decode); the AVX2
     /// kernels for everything else.
     Avx512,
-    /// AVX-512 VNNI for quantized products of one token, the activations
-    /// rounded to 16-bit integers per group (not exact: SPEC §6); the
-    /// `Avx512` kernels for everything else.
+    /// AVX-512 VNNI for quantized products (any number of tokens), the
+    /// activations rounded to 16-bit integers per group (not exact: SPEC
+    /// §6); the `Avx512` kernels for everything else.
     Avx512Vnni,
 }
 
@@ -105,7 +105,7 @@ impl Kernel {
     fn for_product(self, mat: &Mat, n: usize) -> Kernel {
         match (self, mat) {
             #[cfg(target_arch = "x86_64")]
-            (Kernel::Avx512Vnni, Mat::Quant(q)) if n == 1 && super::vnni::quant_supported(q) => Kernel::Avx512Vnni,
+            (Kernel::Avx512Vnni, Mat::Quant(q)) if super::vnni::quant_supported(q) => Kernel::Avx512Vnni,
             (Kernel::Avx512Vnni, _) => Kernel::Avx512.for_product(mat, n),
             #[cfg(target_arch = "x86_64")]
             (Kernel::Avx512, Mat::Quant(q)) if n <= AVX512_MAX_TOKENS && super::simd512::quant_supported(q) => {
@@ -295,8 +295,8 @@ fn permuted(kernel: Kernel, q: &qmatvec::QuantMat, x: &[f32]) -> Vec<f32> {
 fn rows_into(kernel: Kernel, mat: &Mat, a: &Acts, r0: usize, out: &mut [f32]) {
     match (kernel, mat) {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: as below; `for_product` chose this kernel for one token
-        // and a layout it takes, and `prepare` quantized x for it.
+        // SAFETY: as below; `for_product` chose this kernel for a layout
+        // it takes, and `prepare` quantized x for it.
         (Kernel::Avx512Vnni, Mat::Quant(q)) => unsafe { super::vnni::quant_rows(q, a, r0, out) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `linear_set_with` checked that the CPU has the features,

@@ -1,5 +1,6 @@
-//! The fast one-token quantized `linear` (decode): AVX-512 VNNI integer
-//! dot products against activations rounded to 16-bit integers per group.
+//! The fast quantized `linear` (decode, and by tiles of four tokens
+//! prefill): AVX-512 VNNI integer dot products against activations
+//! rounded to 16-bit integers per group.
 //!
 //! x is quantized once per call, per group of `group_size` columns:
 //! `x ≈ xs_g · xq` with `xq` in [−32767, 32767] and `xs_g = max|x_g| / 32767`
@@ -106,13 +107,20 @@ unsafe fn quantize_avx512(x: &[f32], xsum: &[f32], gs: usize, bits: usize, out: 
     }
 }
 
-/// Rows `r0..r0 + out.len()` of one token into `out`. `a.xq` must hold
-/// `quantize_x(x, group_size, bits)`.
+/// Rows `r0..` into `out` (`[rows]` for one token, `[rows, n]` for
+/// several). `a.xq` must hold `quantize_x(x, xsum, group_size, bits)`.
 ///
 /// # Safety
 /// `available()` and `quant_supported(m)` must hold, `m` must come from
-/// `Mat::new` (sizes checked), and `a` must be built for it with one token.
+/// `Mat::new` (sizes checked), and `a` must be built for it.
 pub(crate) unsafe fn quant_rows(m: &QuantMat, a: &Acts, r0: usize, out: &mut [f32]) {
+    if a.n > 1 {
+        return match m.bits {
+            2 => quant_tokens::<2>(m, a, r0, out),
+            4 => quant_tokens::<4>(m, a, r0, out),
+            _ => quant_tokens::<8>(m, a, r0, out),
+        };
+    }
     match m.bits {
         2 => quant_matvec::<2>(m, a, r0, out),
         4 => quant_matvec::<4>(m, a, r0, out),
@@ -192,6 +200,114 @@ unsafe fn quant_matvec<const BITS: u32>(m: &QuantMat, a: &Acts, r0: usize, out: 
         *o = _mm512_reduce_add_ps(_mm512_add_ps(tot[0], tot[1]))
             + _mm512_reduce_add_ps(btot)
             + mid * _mm512_reduce_add_ps(ctot);
+    }
+}
+
+/// Several tokens (prefill, batched decode): rows `r0..` into `out`
+/// `[rows, n]`, by tiles of up to four tokens: a tile's activations
+/// (16 KiB for 2048 columns) stay in L1 while the task's rows pass
+/// through it (from memory the first time, from L2 after), each 32-byte
+/// block of weights unpacked once per tile.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn quant_tokens<const BITS: u32>(m: &QuantMat, a: &Acts, r0: usize, out: &mut [f32]) {
+    let n = a.n;
+    let rows = out.len() / n;
+    let pf = super::simd512::prefetch_rows(m.row_bytes());
+    let mut t0 = 0;
+    while t0 < n {
+        for i in 0..rows {
+            let o = &mut out[i * n..(i + 1) * n];
+            let r = r0 + i;
+            if t0 == 0 {
+                let (w, sp, bp) = row_ptrs(m, r);
+                super::simd512::prefetch_row(w, sp, bp, m.row_bytes(), 2 * m.groups(), pf);
+            }
+            match n - t0 {
+                1 => quant_tile::<BITS, 1>(m, a, r, t0, o),
+                2 => quant_tile::<BITS, 2>(m, a, r, t0, o),
+                3 => quant_tile::<BITS, 3>(m, a, r, t0, o),
+                _ => quant_tile::<BITS, 4>(m, a, r, t0, o),
+            }
+        }
+        t0 += (n - t0).min(4);
+    }
+}
+
+/// Row `r`'s weights, scales and biases.
+#[inline(always)]
+unsafe fn row_ptrs(m: &QuantMat, r: usize) -> (*const u8, *const u8, *const u8) {
+    let groups = m.groups();
+    (
+        m.weight.as_ptr().add(r * m.row_bytes()),
+        m.scales.as_ptr().add(2 * r * groups),
+        m.biases.as_ptr().add(2 * r * groups),
+    )
+}
+
+/// Row `r` · tokens `t0..t0 + T` into `o[t0..]`: each 32-byte block of
+/// weights is unpacked once and multiplied into the T tokens' integer
+/// accumulators; a group's sums are scaled into f32 once per token.
+// Index loops with constant bounds: the accumulators stay in registers.
+#[allow(clippy::needless_range_loop)]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+#[inline]
+unsafe fn quant_tile<const BITS: u32, const T: usize>(m: &QuantMat, a: &Acts, r: usize, t0: usize, o: &mut [f32]) {
+    let pb = 8 / BITS as usize;
+    let (gs, groups, cols) = (m.group_size, m.groups(), m.cols);
+    let blocks = gs * BITS as usize / 256; // 32-byte blocks per group
+    let mask = _mm512_set1_epi16((1 << BITS) - 1);
+    let mid = ((1u32 << BITS) - 1) as f32 / 2.0;
+    let xq = a.xq.q.as_ptr().add(t0 * cols);
+    let (xs, resid, xsum) = (
+        a.xq.scale.as_ptr().add(t0 * groups),
+        a.xq.resid.as_ptr().add(t0 * groups),
+        a.xsum.as_ptr().add(t0 * groups),
+    );
+    let (w, sp, bp) = row_ptrs(m, r);
+    let mut d16 = [[0.0f32; 16]; T];
+    let mut tot = [_mm512_setzero_ps(); T];
+    let mut btot = [_mm512_setzero_ps(); T];
+    for g0 in (0..groups).step_by(16) {
+        let gn = (groups - g0).min(16);
+        let lanes: __mmask16 = if gn >= 16 { 0xFFFF } else { (1u16 << gn) - 1 };
+        let s = halves16(sp.add(2 * g0), gn, m.f16_scales);
+        let b = halves16(bp.add(2 * g0), gn, m.f16_scales);
+        for t in 0..T {
+            let at = t * groups + g0;
+            _mm512_storeu_ps(
+                d16[t].as_mut_ptr(),
+                _mm512_mul_ps(s, _mm512_maskz_loadu_ps(lanes, xs.add(at))),
+            );
+            // b·Σx and the middle level's share of the rounding, m·s·resid.
+            btot[t] = _mm512_fmadd_ps(b, _mm512_maskz_loadu_ps(lanes, xsum.add(at)), btot[t]);
+            let c = _mm512_mul_ps(s, _mm512_maskz_loadu_ps(lanes, resid.add(at)));
+            btot[t] = _mm512_fmadd_ps(c, _mm512_set1_ps(mid), btot[t]);
+        }
+        for gi in 0..gn {
+            let g = g0 + gi;
+            let gw = w.add(g * gs * BITS as usize / 8);
+            let mut acc = [_mm512_setzero_si512(); T];
+            for blk in 0..blocks {
+                let mut v = _mm512_cvtepu8_epi16(_mm256_loadu_si256(gw.add(32 * blk) as *const __m256i));
+                for k in 0..pb {
+                    let lv = if k + 1 == pb { v } else { _mm512_and_si512(v, mask) };
+                    let off = g * gs + 32 * pb * blk + 32 * k;
+                    for t in 0..T {
+                        let xv = _mm512_loadu_si512(xq.add(t * cols + off) as *const __m512i);
+                        acc[t] = _mm512_dpwssd_epi32(acc[t], lv, xv);
+                    }
+                    if k + 1 < pb {
+                        v = _mm512_srli_epi16::<BITS>(v);
+                    }
+                }
+            }
+            for t in 0..T {
+                tot[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[t]), _mm512_set1_ps(d16[t][gi]), tot[t]);
+            }
+        }
+    }
+    for t in 0..T {
+        o[t0 + t] = _mm512_reduce_add_ps(tot[t]) + _mm512_reduce_add_ps(btot[t]);
     }
 }
 
