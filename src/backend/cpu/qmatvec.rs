@@ -209,7 +209,13 @@ pub(crate) struct Acts<'a> {
 impl<'a> Acts<'a> {
     pub fn new(x: &'a [f32], n: usize, cols: usize, group_size: Option<usize>) -> Acts<'a> {
         let x = &x[..n * cols];
+        // Several tokens (prefill) in parallel: serial, this is a large
+        // share of a 16-thread product.
         let xsum = match group_size {
+            Some(gs) if n > 1 => {
+                use rayon::prelude::*;
+                x.par_chunks_exact(gs).map(group_sum).collect()
+            }
             Some(gs) => x.chunks_exact(gs).map(group_sum).collect(),
             None => Vec::new(),
         };

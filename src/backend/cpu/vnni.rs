@@ -48,25 +48,43 @@ pub(crate) fn quantize_x(x: &[f32], xsum: &[f32], gs: usize, bits: usize) -> Qua
     if bits == 2 || !available() {
         return super::qmatvec::quantize_x(x, gs, bits);
     }
+    use rayon::prelude::*;
     let mut out = QuantX {
         q: vec![0i16; x.len()],
         scale: vec![0.0; x.len() / gs],
         resid: vec![0.0; x.len() / gs],
     };
-    // SAFETY: AVX-512 is available; every group is `gs` long, a multiple
-    // of 64 columns for these layouts (`quant_supported`), and the outputs
-    // are sized for x.
-    unsafe { quantize_avx512(x, xsum, gs, bits, &mut out) };
+    // Pieces of 64 groups (a token of 4096 columns at g64), in parallel.
+    const PIECE: usize = 64;
+    out.q
+        .par_chunks_mut(PIECE * gs)
+        .zip(out.scale.par_chunks_mut(PIECE).zip(out.resid.par_chunks_mut(PIECE)))
+        .zip(x.par_chunks(PIECE * gs).zip(xsum.par_chunks(PIECE)))
+        .for_each(|((q, (scale, resid)), (x, xsum))| {
+            // SAFETY: AVX-512 is available; every group is `gs` long, a
+            // multiple of 64 columns for these layouts (`quant_supported`),
+            // and each piece's outputs are sized for its x.
+            unsafe { quantize_avx512(x, xsum, gs, bits, q, scale, resid) }
+        });
     out
 }
 
+#[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-unsafe fn quantize_avx512(x: &[f32], xsum: &[f32], gs: usize, bits: usize, out: &mut QuantX) {
+unsafe fn quantize_avx512(
+    x: &[f32],
+    xsum: &[f32],
+    gs: usize,
+    bits: usize,
+    q: &mut [i16],
+    scale: &mut [f32],
+    resid: &mut [f32],
+) {
     // Even and odd columns of two registers (4-bit: the low and high
     // nibbles of 32 bytes are columns 2i and 2i + 1).
     let even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
     let odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
-    for (g, (xg, qg)) in x.chunks_exact(gs).zip(out.q.chunks_exact_mut(gs)).enumerate() {
+    for (g, (xg, qg)) in x.chunks_exact(gs).zip(q.chunks_exact_mut(gs)).enumerate() {
         let xp = xg.as_ptr();
         let mut m = _mm512_setzero_ps();
         for c in (0..gs).step_by(16) {
@@ -74,9 +92,9 @@ unsafe fn quantize_avx512(x: &[f32], xsum: &[f32], gs: usize, bits: usize, out: 
         }
         let amax = _mm512_reduce_max_ps(m);
         let s = amax / 32767.0;
-        out.scale[g] = s;
+        scale[g] = s;
         if amax == 0.0 || !amax.is_finite() {
-            out.resid[g] = 0.0;
+            resid[g] = 0.0;
             continue;
         }
         let inv = _mm512_set1_ps(32767.0 / amax);
@@ -103,7 +121,7 @@ unsafe fn quantize_avx512(x: &[f32], xsum: &[f32], gs: usize, bits: usize, out: 
             }
         }
         let sq = _mm512_reduce_add_epi32(sq) as f64;
-        out.resid[g] = (xsum[g] as f64 - s as f64 * sq) as f32;
+        resid[g] = (xsum[g] as f64 - s as f64 * sq) as f32;
     }
 }
 
