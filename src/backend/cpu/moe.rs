@@ -113,46 +113,50 @@ pub(crate) fn apply(
         }
     };
     // [m, inter] each.
-    let mut g: Vec<Vec<f32>> = routed.iter().map(|r| vec![0.0; r.toks.len() * inter]).collect();
-    let mut u: Vec<Vec<f32>> = routed.iter().map(|r| vec![0.0; r.toks.len() * inter]).collect();
-    let mut ps: Vec<Product> = Vec::with_capacity(2 * mats.len());
-    for (i, (gi, ui)) in g.iter_mut().zip(u.iter_mut()).enumerate() {
-        let m = routed[i].toks.len();
-        let [gate, up, _] = &mats[i];
-        ps.push(Product {
-            w: gate,
-            x: input(i),
-            n: m,
-            y: gi,
-        });
-        ps.push(Product {
-            w: up,
-            x: input(i),
-            n: m,
-            y: ui,
-        });
-    }
-    linear_set_with(kernel, &mut ps)?;
-    drop(ps);
-    g.par_iter_mut().zip(&u).for_each(|(gi, ui)| {
-        for (gv, uv) in gi.iter_mut().zip(ui) {
-            *gv = silu(*gv) * uv;
-        }
-    });
-    // [m, hidden] each.
-    let mut d: Vec<Vec<f32>> = routed.iter().map(|r| vec![0.0; r.toks.len() * h]).collect();
-    let mut ps: Vec<Product> = d
-        .iter_mut()
-        .enumerate()
-        .map(|(i, di)| Product {
-            w: &mats[i][2],
-            x: &g[i],
-            n: routed[i].toks.len(),
-            y: di,
+    // Each expert on its own: gate and up, SwiGLU, down ([m, hidden]).
+    // The experts run in parallel and each one's products split their
+    // rows among the threads, so a thread done with one expert's rows
+    // takes another's instead of waiting at a barrier between the gate/up
+    // products of all experts and their down products.
+    let d: Vec<Vec<f32>> = (0..mats.len())
+        .into_par_iter()
+        .map(|i| -> Result<Vec<f32>> {
+            let m = routed[i].toks.len();
+            let [gate, up, down] = &mats[i];
+            let (mut g, mut u) = (vec![0.0f32; m * inter], vec![0.0f32; m * inter]);
+            linear_set_with(
+                kernel,
+                &mut [
+                    Product {
+                        w: gate,
+                        x: input(i),
+                        n: m,
+                        y: &mut g,
+                    },
+                    Product {
+                        w: up,
+                        x: input(i),
+                        n: m,
+                        y: &mut u,
+                    },
+                ],
+            )?;
+            for (gv, uv) in g.iter_mut().zip(&u) {
+                *gv = silu(*gv) * uv;
+            }
+            let mut d = vec![0.0f32; m * h];
+            linear_set_with(
+                kernel,
+                &mut [Product {
+                    w: down,
+                    x: &g,
+                    n: m,
+                    y: &mut d,
+                }],
+            )?;
+            Ok(d)
         })
-        .collect();
-    linear_set_with(kernel, &mut ps)?;
-    drop(ps);
+        .collect::<Result<_>>()?;
     // Each token adds its experts' rows in expert order, as one pass over
     // the experts would: the same sums, tokens in parallel.
     let mut of_token: Vec<Vec<(usize, usize)>> = vec![Vec::new(); n];
