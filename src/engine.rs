@@ -59,10 +59,12 @@ pub struct Options {
     pub io_threads: usize,
     /// CPU: threads that compute (0: one per CPU the process may use).
     pub threads: usize,
-    /// CPU: f32 activations in every matrix product. Off, quantized
-    /// products round the activations to 16-bit integers where the CPU
-    /// has AVX-512 VNNI (faster; within SPEC §6's fast-path tolerance of
-    /// the exact products).
+    /// f32 activations in every matrix product. Off, quantized products on
+    /// the CPU round the activations to 16-bit integers where the CPU has
+    /// AVX-512 VNNI, and CUDA prefill products run on tensor cores with
+    /// f16 weights and activations (`CudaOptions::tensor_cores`); both
+    /// are faster, and within SPEC §6's fast-path tolerance of the exact
+    /// products.
     pub exact: bool,
     /// CUDA: device memory for routed experts (`Auto`: what is free after
     /// the dense weights, less a margin).
@@ -162,7 +164,11 @@ fn open_cuda(
     opts: &Options,
 ) -> Result<(Net<CudaBackend>, CacheReport)> {
     let codes = crate::backend::cuda::format_codes(&wf.manifest, store.layout());
-    let b = CudaBackend::for_formats(ordinal, &codes, &opts.cuda, &opts.notify)?;
+    let cuda = CudaOptions {
+        tensor_cores: opts.cuda.tensor_cores && !opts.exact,
+        ..opts.cuda.clone()
+    };
+    let b = CudaBackend::for_formats(ordinal, &codes, &cuda, &opts.notify)?;
     opts.notify
         .say(&format!("device: cuda:{ordinal} ({})", b.device_name()));
     let net = Net::load(b, config, wf)?;
@@ -339,6 +345,14 @@ impl Model {
         match &self.engine {
             Engine::Cpu(_) => "cpu",
             Engine::Cuda(_) => "cuda",
+        }
+    }
+    /// On CUDA, whether prefill products run on tensor cores (SPEC §6's
+    /// fast path); None on the CPU.
+    pub fn cuda_tensor_cores(&self) -> Option<bool> {
+        match &self.engine {
+            Engine::Cpu(_) => None,
+            Engine::Cuda(n) => Some(n.b.tensor_cores()),
         }
     }
     /// The CPU backend's product kernel (None on CUDA).

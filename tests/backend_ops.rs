@@ -8,6 +8,8 @@
 mod fused;
 #[path = "backend_ops/reference.rs"]
 mod reference;
+#[path = "backend_ops/tensor.rs"]
+mod tensor;
 #[path = "common/trials.rs"]
 mod trials;
 #[path = "backend_ops/util.rs"]
@@ -15,7 +17,7 @@ mod util;
 
 use fused::{check_add_rms_norm, check_linear_many, check_swiglu_linear};
 use moeflux::backend::cpu::CpuBackend;
-use moeflux::backend::cuda::CudaBackend;
+use moeflux::backend::cuda::{CudaBackend, CudaOptions};
 use moeflux::backend::{
     AttnArgs, Backend, DeltaArgs, DeltaState, DeltaWeights, MlaArgs, MoeArgs, MoeInputs, RopeArgs, Strided,
 };
@@ -425,64 +427,82 @@ pub fn check_moe<B: Backend>(b: &B) {
         ),
     ];
     for (bits, n, k, routing) in &cases {
-        let (bits, n, k) = (*bits, *n, *k);
-        let (hidden, inter, ne, gs) = (128, 64, 6, 32);
-        let dir = tempfile::tempdir().expect("tempdir");
-        let (store, experts) = write_experts(&mut rng, dir.path(), hidden, inter, ne, bits, gs);
-        let x = rng.vec(n * hidden, 1.0);
-        let out0 = rng.vec(n * hidden, 1.0);
-        let logits = rng.vec(n * ne, 3.0);
-        let bias = matches!(routing, Routing::NoauxTc { .. }).then(|| rng.vec(ne, 0.5));
-        let routes = route(routing, &logits, n, k, bias.as_deref());
-        let bias_buf = bias.as_ref().map(|v| up(b, v));
-        let mut out = up(b, &out0);
-        let (xb, lb) = (up(b, &x), up(b, &logits));
-        let m = MoeInputs {
-            x: &xb,
-            logits: &lb,
-            bias: bias_buf.as_ref(),
-            store: &store,
-            hint: None,
-        };
-        b.moe(
-            m,
-            MoeArgs {
-                layer: 1,
-                n,
-                hidden,
-                inter,
-                n_experts: ne,
-                k,
-                routing,
-            },
-            &mut out,
-        )
-        .expect("moe");
-        let mut want: Vec<f64> = out0.iter().map(|&v| v as f64).collect();
-        for t in 0..n {
-            let xt = &x[t * hidden..(t + 1) * hidden];
-            for j in 0..k {
-                let [gate, upm, down] = &experts[routes.ids[t * k + j] as usize];
-                let g = reference::linear(gate, inter, hidden, xt, 1);
-                let u = reference::linear(upm, inter, hidden, xt, 1);
-                let act: Vec<f32> = g
-                    .iter()
-                    .zip(&u)
-                    .map(|(a, c)| (a / (1.0 + (-a).exp()) * c) as f32)
-                    .collect();
-                let d = reference::linear(down, hidden, inter, &act, 1);
-                for (o, dv) in want[t * hidden..(t + 1) * hidden].iter_mut().zip(&d) {
-                    *o += routes.weights[t * k + j] as f64 * dv;
-                }
+        moe_case(b, &mut rng, (*bits, 32), (128, 64, 6), *n, *k, routing, 5e-6);
+    }
+}
+
+/// One MoE step of `n` tokens through `ne` random experts of
+/// `[inter, hidden]` / `[hidden, inter]` (`bits`, group `gs`), each token
+/// to `k` of them, against the reference within `tol`; returns the
+/// backend's output and its relative L2 error.
+#[allow(clippy::too_many_arguments)]
+pub fn moe_case<B: Backend>(
+    b: &B,
+    rng: &mut Rng,
+    (bits, gs): (usize, usize),
+    (hidden, inter, ne): (usize, usize, usize),
+    n: usize,
+    k: usize,
+    routing: &Routing,
+    tol: f64,
+) -> (Vec<f32>, f64) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (store, experts) = write_experts(rng, dir.path(), hidden, inter, ne, bits, gs);
+    let x = rng.vec(n * hidden, 1.0);
+    let out0 = rng.vec(n * hidden, 1.0);
+    let logits = rng.vec(n * ne, 3.0);
+    let bias = matches!(routing, Routing::NoauxTc { .. }).then(|| rng.vec(ne, 0.5));
+    let routes = route(routing, &logits, n, k, bias.as_deref());
+    let bias_buf = bias.as_ref().map(|v| up(b, v));
+    let mut out = up(b, &out0);
+    let (xb, lb) = (up(b, &x), up(b, &logits));
+    let m = MoeInputs {
+        x: &xb,
+        logits: &lb,
+        bias: bias_buf.as_ref(),
+        store: &store,
+        hint: None,
+    };
+    b.moe(
+        m,
+        MoeArgs {
+            layer: 1,
+            n,
+            hidden,
+            inter,
+            n_experts: ne,
+            k,
+            routing,
+        },
+        &mut out,
+    )
+    .expect("moe");
+    let mut want: Vec<f64> = out0.iter().map(|&v| v as f64).collect();
+    for t in 0..n {
+        let xt = &x[t * hidden..(t + 1) * hidden];
+        for j in 0..k {
+            let [gate, upm, down] = &experts[routes.ids[t * k + j] as usize];
+            let g = reference::linear(gate, inter, hidden, xt, 1);
+            let u = reference::linear(upm, inter, hidden, xt, 1);
+            let act: Vec<f32> = g
+                .iter()
+                .zip(&u)
+                .map(|(a, c)| (a / (1.0 + (-a).exp()) * c) as f32)
+                .collect();
+            let d = reference::linear(down, hidden, inter, &act, 1);
+            for (o, dv) in want[t * hidden..(t + 1) * hidden].iter_mut().zip(&d) {
+                *o += routes.weights[t * k + j] as f64 * dv;
             }
         }
-        close(
-            &format!("moe q{bits} n={n} k={k} {routing:?}"),
-            &run(b, &out, n * hidden),
-            &want,
-            5e-6,
-        );
     }
+    let got = run(b, &out, n * hidden);
+    let err = close(
+        &format!("moe q{bits} gs{gs} [{hidden}, {inter}] x{ne} n={n} k={k} {routing:?}"),
+        &got,
+        &want,
+        tol,
+    );
+    (got, err)
 }
 
 /// One op's check on a backend.
@@ -506,8 +526,22 @@ fn checks<B: Backend>() -> Vec<(&'static str, Check<B>)> {
     ]
 }
 
-/// The CUDA backend, opened once per test binary (only where a device is).
+/// The CUDA backend with f32 products everywhere (`exact`), opened once
+/// per test binary (only where a device is).
 fn cuda() -> &'static CudaBackend {
+    static B: OnceLock<CudaBackend> = OnceLock::new();
+    B.get_or_init(|| {
+        let opts = CudaOptions {
+            tensor_cores: false,
+            ..CudaOptions::default()
+        };
+        CudaBackend::with_options(0, &opts).expect("open CUDA device 0")
+    })
+}
+
+/// The CUDA backend as models open it by default: prefill products on
+/// tensor cores where the device has them.
+fn cuda_tc() -> &'static CudaBackend {
     static B: OnceLock<CudaBackend> = OnceLock::new();
     B.get_or_init(|| CudaBackend::new(0).expect("open CUDA device 0"))
 }
@@ -520,6 +554,10 @@ fn main() {
     for (name, check) in checks::<CudaBackend>() {
         all.push(trials::cuda(format!("cuda::{name}"), move || check(cuda())));
     }
+    all.push(trials::cuda("cuda::linear_tc", || {
+        tensor::check_linear_tc(cuda_tc(), cuda())
+    }));
+    all.push(trials::cuda("cuda::moe_tc", || tensor::check_moe_tc(cuda_tc(), cuda())));
     all.extend(cpu_kernels::trials());
     trials::run(all)
 }

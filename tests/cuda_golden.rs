@@ -2,9 +2,10 @@
 //! 2e-3 and equal argmax at every position), token by token against the
 //! chunk, and the expert cache: every expert resident, a cache of three
 //! slots (misses, evictions, experts split across chunks) and half the
-//! experts with prefetch on and off must give bit-identical logits. On a
-//! machine without a GPU the CUDA tests are counted as ignored (a
-//! `libtest-mimic` harness, `common/trials.rs`).
+//! experts with prefetch on and off must give bit-identical logits — all
+//! on the exact (f32) path. The fast path (prefill products on tensor
+//! cores) against it: `fast_*`. On a machine without a GPU the CUDA tests
+//! are counted as ignored (a `libtest-mimic` harness, `common/trials.rs`).
 
 mod common;
 
@@ -33,12 +34,24 @@ fn cuda_options() -> CudaOptions {
     }
 }
 
+/// The model on CUDA with exact (f32) products.
 fn open(dir: &std::path::Path, cache: CacheSize, prefetch: bool, hybrid: Hybrid) -> Model {
     let opts = Options {
         device: Device::Cuda(0),
         expert_cache: cache,
         prefetch,
         hybrid,
+        exact: true,
+        cuda: cuda_options(),
+        ..Options::default()
+    };
+    Model::open(dir, &opts).expect("open converted model on CUDA")
+}
+
+/// The model on CUDA as it opens by default (the fast path).
+fn open_fast(dir: &std::path::Path) -> Model {
+    let opts = Options {
+        device: Device::Cuda(0),
         cuda: cuda_options(),
         ..Options::default()
     };
@@ -158,6 +171,71 @@ fn check(name: &str, flags: &[&str]) {
     }
 }
 
+/// Tokens of a prompt long enough for the tensor cores (more than 16): the
+/// reference's, again and again.
+const FAST_PROMPT: usize = 48;
+
+/// SPEC §6's fast path on CUDA: a 48-token chunk with its products on
+/// tensor cores against the exact path (every position within 2e-3, the
+/// same argmax), its first positions against transformers, and greedy
+/// decoding after a 24-token prompt against the exact path's.
+fn check_fast(name: &str, flags: &[&str]) {
+    let tmp = tempfile::tempdir().unwrap();
+    let dst = tmp.path().join("packed");
+    convert(name, &dst, flags);
+    let r = reference(name);
+    let (exact, fast) = (open(&dst, CacheSize::Auto, true, Hybrid::Off), open_fast(&dst));
+    let tokens: Vec<u32> = r.tokens.iter().cycle().take(FAST_PROMPT).copied().collect();
+    let e = exact.session().unwrap().eval_all(&tokens, 0).unwrap();
+    let f = fast.session().unwrap().eval_all(&tokens, 0).unwrap();
+    let vocab = fast.n_vocab();
+    let mut worst = 0.0f64;
+    for (pos, (fp, ep)) in f.chunks_exact(vocab).zip(e.chunks_exact(vocab)).enumerate() {
+        let err = rel_l2(fp, ep);
+        worst = worst.max(err);
+        assert!(
+            err <= GPU_TOL,
+            "{name}: position {pos}: fast vs exact relative L2 {err:.3e}"
+        );
+        assert_eq!(
+            argmax(fp),
+            argmax(ep),
+            "{name}: argmax differs from the exact path at {pos}"
+        );
+        if let Some(want) = r.logits.get(pos) {
+            let err = rel_l2(fp, want);
+            assert!(err <= GPU_TOL, "{name}: position {pos}: fast vs transformers {err:.3e}");
+            assert_eq!(
+                argmax(fp),
+                argmax(want),
+                "{name}: argmax differs from transformers at {pos}"
+            );
+        }
+    }
+    assert!(
+        bits(&f) != bits(&e),
+        "{name}: the fast path gave the exact logits (did it run?)"
+    );
+    eprintln!("{name}: CUDA fast vs exact, worst relative L2 over {FAST_PROMPT} positions: {worst:.2e}");
+    let greedy = |m: &Model| {
+        let mut s = m.session().unwrap();
+        let prompt = &tokens[..24];
+        let mut logits = s.eval_prompt(prompt, 0).unwrap();
+        let mut out = Vec::new();
+        for i in 0..8 {
+            let t = argmax(&logits) as u32;
+            out.push(t);
+            logits = s.eval_token(t, prompt.len() + i).unwrap();
+        }
+        out
+    };
+    assert_eq!(
+        greedy(&fast),
+        greedy(&exact),
+        "{name}: greedy tokens differ from the exact path"
+    );
+}
+
 fn devices_parse() {
     assert_eq!("cuda".parse::<Device>().unwrap(), Device::Cuda(0));
     assert_eq!("cuda:3".parse::<Device>().unwrap(), Device::Cuda(3));
@@ -184,6 +262,9 @@ fn main() {
     macro_rules! golden_trial {
         ($name:ident, $fixture:expr, $flags:expr) => {
             all.push(trials::cuda(stringify!($name), || check($fixture, $flags)));
+            all.push(trials::cuda(concat!("fast_", stringify!($name)), || {
+                check_fast($fixture, $flags)
+            }));
         };
     }
     crate::for_each_golden_fixture!(golden_trial!());

@@ -509,6 +509,10 @@ fn print_cuda(
     h2d: f64,
 ) -> anyhow::Result<()> {
     let gpu = model.gpu_name().unwrap_or("?");
+    let prefill = match model.cuda_tensor_cores() {
+        Some(true) => "tensor cores (split f16)",
+        _ => "f32 (exact)",
+    };
     let cache = model.expert_cache();
     let split = cache.and_then(|c| c.split);
     let cache_desc = match cache {
@@ -553,14 +557,14 @@ fn print_cuda(
             out,
             "{}",
             serde_json::json!({"model": model.name(), "synth_routing": moeflux::synth::synth_routing(&a.model.model).map(|r| r.name()),
-                "device": format!("{} ({gpu})", a.model.device), "expert_cache": cache_desc,
+                "device": format!("{} ({gpu})", a.model.device), "prefill_products": prefill, "expert_cache": cache_desc,
                 "hybrid": split.map(|m| m.describe()), "load_s": load_s, "h2d_pinned_gb_s": h2d, "results": j})
         )?;
         return Ok(());
     }
     writeln!(
         out,
-        "model {}{} | device cuda ({gpu}) | expert cache {cache_desc} | load {load_s:.1} s | pinned H2D {h2d:.1} GB/s",
+        "model {}{} | device cuda ({gpu}) | prefill products {prefill} | expert cache {cache_desc} | load {load_s:.1} s | pinned H2D {h2d:.1} GB/s",
         model.name(),
         routing_note(&a.model.model)
     )?;

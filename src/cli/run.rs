@@ -392,8 +392,14 @@ pub fn write_summary(
     }
 }
 
-/// `, kernel K` on the CPU, with what the fast path does when it runs.
+/// `, kernel K` on the CPU, with what the fast path does when it runs;
+/// on CUDA, whether prefill runs on tensor cores.
 pub fn kernel_note(model: &Model) -> String {
+    match model.cuda_tensor_cores() {
+        Some(true) => return ", prefill products on tensor cores (split f16, f32 sums; --exact for f32)".into(),
+        Some(false) => return String::new(),
+        None => {}
+    }
     match model.cpu_kernel() {
         Some(k) if !k.is_exact() => format!(
             ", kernel {} (16-bit activations in quantized products; --exact for f32)",

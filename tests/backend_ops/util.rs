@@ -33,7 +33,7 @@ impl Rng {
 
 /// `‖got − want‖/‖want‖` and `max|got − want| / max|want|` must both be
 /// within `tol` (0: exact).
-pub fn close(what: &str, got: &[f32], want: &[f64], tol: f64) {
+pub fn close(what: &str, got: &[f32], want: &[f64], tol: f64) -> f64 {
     assert_eq!(got.len(), want.len(), "{what}: lengths differ");
     let (mut num, mut den, mut maxd, mut maxw) = (0.0f64, 0.0f64, 0.0f64, 0.0f64);
     for (&g, &w) in got.iter().zip(want) {
@@ -50,6 +50,7 @@ pub fn close(what: &str, got: &[f32], want: &[f64], tol: f64) {
         rel <= tol && rmax <= tol,
         "{what}: rel L2 error {rel:.3e}, max error {rmax:.3e} of max |want|, tolerance {tol:.0e}"
     );
+    rel
 }
 
 /// A quantized `[rows, cols]` matrix as its three byte arrays, and the

@@ -19,30 +19,32 @@ use std::ffi::{c_char, CStr, CString};
 use std::path::PathBuf;
 
 /// The sources of the base module, in the order they are concatenated.
-const SOURCES: [&str; 6] = [
+const SOURCES: [&str; 7] = [
     include_str!("kernels/common.cuh"),
     include_str!("kernels/matvec.cu"),
     include_str!("kernels/elementwise.cu"),
     include_str!("kernels/attention.cu"),
     include_str!("kernels/delta.cu"),
     include_str!("kernels/moe.cu"),
+    include_str!("kernels/tensor.cu"),
 ];
 
 /// The sources of a format module: the files that hold `FOR_FMT` kernels.
 /// (`elementwise.cu`, `attention.cu` and `delta.cu` hold none.)
-const FORMAT_SOURCES: [&str; 3] = [
+const FORMAT_SOURCES: [&str; 4] = [
     include_str!("kernels/common.cuh"),
     include_str!("kernels/matvec.cu"),
     include_str!("kernels/moe.cu"),
+    include_str!("kernels/tensor.cu"),
 ];
 
 /// Every weight format code (`FMT_*` in `kernels/common.cuh`, `+ 8` for f16
 /// scales).
 pub const FORMAT_CODES: [i32; 9] = [0, 1, 2, 3, 4, 5, 3 + 8, 4 + 8, 5 + 8];
 
-/// The format-dependent kernel groups (`FG_MATVEC` … `FG_MOE_DOWN_COMBINE`
-/// in `kernels/common.cuh`), each compiled as one module per format.
-const FORMAT_GROUPS: std::ops::Range<i32> = 0..5;
+/// The format-dependent kernel groups (`FG_MATVEC` … `FG_TC` in
+/// `kernels/common.cuh`), each compiled as one module per format.
+const FORMAT_GROUPS: std::ops::Range<i32> = 0..6;
 
 /// One compiled module.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -89,6 +89,9 @@ pub(crate) struct Gpu {
     pdl: bool,
     /// The current forward pass is small enough for PDL (`PDL_MAX_TOKENS`).
     pub pdl_pass: AtomicBool,
+    /// Prefill products run on tensor cores (`CudaOptions::tensor_cores`
+    /// and compute capability 8.0 or later; see `tensor.rs`).
+    pub tensor_cores: bool,
 }
 
 #[derive(Default)]
@@ -149,6 +152,24 @@ impl Gpu {
             })
             .collect::<Result<Vec<_>>>()?;
         let k = Kernels { base, formats };
+        let tensor_cores = cc.0 >= 8 && opts.tensor_cores;
+        if tensor_cores {
+            // The tensor-core kernels take more shared memory than a block
+            // gets without asking.
+            for (_, f) in &k.formats {
+                for func in [f.gemm_tc, f.moe_up_tc, f.moe_down_tc] {
+                    // SAFETY: a function of a loaded module; a plain attribute.
+                    unsafe {
+                        sys::cuFuncSetAttribute(
+                            func,
+                            sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                            super::tensor::TC_SMEM_BYTES as i32,
+                        )
+                    }
+                    .check("shared memory of the tensor-core kernels")?;
+                }
+            }
+        }
         let mut stream = std::ptr::null_mut();
         let mut copy = std::ptr::null_mut();
         let flags = sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32;
@@ -187,6 +208,7 @@ impl Gpu {
             segments: Mutex::new(Segments::default()),
             pdl: cc.0 >= 9 && opts.pdl,
             pdl_pass: AtomicBool::new(true),
+            tensor_cores,
             opts: opts.clone(),
         }))
     }

@@ -39,6 +39,7 @@ kernels!(
         moe_route,
         moe_route_warp,
         moe_combine,
+        to_half,
     }
 );
 
@@ -54,6 +55,9 @@ kernels!(
         moe_up_routed,
         moe_down,
         moe_down_combine,
+        gemm_tc,
+        moe_up_tc,
+        moe_down_tc,
     }
 );
 

@@ -291,7 +291,7 @@ impl CudaMatrix {
     }
 
     /// `y[n, rows] = x[n, cols] · Wᵀ`.
-    pub(crate) fn linear(&self, gpu: &Gpu, x: &CudaBuf, n: usize, y: &mut CudaBuf) -> Result<()> {
+    pub(crate) fn linear(&self, gpu: &Arc<Gpu>, x: &CudaBuf, n: usize, y: &mut CudaBuf) -> Result<()> {
         let (rows, cols) = (self.rows, self.cols);
         x.want(&format!("linear [{rows}, {cols}] input"), n * cols)?;
         y.want(&format!("linear [{rows}, {cols}] output"), n * rows)?;
@@ -320,6 +320,8 @@ impl CudaMatrix {
             let grid = (rows.div_ceil(8) as u32, n.div_ceil(t) as u32, 1);
             let n = n as i32;
             gpu.launch(f, grid, 64, 0, cuda_args![arg, xp, yp, n])
+        } else if super::tensor::takes(gpu, arg.fmt, arg.gs_shift, cols, arg.vec == 1) {
+            super::tensor::gemm(gpu, arg, xp, n, yp)
         } else {
             // Tiles of GEMM_ROWS × GEMM_TOKENS outputs.
             let (gx, gy) = (rows.div_ceil(GEMM_ROWS) as u32, n.div_ceil(GEMM_TOKENS) as u32);
@@ -339,7 +341,7 @@ impl CudaMatrix {
     /// MQ_SET to a launch (each row's arithmetic is the one `linear`
     /// does); the others run one `linear` each.
     pub(crate) fn linear_many(
-        gpu: &Gpu,
+        gpu: &Arc<Gpu>,
         ws: &[&CudaMatrix],
         x: &CudaBuf,
         n: usize,

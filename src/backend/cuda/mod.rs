@@ -19,6 +19,7 @@ mod matrix;
 mod moe;
 mod ops;
 mod probe;
+mod tensor;
 
 pub use buf::CudaBuf;
 use cache::SlotBudget;
@@ -145,6 +146,10 @@ pub struct CudaOptions {
     /// Where compiled kernels are kept (`None`:
     /// `$XDG_CACHE_HOME/moeflux/kernels`, else `~/.cache/moeflux/kernels`).
     pub kernel_cache: Option<std::path::PathBuf>,
+    /// Prefill products on tensor cores (compute capability 8.0 and later):
+    /// weights and activations rounded to f16, sums in f32, SPEC §6's fast
+    /// path. Off (`Options::exact`), every product runs in f32.
+    pub tensor_cores: bool,
 }
 
 impl Default for CudaOptions {
@@ -155,6 +160,7 @@ impl Default for CudaOptions {
             staging: false,
             copy_piece_bytes: 512 << 10,
             kernel_cache: None,
+            tensor_cores: true,
         }
     }
 }
@@ -180,6 +186,11 @@ impl CudaBackend {
             gpu: Gpu::open(ordinal, codes, opts, notify)?,
             cache: OnceLock::new(),
         })
+    }
+
+    /// Whether prefill products run on tensor cores (SPEC §6's fast path).
+    pub fn tensor_cores(&self) -> bool {
+        self.gpu.tensor_cores
     }
 
     /// The device's name, e.g. "NVIDIA H100 80GB HBM3".

@@ -14,6 +14,7 @@ use super::cache::ExpertCache;
 use super::driver::{Gpu, MAX_GRID_Y};
 use super::hybrid::{self, HostStep, HYBRID_TOKENS};
 use super::matrix::{group_shift, Format, F16_SCALES};
+use super::tensor::{self, Half, TC_BM, TC_SMEM_BYTES, TC_THREADS};
 use crate::backend::{MoeArgs, MoeInputs};
 use crate::config::Routing;
 use crate::cuda_args;
@@ -197,6 +198,8 @@ fn route(
 /// Where the expert kernels find their groups.
 struct Groups {
     n: usize,
+    /// Pairs in all the groups.
+    n_pairs: usize,
     ptrs: u64,
     starts: u64,
     counts: u64,
@@ -261,8 +264,22 @@ fn launch_up(gpu: &Gpu, el: ELayout, x: &CudaBuf, h: &CudaBuf, g: &Groups, a: &M
     )
 }
 
-/// gate/up, then down into d, for every pair of the (host-made) groups.
-fn run_experts(gpu: &Gpu, el: ELayout, x: &CudaBuf, h: &CudaBuf, d: &CudaBuf, g: &Groups, a: &MoeArgs) -> Result<()> {
+/// gate/up, then down into d, for every pair of the (host-made) groups:
+/// on tensor cores from `xh` (x in f16) when given.
+#[allow(clippy::too_many_arguments)]
+fn run_experts(
+    gpu: &Arc<Gpu>,
+    el: ELayout,
+    x: &CudaBuf,
+    xh: Option<&Half>,
+    h: &CudaBuf,
+    d: &CudaBuf,
+    g: &Groups,
+    a: &MoeArgs,
+) -> Result<()> {
+    if let Some(xh) = xh {
+        return run_experts_tc(gpu, el, xh, h, d, g, a);
+    }
     launch_up(gpu, el, x, h, g, a)?;
     let (hid, inter) = (a.hidden as i32, a.inter as i32);
     let (hp, dp) = (h.read(gpu)?, d.write(gpu, d.len())?);
@@ -277,6 +294,57 @@ fn run_experts(gpu: &Gpu, el: ELayout, x: &CudaBuf, h: &CudaBuf, d: &CudaBuf, g:
         smem,
         cuda_args![el, hp, dp, gp, gs, gc, pp, hid, inter, stage],
     )
+}
+
+/// run_experts on tensor cores (kernels/tensor.cu): gate/up from x in
+/// f16, h's rows of these pairs in f16, then down.
+fn run_experts_tc(
+    gpu: &Arc<Gpu>,
+    el: ELayout,
+    xh: &Half,
+    h: &CudaBuf,
+    d: &CudaBuf,
+    g: &Groups,
+    a: &MoeArgs,
+) -> Result<()> {
+    if g.n > MAX_GRID_Y {
+        return Err(Error::Invalid(format!(
+            "{} expert groups in one launch (at most {MAX_GRID_Y})",
+            g.n
+        )));
+    }
+    let (hid, inter, k) = (a.hidden as i32, a.inter as i32, a.k as i32);
+    let (gp, gs, gc, pp) = (g.ptrs, g.starts, g.counts, g.pairs);
+    let (xa, hp) = (xh.arg, h.write(gpu, h.len())?);
+    // Tiles of TC_BM/2 rows of gate and of up.
+    let grid = (a.inter.div_ceil(TC_BM / 2) as u32, g.n as u32, 1);
+    let f = gpu.k.fmt(el.fmt)?;
+    gpu.launch(
+        f.moe_up_tc,
+        grid,
+        TC_THREADS,
+        TC_SMEM_BYTES,
+        cuda_args![el, xa, hp, gp, gs, gc, pp, k, hid, inter],
+    )?;
+    let sums = tensor::sums_for(el.fmt, el.gs_shift);
+    let hh = tensor::to_half(gpu, hp, Some(pp), g.n_pairs, a.n * a.k, a.inter, sums)?;
+    let (ha, dp) = (hh.arg, d.write(gpu, d.len())?);
+    let grid = (a.hidden.div_ceil(TC_BM) as u32, g.n as u32, 1);
+    gpu.launch(
+        f.moe_down_tc,
+        grid,
+        TC_THREADS,
+        TC_SMEM_BYTES,
+        cuda_args![el, ha, dp, gp, gs, gc, pp, hid, inter],
+    )
+}
+
+/// Whether a step of `n` tokens through experts of layout `el` runs on
+/// tensor cores.
+fn experts_tc(gpu: &Gpu, el: &ELayout, n: usize, a: &MoeArgs) -> bool {
+    n >= tensor::MIN_TOKENS
+        && tensor::takes(gpu, el.fmt, el.gs_shift, a.hidden, el.vec == 1)
+        && tensor::takes(gpu, el.fmt, el.gs_shift, a.inter, el.vec == 1)
 }
 
 /// Host-side grouping: the distinct experts in order, and for each the
@@ -425,6 +493,15 @@ fn grouped(
             &own
         }
     };
+    // x in f16 once for every launch of the step, when the experts run on
+    // tensor cores.
+    let x16 = match experts_tc(gpu, &el, n, a) {
+        true => {
+            let sums = tensor::sums_for(el.fmt, el.gs_shift);
+            Some(tensor::to_half(gpu, io.x.read(gpu)?, None, n, n, a.hidden, sums)?)
+        }
+        false => None,
+    };
     let per_launch = if cache.resident() {
         cache.n_slots()
     } else {
@@ -451,12 +528,13 @@ fn grouped(
         let base = dm.ptr();
         let g = Groups {
             n: groups,
+            n_pairs: pairs.len(),
             ptrs: base,
             starts: base + 8 * groups as u64,
             counts: base + 12 * groups as u64,
             pairs: base + 16 * groups as u64,
         };
-        run_experts(gpu, el, io.x, h, d, &g, a)?;
+        run_experts(gpu, el, io.x, x16.as_ref(), h, d, &g, a)?;
         cache.release(a.layer, chunk)
     };
     let mut cpu_part = None;

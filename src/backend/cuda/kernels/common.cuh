@@ -90,7 +90,8 @@ __device__ float block_max(float v, float* sh) {
 #define FG_MOE_DOWN 2          // moe_down
 #define FG_MOE_UP_ROUTED 3     // moe_up_routed
 #define FG_MOE_DOWN_COMBINE 4  // moe_down_combine
-#define FG_BASE 5              // everything else
+#define FG_TC 5                // gemm_tc, moe_up_tc, moe_down_tc
+#define FG_BASE 6              // everything else
 #ifndef MOEFLUX_GROUP
 #define MOEFLUX_GROUP -1
 #endif

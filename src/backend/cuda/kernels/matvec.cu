@@ -338,7 +338,7 @@ __device__ __forceinline__ void matvec_tok_t(const Mat& m, const float* x, float
     float acc[T][MV_R];
 #pragma unroll
     for (int t = 0; t < T; t++) {
-        xs[t] = x + (size_t)min(t0 + t, n - 1) * m.cols;
+        xs[t] = x + (i64)min(t0 + t, n - 1) * m.cols;
 #pragma unroll
         for (int r = 0; r < MV_R; r++) acc[t][r] = 0.0f;
     }
@@ -348,7 +348,7 @@ __device__ __forceinline__ void matvec_tok_t(const Mat& m, const float* x, float
 #pragma unroll
         for (int r = 0; r < MV_R; r++) {
             const float v = warp_sum(acc[t][r]);
-            if (lane == 0 && live[r] && t0 + t < n) y[(size_t)(t0 + t) * m.rows + r0 + r] = v;
+            if (lane == 0 && live[r] && t0 + t < n) y[(i64)(t0 + t) * m.rows + r0 + r] = v;
         }
 }
 

@@ -1,0 +1,547 @@
+// Tensor-core matrix products for prefill (compute capability 8.0 and
+// later): the fast path of SPEC §6. y = x · Wᵀ through mma.sync m16n8k16
+// (f16 inputs, f32 sums), with no input rounded further than f32 would:
+// - activations: each row scaled by a power of two (its largest magnitude
+//   below 2^14) and split into two f16 parts, x·2^e = hi + lo (`to_half`);
+//   both go through the tensor cores, and the scale is undone on the f32
+//   result;
+// - quantized weights (MLX affine, w = q·s + b): the levels q are exact in
+//   f16; each group's sums Σ q·x go through the tensor cores, and s and b
+//   are applied in f32 once per group, y += s·Σ q·x + b·Σ x (Σ x per row
+//   and group from `to_half`);
+// - f16 weights as they are, bf16 ones converted to f16 (exact in f16's
+//   normal range, 6.1e-5 to 65504 in magnitude).
+// A block computes one TC_BM × TC_BN tile (weight rows × tokens) in steps
+// of TC_BK columns through two shared buffers: while the warps multiply
+// one step, the next step's activations arrive by cp.async and its packed
+// weights wait in registers, unpacked into the other buffer after the
+// products. Each of the 4 warps takes 16 weight rows × all the tile's
+// tokens, so a tile of few tokens (an expert group of a short chunk)
+// skips the same products in every warp.
+// gemm_tc: dense products (grid rows/TC_BM × tokens/TC_BN); moe_up_tc and
+// moe_down_tc: the expert groups of moe_up / moe_down, gate and up rows in
+// one tile, SwiGLU applied as the tile is written.
+
+#define TC_BM 64
+#define TC_BN 64
+#define TC_BK 64
+#define TC_THREADS 128
+// A shared row in halves: 144 bytes, so that the 8 rows an ldmatrix reads
+// start in 8 different 16-byte bank groups.
+#define TC_LD (TC_BK + 8)
+// A token's row of the f32 result tile.
+#define TC_CLD (TC_BM + 4)
+// Most quantization groups in one step: groups of at least 16 columns.
+#define TC_GPS (TC_BK / 16)
+
+// A product's input rows, split (to_half).
+struct HalfRows {
+    const u16* hi;     // [rows, cols] f16 bit patterns
+    const u16* lo;     // [rows, cols]: x·2^e − hi, in f16
+    const float* inv;  // [rows]: 2^-e
+    const float* sum;  // [rows, cols/group]: Σ x·2^e per group (quantized weights), else null
+};
+
+#if FMT_GROUP_ON(FG_BASE)
+// For the rows r = rows[i] (r = i without a list), i < n: hi[r] + lo[r] =
+// x[r]·2^e_r in f16 parts, inv[r] = 2^-e_r, with e_r chosen so that the
+// row's largest magnitude becomes less than 2^14 (0 for a row of zeros);
+// with sum (gs_shift ≥ 4), sum[r][g] = Σ of group g of x[r]·2^e_r. One
+// warp per row, 4 per block; cols a multiple of 4 and of the group, rows
+// 16-byte aligned.
+extern "C" __global__ void __launch_bounds__(128) to_half(const float* x, const int* rows, u16* hi, u16* lo,
+                                                          float* inv, float* sum, int n, int cols, int gs_shift) {
+    GRID_DEP();
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800  // cvt.rn.f16x2.f32
+    const int i = blockIdx.x * 4 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (i >= n) return;
+    const int r = rows ? rows[i] : i;
+    const float4* xr = (const float4*)(x + (i64)r * cols);
+    const int c4 = cols >> 2;
+    float m = 0.0f;
+    for (int c = lane; c < c4; c += 32) {
+        const float4 v = xr[c];
+        m = fmaxf(m, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+    }
+    m = warp_max(m);
+    int e = 0;
+    if (m > 0.0f && m <= 3.0e38f) {
+        const int ex = (int)((__float_as_uint(m) >> 23) & 0xffu) - 126;  // m < 2^ex
+        e = min(14 - ex, 126);
+    }
+    // 2^e and 2^-e, exactly.
+    const float s = __uint_as_float((u32)(e + 127) << 23);
+    if (lane == 0) inv[r] = __uint_as_float((u32)(127 - e) << 23);
+    uint2* oh = (uint2*)(hi + (i64)r * cols);
+    uint2* ol = (uint2*)(lo + (i64)r * cols);
+    // Group by group (4-column chunks, a lane each), so that each group's
+    // sum is one warp sum in a fixed order.
+    const int g4 = sum ? (1 << gs_shift) >> 2 : c4;  // chunks per group
+    for (int g0 = 0; g0 < c4; g0 += g4) {
+        float part = 0.0f;
+        for (int c = g0 + lane; c < g0 + g4; c += 32) {
+            const float4 v = xr[c];
+            const float f[4] = {v.x * s, v.y * s, v.z * s, v.w * s};
+            u32 h[2], l[2];
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(h[j]) : "f"(f[2 * j + 1]), "f"(f[2 * j]));
+                float h0, h1;
+                asm("{ .reg .f16 a, b; mov.b32 {a, b}, %2; cvt.f32.f16 %0, a; cvt.f32.f16 %1, b; }"
+                    : "=f"(h0), "=f"(h1)
+                    : "r"(h[j]));
+                asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(l[j]) : "f"(f[2 * j + 1] - h1), "f"(f[2 * j] - h0));
+            }
+            uint2 o;
+            o.x = h[0];
+            o.y = h[1];
+            oh[c] = o;
+            o.x = l[0];
+            o.y = l[1];
+            ol[c] = o;
+            part += (f[0] + f[1]) + (f[2] + f[3]);
+        }
+        if (sum) {
+            part = warp_sum(part);
+            if (lane == 0) sum[(i64)r * (cols >> gs_shift) + (g0 >> (gs_shift - 2))] = part;
+        }
+    }
+#endif
+}
+#endif
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+
+__device__ __forceinline__ uint4 u4(u32 x, u32 y, u32 z, u32 w) {
+    uint4 v;
+    v.x = x;
+    v.y = y;
+    v.z = z;
+    v.w = w;
+    return v;
+}
+
+// A tile's shared memory (dynamic: more than the 48 KiB a block gets
+// without asking, see cuda/tensor.rs): two buffers of the step's inputs,
+// and the f32 result tile, which reuses their memory once the products are
+// done.
+struct TcSmem {
+    union {
+        struct {
+            u16 a[2][TC_BM][TC_LD];   // weights (levels of quantized ones), f16: [row][column of the step]
+            u16 bh[2][TC_BN][TC_LD];  // activations, hi parts: [token][column of the step]
+            u16 bl[2][TC_BN][TC_LD];  // lo parts
+            float s[2][TC_BM][TC_GPS];  // scale of each row's groups in the step
+            float b[2][TC_BM][TC_GPS];  // bias
+            float xs[2][TC_BN][TC_GPS];  // Σ x of each token's groups in the step
+        } in;
+        float c[TC_BN][TC_CLD];  // [token][row]
+    };
+};
+
+__device__ __forceinline__ u32 smem_addr(const void* p) {
+    u32 r;
+    asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(r) : "l"(p));
+    return r;
+}
+
+// Two floats as one f16x2 word (lo in the low half), rounded to nearest.
+__device__ __forceinline__ u32 half2_of(float lo, float hi) {
+    u32 r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+// Levels q (< 1024) in the low 10 bits of each half of w, as f16x2:
+// (1024 + q) − 1024, exact.
+__device__ __forceinline__ u32 levels_h2(u32 w) {
+    u32 r;
+    asm("sub.f16x2 %0, %1, %2;" : "=r"(r) : "r"(w | 0x64006400u), "r"(0x64006400u));
+    return r;
+}
+
+__device__ __forceinline__ void ldsm4(u32 addr, u32& r0, u32& r1, u32& r2, u32& r3) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(addr));
+}
+
+__device__ __forceinline__ void mma16816(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void cp16(u32 dst, const void* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
+}
+
+__device__ __forceinline__ void cp4(u32 dst, const void* src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(dst), "l"(src) : "memory");
+}
+
+__device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
+// How a format's weights are loaded: 16-byte chunks of EPC elements, CPR
+// of them per row per step, PER per thread (thread t takes chunks t,
+// t + 128, ...: rows t/CPR + i·128/CPR, column part t % CPR).
+template <int FMT>
+struct TcFmt {
+    static const int BITS = Fmt<FMT>::BITS;
+    static const int EPC = BITS ? 128 / BITS : 8;
+    static const int CPR = TC_BK / EPC;
+    static const int CHUNKS = TC_BM * CPR;
+    static const int PER = (CHUNKS + TC_THREADS - 1) / TC_THREADS;
+};
+
+// One thread's weight chunks: their rows, and the packed words of the
+// next step with the scale and bias of each chunk's group (a chunk lies in
+// one group: the kernels take groups no shorter than a chunk).
+template <int FMT>
+struct TcW {
+    Row row[TcFmt<FMT>::PER];
+    bool live[TcFmt<FMT>::PER];
+    uint4 v[TcFmt<FMT>::PER];
+    u16 s[TcFmt<FMT>::PER], b[TcFmt<FMT>::PER];
+};
+
+template <int FMT>
+__device__ __forceinline__ void tc_load_w(TcW<FMT>& w, int k0, int gs_shift) {
+    typedef TcFmt<FMT> F;
+    const int part = threadIdx.x % F::CPR;
+#pragma unroll
+    for (int i = 0; i < F::PER; i++) {
+        const int c = threadIdx.x + TC_THREADS * i;
+        if (c < F::CHUNKS && w.live[i]) {
+            const int e0 = k0 + part * F::EPC;  // first element of the chunk
+            w.v[i] = __ldg((const uint4*)w.row[i].w + e0 / F::EPC);
+            if (F::BITS) {
+                w.s[i] = w.row[i].s[e0 >> gs_shift];
+                w.b[i] = w.row[i].b[e0 >> gs_shift];
+            }
+        } else {
+            w.v[i] = u4(0u, 0u, 0u, 0u);
+            w.s[i] = w.b[i] = 0;
+        }
+    }
+}
+
+// The loaded chunks into buffer `buf`: levels (or f16 weights) into a,
+// each quantized chunk's scale and bias into s and b at its group's place
+// in the step (group ≥ step: place 0, the group of the step's columns).
+template <int FMT, bool F16S>
+__device__ __forceinline__ void tc_store_w(const TcW<FMT>& w, TcSmem& sm, int buf, int gs_shift) {
+    typedef TcFmt<FMT> F;
+    const int part = threadIdx.x % F::CPR;
+#pragma unroll
+    for (int i = 0; i < F::PER; i++) {
+        const int c = threadIdx.x + TC_THREADS * i;
+        if (c >= F::CHUNKS) continue;
+        const int row = c / F::CPR;
+        uint4* dst = (uint4*)&sm.in.a[buf][row][part * F::EPC];
+        const u32 wd[4] = {w.v[i].x, w.v[i].y, w.v[i].z, w.v[i].w};
+        if (F::BITS) {
+            // EPC/2 f16x2 words, written 4 to a uint4. Word k of a chunk
+            // holds elements k·EPW .. k·EPW + EPW − 1, lowest bits first.
+            const int EPW = 32 / (F::BITS ? F::BITS : 32);
+            const u32 M = (1u << (F::BITS ? F::BITS : 1)) - 1;
+            u32 h[F::EPC / 2];
+#pragma unroll
+            for (int e = 0; e < F::EPC; e += 2) {
+                const int q = e / EPW, k = e % EPW;
+                const u32 pair = ((wd[q] >> (F::BITS * k)) & M) | (((wd[q] >> (F::BITS * (k + 1))) & M) << 16);
+                h[e / 2] = levels_h2(pair);
+            }
+#pragma unroll
+            for (int j = 0; j < F::EPC / 8; j++) dst[j] = u4(h[4 * j], h[4 * j + 1], h[4 * j + 2], h[4 * j + 3]);
+            const int gi = (part * F::EPC) >> gs_shift;
+            sm.in.s[buf][row][gi] = F16S ? f16f(w.s[i]) : bf16f(w.s[i]);
+            sm.in.b[buf][row][gi] = F16S ? f16f(w.b[i]) : bf16f(w.b[i]);
+        } else if (FMT == FMT_F16) {
+            dst[0] = w.v[i];
+        } else {
+            // bf16 → f32 → f16.
+            u32 h[4];
+#pragma unroll
+            for (int j = 0; j < 4; j++) h[j] = half2_of(__uint_as_float(wd[j] << 16), __uint_as_float(wd[j] & 0xffff0000u));
+            dst[0] = u4(h[0], h[1], h[2], h[3]);
+        }
+    }
+}
+
+// This thread's activation chunks of a step into buffer `buf` by
+// cp.async: hi and lo parts of tokens t/8 + 16·i (16 bytes each, column
+// part t % 8), zeros for a token past the tile's end (xr[i] < 0); threads
+// 0..63 copy their token's group sums (quantized weights).
+__device__ __forceinline__ void tc_load_x(const HalfRows& hx, const i64 (&xr)[4], int tsum, int k0, int cols,
+                                          int gs_shift, bool quant, TcSmem& sm, int buf) {
+    const int part = threadIdx.x & 7;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const int j = (threadIdx.x >> 3) + 16 * i;
+        uint4* dh = (uint4*)&sm.in.bh[buf][j][part * 8];
+        uint4* dl = (uint4*)&sm.in.bl[buf][j][part * 8];
+        if (xr[i] >= 0) {
+            const i64 at = xr[i] * cols + k0 + part * 8;
+            cp16(smem_addr(dh), hx.hi + at);
+            cp16(smem_addr(dl), hx.lo + at);
+        } else {
+            *dh = u4(0u, 0u, 0u, 0u);
+            *dl = u4(0u, 0u, 0u, 0u);
+        }
+    }
+    if (quant && threadIdx.x < TC_BN) {
+        const int groups = max(1, TC_BK >> gs_shift);
+        for (int gi = 0; gi < groups; gi++) {
+            float* d = &sm.in.xs[buf][threadIdx.x][gi];
+            if (tsum >= 0) {
+                cp4(smem_addr(d), hx.sum + (i64)tsum * (cols >> gs_shift) + (k0 >> gs_shift) + gi);
+            } else {
+                *d = 0.0f;
+            }
+        }
+    }
+}
+
+// The products of one step's buffers: the warp's 16 rows × the tile's
+// first `live` tokens (rounded up to 16), hi and lo parts, into g[n8
+// tile][4]; for quantized weights, at the end of each group, tot += s·g +
+// b·Σx and g restarts at zero (else tot is taken from g at the end).
+template <bool QUANT>
+__device__ __forceinline__ void tc_mma(const TcSmem& sm, int buf, int live, int k0, int gs_shift, float (&g)[8][4],
+                                       float (&tot)[8][4]) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const u16(*a)[TC_LD] = sm.in.a[buf];
+    const u16(*bh)[TC_LD] = sm.in.bh[buf];
+    const u16(*bl)[TC_LD] = sm.in.bl[buf];
+#pragma unroll
+    for (int kk = 0; kk < TC_BK; kk += 16) {
+        u32 af[4];
+        ldsm4(smem_addr(&a[warp * 16 + (lane & 15)][kk + (lane >> 4) * 8]), af[0], af[1], af[2], af[3]);
+#pragma unroll
+        for (int np = 0; np < TC_BN / 16; np++) {
+            if (np * 16 < live) {
+                const int t = np * 16 + (lane & 7) + ((lane >> 4) << 3), c = kk + ((lane >> 3) & 1) * 8;
+                u32 b0, b1, b2, b3;
+                ldsm4(smem_addr(&bh[t][c]), b0, b1, b2, b3);
+                mma16816(g[2 * np], af, b0, b1);
+                mma16816(g[2 * np + 1], af, b2, b3);
+                ldsm4(smem_addr(&bl[t][c]), b0, b1, b2, b3);
+                mma16816(g[2 * np], af, b0, b1);
+                mma16816(g[2 * np + 1], af, b2, b3);
+            }
+        }
+        if (QUANT && ((k0 + kk + 16) & ((1 << gs_shift) - 1)) == 0) {
+            const int gi = kk >> gs_shift;  // 0 when the group spans steps
+            const int r = warp * 16 + (lane >> 2);
+            const float s0 = sm.in.s[buf][r][gi], b0 = sm.in.b[buf][r][gi];
+            const float s1 = sm.in.s[buf][r + 8][gi], b1 = sm.in.b[buf][r + 8][gi];
+#pragma unroll
+            for (int nt = 0; nt < 8; nt++) {
+                const int t = nt * 8 + (lane & 3) * 2;
+                const float x0 = sm.in.xs[buf][t][gi], x1 = sm.in.xs[buf][t + 1][gi];
+                tot[nt][0] += fmaf(s0, g[nt][0], b0 * x0);
+                tot[nt][1] += fmaf(s0, g[nt][1], b0 * x1);
+                tot[nt][2] += fmaf(s1, g[nt][2], b1 * x0);
+                tot[nt][3] += fmaf(s1, g[nt][3], b1 * x1);
+#pragma unroll
+                for (int j = 0; j < 4; j++) g[nt][j] = 0.0f;
+            }
+        }
+    }
+}
+
+// One tile: the block's TC_BM weight rows (w.row, loaded per thread) times
+// its first `live` tokens (xr: this thread's 4 token rows of hx, −1 past
+// the end; tsum: the row of thread t < TC_BN's token t, −1 past the end)
+// over `cols` columns, left in sm.c[token][row] (still scaled by each
+// token's 2^e), with a barrier before and after.
+template <int FMT, bool F16S>
+__device__ __forceinline__ void tc_tile(TcW<FMT>& w, const HalfRows& hx, const i64 (&xr)[4], int tsum, int live,
+                                        int cols, int gs_shift, TcSmem& sm) {
+    const bool QUANT = Fmt<FMT>::BITS != 0;
+    float g[8][4], tot[8][4];
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) g[i][j] = tot[i][j] = 0.0f;
+    const int steps = cols / TC_BK;
+    tc_load_w<FMT>(w, 0, gs_shift);
+    tc_load_x(hx, xr, tsum, 0, cols, gs_shift, QUANT, sm, 0);
+    tc_store_w<FMT, F16S>(w, sm, 0, gs_shift);
+    cp_wait();
+    __syncthreads();
+    for (int s = 0; s < steps; s++) {
+        const int cur = s & 1;
+        const bool more = s + 1 < steps;
+        if (more) {
+            tc_load_x(hx, xr, tsum, (s + 1) * TC_BK, cols, gs_shift, QUANT, sm, cur ^ 1);
+            tc_load_w<FMT>(w, (s + 1) * TC_BK, gs_shift);
+        }
+        tc_mma<QUANT>(sm, cur, live, s * TC_BK, gs_shift, g, tot);
+        if (more) tc_store_w<FMT, F16S>(w, sm, cur ^ 1, gs_shift);
+        cp_wait();
+        __syncthreads();
+    }
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int row = warp * 16 + (lane >> 2);
+#pragma unroll
+    for (int nt = 0; nt < 8; nt++) {
+        const int t = nt * 8 + (lane & 3) * 2;
+        const float(&v)[4] = QUANT ? tot[nt] : g[nt];
+        sm.c[t][row] = v[0];
+        sm.c[t + 1][row] = v[1];
+        sm.c[t][row + 8] = v[2];
+        sm.c[t + 1][row + 8] = v[3];
+    }
+    __syncthreads();
+}
+
+// This thread's token rows of a tile whose token j reads row src(j) of the
+// input (j < live; −1 past the end): xr for its activation chunks, tsum
+// for the group sums it copies.
+template <class Src>
+__device__ __forceinline__ void tc_x_rows(int live, Src src, i64 (&xr)[4], int& tsum) {
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const int j = (threadIdx.x >> 3) + 16 * i;
+        xr[i] = j < live ? (i64)src(j) : -1;
+    }
+    tsum = (int)threadIdx.x < live ? src(threadIdx.x) : -1;
+}
+
+template <int FMT, bool F16S>
+__device__ __forceinline__ void gemm_tc_t(const Mat& m, const HalfRows& hx, float* y, int n, TcSmem& sm) {
+    if (FMT == FMT_F32) return;  // not taken (cuda/tensor.rs)
+    typedef TcFmt<FMT> F;
+    const int row0 = blockIdx.x * TC_BM, tok0 = blockIdx.y * TC_BN;
+    TcW<FMT> w;
+#pragma unroll
+    for (int i = 0; i < F::PER; i++) {
+        const int r = row0 + (threadIdx.x + TC_THREADS * i) / F::CPR;
+        w.live[i] = r < m.rows;
+        w.row[i] = mat_row(m, w.live[i] ? r : 0);
+    }
+    const int live = min(TC_BN, n - tok0);
+    i64 xr[4];
+    int tsum;
+    tc_x_rows(live, [&](int j) { return tok0 + j; }, xr, tsum);
+    tc_tile<FMT, F16S>(w, hx, xr, tsum, live, m.cols, m.gs_shift, sm);
+    // Each token's TC_BM rows are contiguous in y: a warp writes 32 of them.
+    for (int i = threadIdx.x; i < TC_BN * TC_BM; i += TC_THREADS) {
+        const int j = i / TC_BM, r = i % TC_BM;
+        if (j < live && row0 + r < m.rows) y[(i64)(tok0 + j) * m.rows + row0 + r] = sm.c[j][r] * hx.inv[tok0 + j];
+    }
+}
+
+// moe_up_tc: rows r0 .. r0 + TC_BM/2 of gate (tile rows 0..31) and of up
+// (32..63) for every token of the group, in tiles of TC_BN; h[p] =
+// silu(gate·x) ⊙ up·x.
+template <int FMT, bool F16S>
+__device__ __forceinline__ void moe_up_tc_t(const ELayout& L, const HalfRows& hx, float* h, const Group& G,
+                                            const int* pairs, int k, int hidden, int inter, TcSmem& sm) {
+    if (FMT == FMT_F32) return;  // not taken (cuda/tensor.rs)
+    typedef TcFmt<FMT> F;
+    const int HB = TC_BM / 2;
+    const int r0 = blockIdx.x * HB;
+    TcW<FMT> w;
+#pragma unroll
+    for (int i = 0; i < F::PER; i++) {
+        const int tr = (threadIdx.x + TC_THREADS * i) / F::CPR;  // tile row
+        const int r = r0 + tr % HB;
+        w.live[i] = r < inter;
+        w.row[i] = expert_row(G.base, L, tr / HB, w.live[i] ? r : 0, hidden);
+    }
+    for (int i0 = 0; i0 < G.count; i0 += TC_BN) {
+        const int live = min(TC_BN, G.count - i0);
+        i64 xr[4];
+        int tsum;
+        tc_x_rows(live, [&](int j) { return group_pair(G, pairs, i0 + j) / k; }, xr, tsum);
+        tc_tile<FMT, F16S>(w, hx, xr, tsum, live, hidden, L.gs_shift, sm);
+        for (int i = threadIdx.x; i < TC_BN * HB; i += TC_THREADS) {
+            const int j = i / HB, r = i % HB;
+            if (j < live && r0 + r < inter) {
+                const int p = group_pair(G, pairs, i0 + j);
+                const float iv = hx.inv[p / k];
+                h[(i64)p * inter + r0 + r] = silu_f(sm.c[j][r] * iv) * (sm.c[j][HB + r] * iv);
+            }
+        }
+        __syncthreads();
+    }
+}
+
+// moe_down_tc: rows r0 .. r0 + TC_BM of down for every token of the
+// group; d[p] = down·h[p] (hx: h's rows split, one per pair).
+template <int FMT, bool F16S>
+__device__ __forceinline__ void moe_down_tc_t(const ELayout& L, const HalfRows& hx, float* d, const Group& G,
+                                              const int* pairs, int hidden, int inter, TcSmem& sm) {
+    if (FMT == FMT_F32) return;  // not taken (cuda/tensor.rs)
+    typedef TcFmt<FMT> F;
+    const int r0 = blockIdx.x * TC_BM;
+    TcW<FMT> w;
+#pragma unroll
+    for (int i = 0; i < F::PER; i++) {
+        const int r = r0 + (threadIdx.x + TC_THREADS * i) / F::CPR;
+        w.live[i] = r < hidden;
+        w.row[i] = expert_row(G.base, L, 2, w.live[i] ? r : 0, inter);
+    }
+    for (int i0 = 0; i0 < G.count; i0 += TC_BN) {
+        const int live = min(TC_BN, G.count - i0);
+        i64 xr[4];
+        int tsum;
+        tc_x_rows(live, [&](int j) { return group_pair(G, pairs, i0 + j); }, xr, tsum);
+        tc_tile<FMT, F16S>(w, hx, xr, tsum, live, inter, L.gs_shift, sm);
+        for (int i = threadIdx.x; i < TC_BN * TC_BM; i += TC_THREADS) {
+            const int j = i / TC_BM, r = i % TC_BM;
+            if (j < live && r0 + r < hidden) {
+                const int p = group_pair(G, pairs, i0 + j);
+                d[(i64)p * hidden + r0 + r] = sm.c[j][r] * hx.inv[p];
+            }
+        }
+        __syncthreads();
+    }
+}
+
+#define TC_CALL(call) call
+#define TC_SMEM extern __shared__ __align__(16) char tc_smem[]; TcSmem& sm = *(TcSmem*)tc_smem
+#else
+// Below compute capability 8.0 the kernels exist but do nothing; the host
+// never launches them there (cuda/tensor.rs).
+#define TC_CALL(call)
+#define TC_SMEM
+#endif
+
+#if FMT_GROUP_ON(FG_TC)
+// y[n, rows] = x · Wᵀ from x split (to_half): grid (rows/TC_BM,
+// n/TC_BN), 128 threads, sizeof(TcSmem) bytes of dynamic shared memory.
+// cols a multiple of TC_BK.
+extern "C" __global__ void __launch_bounds__(TC_THREADS) gemm_tc(Mat m, HalfRows hx, float* y, int n) {
+    GRID_DEP();
+    TC_SMEM;
+    FOR_FMT(m.fmt, TC_CALL((gemm_tc_t<F, S>(m, hx, y, n, sm))));
+}
+
+// moe_up on tensor cores: grid (inter/(TC_BM/2), groups), 128 threads;
+// hx: x's rows split, one per token.
+extern "C" __global__ void __launch_bounds__(TC_THREADS)
+    moe_up_tc(ELayout L, HalfRows hx, float* h, const u64* grp_ptr, const int* grp_start, const int* grp_count,
+              const int* pairs, int k, int hidden, int inter) {
+    GRID_DEP();
+    TC_SMEM;
+    const Group G = moe_group(blockIdx.y, grp_ptr, grp_start, grp_count);
+    FOR_FMT(L.fmt, TC_CALL((moe_up_tc_t<F, S>(L, hx, h, G, pairs, k, hidden, inter, sm))));
+}
+
+// moe_down on tensor cores: grid (hidden/TC_BM, groups), 128 threads;
+// hx: h's rows split, one per pair.
+extern "C" __global__ void __launch_bounds__(TC_THREADS)
+    moe_down_tc(ELayout L, HalfRows hx, float* d, const u64* grp_ptr, const int* grp_start, const int* grp_count,
+                const int* pairs, int hidden, int inter) {
+    GRID_DEP();
+    TC_SMEM;
+    const Group G = moe_group(blockIdx.y, grp_ptr, grp_start, grp_count);
+    FOR_FMT(L.fmt, TC_CALL((moe_down_tc_t<F, S>(L, hx, d, G, pairs, hidden, inter, sm))));
+}
+#endif

@@ -1,0 +1,137 @@
+//! Tensor-core products for prefill (`kernels/tensor.cu`): which products
+//! take them, the f16 copy of their input rows (`to_half`), and the
+//! launches of `gemm_tc`, `moe_up_tc` and `moe_down_tc`.
+//!
+//! They are the fast path of SPEC §6 on CUDA: weights and activations
+//! rounded to f16, products accumulated in f32. They run where the device
+//! has compute capability 8.0 or later and the model was not opened
+//! `exact` (`CudaOptions::tensor_cores`), for products of more than
+//! `PDL_MAX_TOKENS` tokens (prefill chunks; decode keeps the f32 kernels)
+//! through matrices the kernels take ([`takes`]).
+
+use super::buf::DevMem;
+use super::driver::Gpu;
+use super::matrix::{format_of, Format};
+use crate::cuda_args;
+use crate::error::Result;
+use std::sync::Arc;
+
+/// A block's tile: weight rows, tokens, columns per step (`TC_BM`,
+/// `TC_BN`, `TC_BK` in kernels/tensor.cu), and its threads.
+pub(crate) const TC_BM: usize = 64;
+pub(crate) const TC_BN: usize = 64;
+pub(crate) const TC_BK: usize = 64;
+pub(crate) const TC_THREADS: u32 = 128;
+
+/// The smallest product (tokens) that takes the tensor cores: above a
+/// batched decode step.
+pub(crate) const MIN_TOKENS: usize = super::driver::PDL_MAX_TOKENS + 1;
+
+/// Whether the tensor-core kernels take a matrix of weight format code
+/// `fmt` (log2 group size `gs_shift` for quantized formats) over `cols`
+/// columns: f16, bf16 or 2/4/8-bit weights in 16-byte aligned rows
+/// (`vec`), whole steps of columns, and quantization groups no shorter
+/// than a 16-byte chunk of packed weights.
+pub(crate) fn takes(gpu: &Gpu, fmt: i32, gs_shift: i32, cols: usize, vec: bool) -> bool {
+    if !gpu.tensor_cores || !vec || cols == 0 || !cols.is_multiple_of(TC_BK) {
+        return false;
+    }
+    // Elements in one 16-byte chunk of a packed row.
+    let chunk = match format_of(fmt) {
+        Format::F32 => return false,
+        Format::Bf16 | Format::F16 => return true,
+        Format::Q2 => 64,
+        Format::Q4 => 32,
+        Format::Q8 => 16,
+    };
+    (1usize << gs_shift) >= chunk
+}
+
+/// Bytes of dynamic shared memory a tensor-core block takes
+/// (`sizeof(TcSmem)` in kernels/tensor.cu: two buffers of 64 × 72 halves
+/// of weights and of each activation part, and 3 × 2 × 64 × 4 floats of
+/// scales, biases and group sums).
+pub(crate) const TC_SMEM_BYTES: u32 = 3 * 2 * 64 * 72 * 2 + 3 * 2 * 64 * 4 * 4;
+
+/// The `HalfRows` kernel argument: a product's input rows split in two
+/// f16 parts, the factor that undoes each row's scale, and (for quantized
+/// weights) each row's sums per group.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct HalfRows {
+    hi: u64,
+    lo: u64,
+    inv: u64,
+    sum: u64,
+}
+
+/// Rows of activations split in f16 parts (`to_half`), with their memory.
+pub(crate) struct Half {
+    _mem: DevMem,
+    pub arg: HalfRows,
+}
+
+/// `n` rows of `cols` f32 at `x` split into f16 parts, each row scaled by
+/// a power of two (kernels/tensor.cu `to_half`), with each row's sums per
+/// group of `1 << gs_shift` columns when `gs_shift` is given (quantized
+/// weights); with `rows` (a device list of `n` row indices), only those
+/// rows are converted, each to its own place in a copy of `total` rows.
+pub(crate) fn to_half(
+    gpu: &Arc<Gpu>,
+    x: u64,
+    rows: Option<u64>,
+    n: usize,
+    total: usize,
+    cols: usize,
+    gs_shift: Option<i32>,
+) -> Result<Half> {
+    let part = total * cols * 2;
+    let groups = gs_shift.map_or(0, |g| cols >> g);
+    let mem = DevMem::new(gpu, 2 * part + total * 4 + total * groups * 4)?;
+    let base = mem.ptr();
+    let arg = HalfRows {
+        hi: base,
+        lo: base + part as u64,
+        inv: base + 2 * part as u64,
+        sum: match gs_shift {
+            Some(_) => base + (2 * part + total * 4) as u64,
+            None => 0,
+        },
+    };
+    let (rp, nn, cc, gs) = (rows.unwrap_or(0), n as i32, cols as i32, gs_shift.unwrap_or(0));
+    // One warp per row, 4 to a block.
+    let grid = (n.div_ceil(4) as u32, 1, 1);
+    gpu.launch(
+        gpu.k.to_half,
+        grid,
+        128,
+        0,
+        cuda_args![x, rp, arg.hi, arg.lo, arg.inv, arg.sum, nn, cc, gs],
+    )?;
+    Ok(Half { _mem: mem, arg })
+}
+
+/// The group shift `to_half` takes for weights of format code `fmt`: the
+/// group's for quantized weights, none for float ones.
+pub(crate) fn sums_for(fmt: i32, gs_shift: i32) -> Option<i32> {
+    match format_of(fmt) {
+        Format::Q2 | Format::Q4 | Format::Q8 => Some(gs_shift),
+        _ => None,
+    }
+}
+
+/// `y[n, rows] = x[n, cols] · Wᵀ` (`m`: the `Mat` argument) on tensor
+/// cores; x and y device addresses.
+pub(crate) fn gemm(gpu: &Arc<Gpu>, m: super::matrix::MatArg, x: u64, n: usize, y: u64) -> Result<()> {
+    let (rows, cols) = (m.rows as usize, m.cols as usize);
+    let hx = to_half(gpu, x, None, n, n, cols, sums_for(m.fmt, m.gs_shift))?;
+    let grid = (rows.div_ceil(TC_BM) as u32, n.div_ceil(TC_BN) as u32, 1);
+    let (arg, nn) = (hx.arg, n as i32);
+    gpu.launch(
+        gpu.k.fmt(m.fmt)?.gemm_tc,
+        grid,
+        TC_THREADS,
+        TC_SMEM_BYTES,
+        cuda_args![m, arg, y, nn],
+    )
+}
