@@ -393,13 +393,9 @@ pub(crate) fn gated_delta(
         x.write(gpu, a.n * c)?,
     );
     let (n, cc, kk) = (a.n as i32, c as i32, a.kernel as i32);
-    gpu.launch(
-        gpu.k.delta_conv,
-        (c.div_ceil(256) as u32, 1, 1),
-        256,
-        0,
-        cuda_args![qp, wp, sp, xp, n, cc, kk],
-    )?;
+    // 128 channels per block, DELTA_CONV_T (kernels/delta.cu) tokens per thread.
+    let grid = (c.div_ceil(128) as u32, a.n.div_ceil(16) as u32, 1);
+    gpu.launch(gpu.k.delta_conv, grid, 128, 0, cuda_args![qp, wp, sp, xp, n, cc, kk])?;
     let (ap, bp, lp, dp) = (i.a.read(gpu)?, i.b.read(gpu)?, i.a_log.read(gpu)?, i.dt_bias.read(gpu)?);
     let (hp, op) = (ssm.read(gpu)?, out.write(gpu, a.n * a.v_heads * a.v_dim)?);
     let (hk, hv, dk, dv) = (a.k_heads as i32, a.v_heads as i32, a.k_dim as i32, a.v_dim as i32);

@@ -3,21 +3,35 @@
 
 #define DELTA_MAXK 8  // conv kernel length ≤ 8
 
-// One thread per channel, tokens in order. qkv [n, C] in; x [n, C] out
-// (after SiLU); conv_w [C, K]; state [K−1, C] (oldest first), updated.
+#define DELTA_CONV_T 16  // tokens per thread of delta_conv
+
+// Thread (channel c, chunk q) computes tokens q·DELTA_CONV_T .. + DELTA_CONV_T
+// of channel c (the conv has no recurrence: each output reads K inputs,
+// the state standing for the K−1 before token 0). qkv [n, C] in; x [n, C]
+// out (after SiLU); conv_w [C, K]; state [K−1, C] (oldest first): only the
+// chunk-0 thread of a channel reads and then rewrites it. Grid (C/128,
+// n/DELTA_CONV_T), 128 threads. Each output's sum is formed in the same
+// order as one thread walking the tokens would.
 extern "C" __global__ void delta_conv(const float* qkv, const float* conv_w, float* state, float* x, int n, int C,
                                       int K) {
     GRID_DEP();
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C) return;
+    const int t0 = blockIdx.y * DELTA_CONV_T;
+    // in(t') for t' in [t0 − (K−1), t0): the state's entry t' + K − 1 for
+    // t' < 0, else qkv; hist[j] = in(t0 − (K−1) + j).
     float hist[DELTA_MAXK];
 #pragma unroll
-    for (int j = 0; j < DELTA_MAXK; j++) hist[j] = j < K - 1 ? state[(i64)j * C + c] : 0.0f;
+    for (int j = 0; j < DELTA_MAXK; j++) {
+        const int t = t0 - (K - 1) + j;
+        hist[j] = j >= K - 1 ? 0.0f : t < 0 ? state[(i64)(t + K - 1) * C + c] : qkv[(i64)t * C + c];
+    }
     float w[DELTA_MAXK];
 #pragma unroll
     for (int j = 0; j < DELTA_MAXK; j++) w[j] = j < K - 1 ? conv_w[(i64)c * K + j] : 0.0f;
     const float w_cur = conv_w[(i64)c * K + K - 1];
-    for (int t = 0; t < n; t++) {
+    const int t1 = min(n, t0 + DELTA_CONV_T);
+    for (int t = t0; t < t1; t++) {
         const float cur = qkv[(i64)t * C + c];
         float acc = w_cur * cur;
 #pragma unroll
@@ -33,9 +47,22 @@ extern "C" __global__ void delta_conv(const float* qkv, const float* conv_w, flo
                 if (j == K - 2) hist[j] = cur;
         }
     }
+    if (blockIdx.y != 0) return;
+    // The new state: in(n − (K−1) + j), from the old state (read above by
+    // this thread alone) where that is before token 0.
+    float old[DELTA_MAXK];
 #pragma unroll
-    for (int j = 0; j < DELTA_MAXK - 1; j++)
-        if (j < K - 1) state[(i64)j * C + c] = hist[j];
+    for (int j = 0; j < DELTA_MAXK; j++) old[j] = j < K - 1 ? state[(i64)j * C + c] : 0.0f;
+#pragma unroll
+    for (int j = 0; j < DELTA_MAXK - 1; j++) {
+        if (j >= K - 1) continue;
+        const int t = n - (K - 1) + j;
+        float v = 0.0f;
+#pragma unroll
+        for (int i = 0; i < DELTA_MAXK; i++)
+            if (t < 0 && i == t + K - 1) v = old[i];
+        state[(i64)j * C + c] = t < 0 ? v : qkv[(i64)t * C + c];
+    }
 }
 
 #define DELTA_RPW 4   // state rows per warp
@@ -67,18 +94,38 @@ extern "C" __global__ void __launch_bounds__(128)
             const int c = lane + 32 * i;
             S[r][i] = row0 + r < Dv && c < Dk ? sh[(i64)(row0 + r) * Dk + c] : 0.0f;
         }
-    for (int t = 0; t < n; t++) {
+    // Token t's inputs are loaded while token t − 1 is computed (the
+    // chain of warp sums per token would otherwise wait on each load).
+    float nq[DELTA_MAXE], nk[DELTA_MAXE], nv[DELTA_RPW], na = 0.0f, nb = 0.0f;
+    auto load = [&](int t) {
         const float* xt = x + (i64)t * C;
-        float q[DELTA_MAXE], k[DELTA_MAXE];
-        float qq = 0.0f, kk = 0.0f;
 #pragma unroll
         for (int i = 0; i < DELTA_MAXE; i++) {
             const int c = lane + 32 * i;
-            q[i] = c < Dk ? xt[kh * Dk + c] : 0.0f;
-            k[i] = c < Dk ? xt[Hk * Dk + kh * Dk + c] : 0.0f;
+            nq[i] = c < Dk ? xt[kh * Dk + c] : 0.0f;
+            nk[i] = c < Dk ? xt[Hk * Dk + kh * Dk + c] : 0.0f;
+        }
+#pragma unroll
+        for (int r = 0; r < DELTA_RPW; r++) nv[r] = row0 + r < Dv ? xt[2 * Hk * Dk + h * Dv + row0 + r] : 0.0f;
+        na = a_in[(i64)t * Hv + h];
+        nb = b_in[(i64)t * Hv + h];
+    };
+    const float A = expf(a_log[h]), dtb = dt_bias[h];
+    if (n > 0) load(0);
+    for (int t = 0; t < n; t++) {
+        float q[DELTA_MAXE], k[DELTA_MAXE], v[DELTA_RPW];
+        float qq = 0.0f, kk = 0.0f;
+#pragma unroll
+        for (int i = 0; i < DELTA_MAXE; i++) {
+            q[i] = nq[i];
+            k[i] = nk[i];
             qq = fmaf(q[i], q[i], qq);
             kk = fmaf(k[i], k[i], kk);
         }
+#pragma unroll
+        for (int r = 0; r < DELTA_RPW; r++) v[r] = nv[r];
+        const float at = na, bt = nb;
+        if (t + 1 < n) load(t + 1);
         qq = warp_sum(qq);
         kk = warp_sum(kk);
         const float qf = 1.0f / sqrtf(qq + 1e-6f) * q_scale;
@@ -88,9 +135,8 @@ extern "C" __global__ void __launch_bounds__(128)
             q[i] *= qf;
             k[i] *= kf;
         }
-        const float g = expf(-expf(a_log[h]) * softplus_f(a_in[(i64)t * Hv + h] + dt_bias[h]));
-        const float beta = sigmoid_f(b_in[(i64)t * Hv + h]);
-        const float* vt = xt + 2 * Hk * Dk + h * Dv;
+        const float g = expf(-A * softplus_f(at + dtb));
+        const float beta = sigmoid_f(bt);
         float* ot = out + (i64)t * Hv * Dv + h * Dv;
 #pragma unroll
         for (int r = 0; r < DELTA_RPW; r++) {
@@ -102,8 +148,7 @@ extern "C" __global__ void __launch_bounds__(128)
                 sk = fmaf(S[r][i], k[i], sk);
             }
             sk = warp_sum(sk);
-            const float vr = row0 + r < Dv ? vt[row0 + r] : 0.0f;
-            const float delta = beta * (vr - sk);
+            const float delta = beta * (v[r] - sk);
             float o = 0.0f;
 #pragma unroll
             for (int i = 0; i < DELTA_MAXE; i++) {
