@@ -581,13 +581,18 @@ fn print_cuda(
         let c = r.cache.unwrap_or_default();
         let cols = cache_cols(&c, r.tokens, r.secs, h2d, split.as_ref());
         let floor = cols.floor.map_or("-".to_string(), |f| format!("{f:.1}"));
+        // A resident model looks its experts up on the device, uncounted:
+        // every lookup hits.
+        let hit = match cache.is_some_and(|c| c.resident) {
+            true => "resident".to_string(),
+            false => format!("{:.1}%", 100.0 * cols.hit_rate),
+        };
         writeln!(
             out,
-            "| {} | {:.2} ± {:.2} | {:.1}% | {:.1} | {:.1} | {:.1} | {floor} |",
+            "| {} | {:.2} ± {:.2} | {hit} | {:.1} | {:.1} | {:.1} | {floor} |",
             r.label(),
             m,
             sd,
-            100.0 * cols.hit_rate,
             cols.mb_per_tok,
             cols.cpu_mb_per_tok,
             cols.copy_gbps

@@ -36,3 +36,5 @@ template <typename T> __device__ inline T __ldg(const T* p) { return *p; }
 __device__ inline int min(int a, int b) { return a < b ? a : b; }
 __device__ inline int max(int a, int b) { return a > b ? a : b; }
 __device__ inline float __int_as_float(int x) { return __nv_int_as_float(x); }
+__device__ inline unsigned __ballot_sync(unsigned m, bool p) { return __nvvm_vote_ballot_sync(m, p); }
+__device__ inline int __popc(unsigned x) { return __nv_popc(x); }

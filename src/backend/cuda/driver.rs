@@ -156,14 +156,21 @@ impl Gpu {
         if tensor_cores {
             // The tensor-core kernels take more shared memory than a block
             // gets without asking.
+            use super::tensor::{smem_bytes, TC_BN};
             for (_, f) in &k.formats {
-                for func in [f.gemm_tc, f.moe_up_tc, f.moe_down_tc] {
+                for (func, bn) in [
+                    (f.gemm_tc, TC_BN),
+                    (f.moe_up_tc, TC_BN),
+                    (f.moe_down_tc, TC_BN),
+                    (f.moe_up_tc16, 16),
+                    (f.moe_down_tc16, 16),
+                ] {
                     // SAFETY: a function of a loaded module; a plain attribute.
                     unsafe {
                         sys::cuFuncSetAttribute(
                             func,
                             sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                            super::tensor::TC_SMEM_BYTES as i32,
+                            smem_bytes(bn) as i32,
                         )
                     }
                     .check("shared memory of the tensor-core kernels")?;

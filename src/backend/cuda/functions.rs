@@ -39,6 +39,8 @@ kernels!(
         moe_route,
         moe_route_warp,
         moe_combine,
+        moe_count,
+        moe_scatter,
         to_half,
     }
 );
@@ -57,7 +59,9 @@ kernels!(
         moe_down_combine,
         gemm_tc,
         moe_up_tc,
+        moe_up_tc16,
         moe_down_tc,
+        moe_down_tc16,
     }
 );
 

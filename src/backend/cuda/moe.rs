@@ -14,7 +14,7 @@ use super::cache::ExpertCache;
 use super::driver::{Gpu, MAX_GRID_Y};
 use super::hybrid::{self, HostStep, HYBRID_TOKENS};
 use super::matrix::{group_shift, Format, F16_SCALES};
-use super::tensor::{self, Half, TC_BM, TC_SMEM_BYTES, TC_THREADS};
+use super::tensor::{self, smem_bytes, Half, SMALL_GROUP, TC_BM, TC_BN, TC_THREADS};
 use crate::backend::{MoeArgs, MoeInputs};
 use crate::config::Routing;
 use crate::cuda_args;
@@ -316,14 +316,19 @@ fn run_experts_tc(
     let (hid, inter, k) = (a.hidden as i32, a.inter as i32, a.k as i32);
     let (gp, gs, gc, pp) = (g.ptrs, g.starts, g.counts, g.pairs);
     let (xa, hp) = (xh.arg, h.write(gpu, h.len())?);
-    // Tiles of TC_BM/2 rows of gate and of up.
+    // Tiles of TC_BM/2 rows of gate and of up, and of 16 or 64 tokens.
     let grid = (a.inter.div_ceil(TC_BM / 2) as u32, g.n as u32, 1);
     let f = gpu.k.fmt(el.fmt)?;
+    let small = g.n_pairs <= SMALL_GROUP * g.n;
+    let (up, down, bn) = match small {
+        true => (f.moe_up_tc16, f.moe_down_tc16, 16),
+        false => (f.moe_up_tc, f.moe_down_tc, TC_BN),
+    };
     gpu.launch(
-        f.moe_up_tc,
+        up,
         grid,
         TC_THREADS,
-        TC_SMEM_BYTES,
+        smem_bytes(bn),
         cuda_args![el, xa, hp, gp, gs, gc, pp, k, hid, inter],
     )?;
     let sums = tensor::sums_for(el.fmt, el.gs_shift);
@@ -331,10 +336,10 @@ fn run_experts_tc(
     let (ha, dp) = (hh.arg, d.write(gpu, d.len())?);
     let grid = (a.hidden.div_ceil(TC_BM) as u32, g.n as u32, 1);
     gpu.launch(
-        f.moe_down_tc,
+        down,
         grid,
         TC_THREADS,
-        TC_SMEM_BYTES,
+        smem_bytes(bn),
         cuda_args![el, ha, dp, gp, gs, gc, pp, hid, inter],
     )
 }
@@ -430,7 +435,14 @@ pub(crate) fn moe(gpu: &Arc<Gpu>, cache: Option<&ExpertCache>, io: MoeIo, a: Moe
         }
         _ => {
             let d = CudaBuf::zeroed(gpu, n * k * a.hidden)?; // [pairs, hidden]
-            let cpu_part = grouped(gpu, cache, &io, el, &ids, &wts, hint.map(|h| h.0), &h, &d, &a)?;
+            let cpu_part = match table {
+                // Resident, on tensor cores: the pairs grouped on the device.
+                Some(t) if experts_tc(gpu, &el, n, &a) => {
+                    device_grouped(gpu, el, io.x, &ids, t, &h, &d, &a)?;
+                    None
+                }
+                _ => grouped(gpu, cache, &io, el, &ids, &wts, hint.map(|h| h.0), &h, &d, &a)?,
+            };
             let (dp, wp, nn) = (d.read(gpu)?, wts.read(gpu)?, n as i32);
             let grid = ((n * a.hidden).div_ceil(256).clamp(1, 8192) as u32, 1, 1);
             gpu.launch(
@@ -446,6 +458,53 @@ pub(crate) fn moe(gpu: &Arc<Gpu>, cache: Option<&ExpertCache>, io: MoeIo, a: Moe
             }
         }
     }
+}
+
+/// The resident path of a long step: the pairs grouped by expert on the
+/// device (`moe_count`, `moe_scatter`: each expert's pairs in ascending
+/// order, as `group_pairs` makes them), one group per expert (`table`:
+/// the layer's row of expert addresses; empty groups do nothing), then
+/// the tensor-core expert kernels. No host round trip.
+#[allow(clippy::too_many_arguments)]
+fn device_grouped(
+    gpu: &Arc<Gpu>,
+    el: ELayout,
+    x: &CudaBuf,
+    ids: &DevMem,
+    table: u64,
+    h: &CudaBuf,
+    d: &CudaBuf,
+    a: &MoeArgs,
+) -> Result<()> {
+    let (e, np) = (a.n_experts, a.n * a.k);
+    if e > MAX_GRID_Y {
+        return Err(Error::Invalid(format!(
+            "{e} experts in one launch (at most {MAX_GRID_Y})"
+        )));
+    }
+    // [counts i32 × E][starts i32 × E][pairs i32 × np]
+    let mem = DevMem::new(gpu, 4 * (2 * e + np))?;
+    let (counts, starts, pairs) = (mem.ptr(), mem.ptr() + 4 * e as u64, mem.ptr() + 8 * e as u64);
+    let (ip, npi) = (ids.ptr(), np as i32);
+    gpu.launch(gpu.k.moe_count, (e as u32, 1, 1), 256, 0, cuda_args![ip, npi, counts])?;
+    gpu.launch(
+        gpu.k.moe_scatter,
+        (e as u32, 1, 1),
+        256,
+        0,
+        cuda_args![ip, npi, counts, starts, pairs],
+    )?;
+    let sums = tensor::sums_for(el.fmt, el.gs_shift);
+    let xh = tensor::to_half(gpu, x.read(gpu)?, None, a.n, a.n, a.hidden, sums)?;
+    let g = Groups {
+        n: e,
+        n_pairs: np,
+        ptrs: table,
+        starts,
+        counts,
+        pairs,
+    };
+    run_experts_tc(gpu, el, &xh, h, d, &g, a)
 }
 
 /// The host-grouped path: download the ids, fetch the experts (in chunks

@@ -47,11 +47,18 @@ pub(crate) fn takes(gpu: &Gpu, fmt: i32, gs_shift: i32, cols: usize, vec: bool) 
     (1usize << gs_shift) >= chunk
 }
 
-/// Bytes of dynamic shared memory a tensor-core block takes
-/// (`sizeof(TcSmem)` in kernels/tensor.cu: two buffers of 64 × 72 halves
-/// of weights and of each activation part, and 3 × 2 × 64 × 4 floats of
-/// scales, biases and group sums).
-pub(crate) const TC_SMEM_BYTES: u32 = 3 * 2 * 64 * 72 * 2 + 3 * 2 * 64 * 4 * 4;
+/// Bytes of dynamic shared memory a tensor-core block of `bn`-token tiles
+/// takes (`sizeof(TcSmem<BN>)` in kernels/tensor.cu: two buffers of 64 ×
+/// 72 halves of weights and of bn × 72 of each activation part, 2 × 2 ×
+/// 64 × 4 floats of scales and biases, 2 × bn × 4 of group sums).
+pub(crate) const fn smem_bytes(bn: usize) -> u32 {
+    (2 * 64 * 72 * 2 + 2 * 2 * bn * 72 * 2 + 2 * 2 * 64 * 4 * 4 + 2 * bn * 4 * 4) as u32
+}
+
+/// Mean tokens per expert group up to which the expert kernels take
+/// tiles of 16 tokens (`moe_up_tc16`, `moe_down_tc16`: half the shared
+/// memory, so twice the blocks per SM) instead of 64.
+pub(crate) const SMALL_GROUP: usize = 20;
 
 /// The `HalfRows` kernel argument: a product's input rows split in two
 /// f16 parts, the factor that undoes each row's scale, and (for quantized
@@ -131,7 +138,7 @@ pub(crate) fn gemm(gpu: &Arc<Gpu>, m: super::matrix::MatArg, x: u64, n: usize, y
         gpu.k.fmt(m.fmt)?.gemm_tc,
         grid,
         TC_THREADS,
-        TC_SMEM_BYTES,
+        smem_bytes(TC_BN),
         cuda_args![m, arg, y, nn],
     )
 }

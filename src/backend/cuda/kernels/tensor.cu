@@ -125,17 +125,19 @@ __device__ __forceinline__ uint4 u4(u32 x, u32 y, u32 z, u32 w) {
 // without asking, see cuda/tensor.rs): two buffers of the step's inputs,
 // and the f32 result tile, which reuses their memory once the products are
 // done.
+// BN: tokens per tile (64, or 16 for expert groups of few tokens).
+template <int BN>
 struct TcSmem {
     union {
         struct {
-            u16 a[2][TC_BM][TC_LD];   // weights (levels of quantized ones), f16: [row][column of the step]
-            u16 bh[2][TC_BN][TC_LD];  // activations, hi parts: [token][column of the step]
-            u16 bl[2][TC_BN][TC_LD];  // lo parts
+            u16 a[2][TC_BM][TC_LD];  // weights (levels of quantized ones), f16: [row][column of the step]
+            u16 bh[2][BN][TC_LD];    // activations, hi parts: [token][column of the step]
+            u16 bl[2][BN][TC_LD];    // lo parts
             float s[2][TC_BM][TC_GPS];  // scale of each row's groups in the step
             float b[2][TC_BM][TC_GPS];  // bias
-            float xs[2][TC_BN][TC_GPS];  // Σ x of each token's groups in the step
+            float xs[2][BN][TC_GPS];    // Σ x of each token's groups in the step
         } in;
-        float c[TC_BN][TC_CLD];  // [token][row]
+        float c[BN][TC_CLD];  // [token][row]
     };
 };
 
@@ -231,8 +233,8 @@ __device__ __forceinline__ void tc_load_w(TcW<FMT>& w, int k0, int gs_shift) {
 // The loaded chunks into buffer `buf`: levels (or f16 weights) into a,
 // each quantized chunk's scale and bias into s and b at its group's place
 // in the step (group ≥ step: place 0, the group of the step's columns).
-template <int FMT, bool F16S>
-__device__ __forceinline__ void tc_store_w(const TcW<FMT>& w, TcSmem& sm, int buf, int gs_shift) {
+template <int FMT, bool F16S, int BN>
+__device__ __forceinline__ void tc_store_w(const TcW<FMT>& w, TcSmem<BN>& sm, int buf, int gs_shift) {
     typedef TcFmt<FMT> F;
     const int part = threadIdx.x % F::CPR;
 #pragma unroll
@@ -274,12 +276,13 @@ __device__ __forceinline__ void tc_store_w(const TcW<FMT>& w, TcSmem& sm, int bu
 // This thread's activation chunks of a step into buffer `buf` by
 // cp.async: hi and lo parts of tokens t/8 + 16·i (16 bytes each, column
 // part t % 8), zeros for a token past the tile's end (xr[i] < 0); threads
-// 0..63 copy their token's group sums (quantized weights).
-__device__ __forceinline__ void tc_load_x(const HalfRows& hx, const i64 (&xr)[4], int tsum, int k0, int cols,
-                                          int gs_shift, bool quant, TcSmem& sm, int buf) {
+// 0..BN−1 copy their token's group sums (quantized weights).
+template <int BN>
+__device__ __forceinline__ void tc_load_x(const HalfRows& hx, const i64 (&xr)[BN / 16], int tsum, int k0, int cols,
+                                          int gs_shift, bool quant, TcSmem<BN>& sm, int buf) {
     const int part = threadIdx.x & 7;
 #pragma unroll
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < BN / 16; i++) {
         const int j = (threadIdx.x >> 3) + 16 * i;
         uint4* dh = (uint4*)&sm.in.bh[buf][j][part * 8];
         uint4* dl = (uint4*)&sm.in.bl[buf][j][part * 8];
@@ -292,7 +295,7 @@ __device__ __forceinline__ void tc_load_x(const HalfRows& hx, const i64 (&xr)[4]
             *dl = u4(0u, 0u, 0u, 0u);
         }
     }
-    if (quant && threadIdx.x < TC_BN) {
+    if (quant && threadIdx.x < BN) {
         const int groups = max(1, TC_BK >> gs_shift);
         for (int gi = 0; gi < groups; gi++) {
             float* d = &sm.in.xs[buf][threadIdx.x][gi];
@@ -309,9 +312,9 @@ __device__ __forceinline__ void tc_load_x(const HalfRows& hx, const i64 (&xr)[4]
 // first `live` tokens (rounded up to 16), hi and lo parts, into g[n8
 // tile][4]; for quantized weights, at the end of each group, tot += s·g +
 // b·Σx and g restarts at zero (else tot is taken from g at the end).
-template <bool QUANT>
-__device__ __forceinline__ void tc_mma(const TcSmem& sm, int buf, int live, int k0, int gs_shift, float (&g)[8][4],
-                                       float (&tot)[8][4]) {
+template <bool QUANT, int BN>
+__device__ __forceinline__ void tc_mma(const TcSmem<BN>& sm, int buf, int live, int k0, int gs_shift,
+                                       float (&g)[BN / 8][4], float (&tot)[BN / 8][4]) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const u16(*a)[TC_LD] = sm.in.a[buf];
     const u16(*bh)[TC_LD] = sm.in.bh[buf];
@@ -321,7 +324,7 @@ __device__ __forceinline__ void tc_mma(const TcSmem& sm, int buf, int live, int 
         u32 af[4];
         ldsm4(smem_addr(&a[warp * 16 + (lane & 15)][kk + (lane >> 4) * 8]), af[0], af[1], af[2], af[3]);
 #pragma unroll
-        for (int np = 0; np < TC_BN / 16; np++) {
+        for (int np = 0; np < BN / 16; np++) {
             if (np * 16 < live) {
                 const int t = np * 16 + (lane & 7) + ((lane >> 4) << 3), c = kk + ((lane >> 3) & 1) * 8;
                 u32 b0, b1, b2, b3;
@@ -339,7 +342,7 @@ __device__ __forceinline__ void tc_mma(const TcSmem& sm, int buf, int live, int 
             const float s0 = sm.in.s[buf][r][gi], b0 = sm.in.b[buf][r][gi];
             const float s1 = sm.in.s[buf][r + 8][gi], b1 = sm.in.b[buf][r + 8][gi];
 #pragma unroll
-            for (int nt = 0; nt < 8; nt++) {
+            for (int nt = 0; nt < BN / 8; nt++) {
                 const int t = nt * 8 + (lane & 3) * 2;
                 const float x0 = sm.in.xs[buf][t][gi], x1 = sm.in.xs[buf][t + 1][gi];
                 tot[nt][0] += fmaf(s0, g[nt][0], b0 * x0);
@@ -355,40 +358,40 @@ __device__ __forceinline__ void tc_mma(const TcSmem& sm, int buf, int live, int 
 
 // One tile: the block's TC_BM weight rows (w.row, loaded per thread) times
 // its first `live` tokens (xr: this thread's 4 token rows of hx, −1 past
-// the end; tsum: the row of thread t < TC_BN's token t, −1 past the end)
+// the end; tsum: the row of thread t < BN's token t, −1 past the end)
 // over `cols` columns, left in sm.c[token][row] (still scaled by each
 // token's 2^e), with a barrier before and after.
-template <int FMT, bool F16S>
-__device__ __forceinline__ void tc_tile(TcW<FMT>& w, const HalfRows& hx, const i64 (&xr)[4], int tsum, int live,
-                                        int cols, int gs_shift, TcSmem& sm) {
+template <int FMT, bool F16S, int BN>
+__device__ __forceinline__ void tc_tile(TcW<FMT>& w, const HalfRows& hx, const i64 (&xr)[BN / 16], int tsum,
+                                        int live, int cols, int gs_shift, TcSmem<BN>& sm) {
     const bool QUANT = Fmt<FMT>::BITS != 0;
-    float g[8][4], tot[8][4];
+    float g[BN / 8][4], tot[BN / 8][4];
 #pragma unroll
-    for (int i = 0; i < 8; i++)
+    for (int i = 0; i < BN / 8; i++)
 #pragma unroll
         for (int j = 0; j < 4; j++) g[i][j] = tot[i][j] = 0.0f;
     const int steps = cols / TC_BK;
     tc_load_w<FMT>(w, 0, gs_shift);
-    tc_load_x(hx, xr, tsum, 0, cols, gs_shift, QUANT, sm, 0);
-    tc_store_w<FMT, F16S>(w, sm, 0, gs_shift);
+    tc_load_x<BN>(hx, xr, tsum, 0, cols, gs_shift, QUANT, sm, 0);
+    tc_store_w<FMT, F16S, BN>(w, sm, 0, gs_shift);
     cp_wait();
     __syncthreads();
     for (int s = 0; s < steps; s++) {
         const int cur = s & 1;
         const bool more = s + 1 < steps;
         if (more) {
-            tc_load_x(hx, xr, tsum, (s + 1) * TC_BK, cols, gs_shift, QUANT, sm, cur ^ 1);
+            tc_load_x<BN>(hx, xr, tsum, (s + 1) * TC_BK, cols, gs_shift, QUANT, sm, cur ^ 1);
             tc_load_w<FMT>(w, (s + 1) * TC_BK, gs_shift);
         }
-        tc_mma<QUANT>(sm, cur, live, s * TC_BK, gs_shift, g, tot);
-        if (more) tc_store_w<FMT, F16S>(w, sm, cur ^ 1, gs_shift);
+        tc_mma<QUANT, BN>(sm, cur, live, s * TC_BK, gs_shift, g, tot);
+        if (more) tc_store_w<FMT, F16S, BN>(w, sm, cur ^ 1, gs_shift);
         cp_wait();
         __syncthreads();
     }
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int row = warp * 16 + (lane >> 2);
 #pragma unroll
-    for (int nt = 0; nt < 8; nt++) {
+    for (int nt = 0; nt < BN / 8; nt++) {
         const int t = nt * 8 + (lane & 3) * 2;
         const float(&v)[4] = QUANT ? tot[nt] : g[nt];
         sm.c[t][row] = v[0];
@@ -402,10 +405,10 @@ __device__ __forceinline__ void tc_tile(TcW<FMT>& w, const HalfRows& hx, const i
 // This thread's token rows of a tile whose token j reads row src(j) of the
 // input (j < live; −1 past the end): xr for its activation chunks, tsum
 // for the group sums it copies.
-template <class Src>
-__device__ __forceinline__ void tc_x_rows(int live, Src src, i64 (&xr)[4], int& tsum) {
+template <int BN, class Src>
+__device__ __forceinline__ void tc_x_rows(int live, Src src, i64 (&xr)[BN / 16], int& tsum) {
 #pragma unroll
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < BN / 16; i++) {
         const int j = (threadIdx.x >> 3) + 16 * i;
         xr[i] = j < live ? (i64)src(j) : -1;
     }
@@ -413,7 +416,7 @@ __device__ __forceinline__ void tc_x_rows(int live, Src src, i64 (&xr)[4], int& 
 }
 
 template <int FMT, bool F16S>
-__device__ __forceinline__ void gemm_tc_t(const Mat& m, const HalfRows& hx, float* y, int n, TcSmem& sm) {
+__device__ __forceinline__ void gemm_tc_t(const Mat& m, const HalfRows& hx, float* y, int n, TcSmem<TC_BN>& sm) {
     if (FMT == FMT_F32) return;  // not taken (cuda/tensor.rs)
     typedef TcFmt<FMT> F;
     const int row0 = blockIdx.x * TC_BM, tok0 = blockIdx.y * TC_BN;
@@ -425,10 +428,10 @@ __device__ __forceinline__ void gemm_tc_t(const Mat& m, const HalfRows& hx, floa
         w.row[i] = mat_row(m, w.live[i] ? r : 0);
     }
     const int live = min(TC_BN, n - tok0);
-    i64 xr[4];
+    i64 xr[TC_BN / 16];
     int tsum;
-    tc_x_rows(live, [&](int j) { return tok0 + j; }, xr, tsum);
-    tc_tile<FMT, F16S>(w, hx, xr, tsum, live, m.cols, m.gs_shift, sm);
+    tc_x_rows<TC_BN>(live, [&](int j) { return tok0 + j; }, xr, tsum);
+    tc_tile<FMT, F16S, TC_BN>(w, hx, xr, tsum, live, m.cols, m.gs_shift, sm);
     // Each token's TC_BM rows are contiguous in y: a warp writes 32 of them.
     for (int i = threadIdx.x; i < TC_BN * TC_BM; i += TC_THREADS) {
         const int j = i / TC_BM, r = i % TC_BM;
@@ -439,9 +442,9 @@ __device__ __forceinline__ void gemm_tc_t(const Mat& m, const HalfRows& hx, floa
 // moe_up_tc: rows r0 .. r0 + TC_BM/2 of gate (tile rows 0..31) and of up
 // (32..63) for every token of the group, in tiles of TC_BN; h[p] =
 // silu(gate·x) ⊙ up·x.
-template <int FMT, bool F16S>
+template <int FMT, bool F16S, int BN>
 __device__ __forceinline__ void moe_up_tc_t(const ELayout& L, const HalfRows& hx, float* h, const Group& G,
-                                            const int* pairs, int k, int hidden, int inter, TcSmem& sm) {
+                                            const int* pairs, int k, int hidden, int inter, TcSmem<BN>& sm) {
     if (FMT == FMT_F32) return;  // not taken (cuda/tensor.rs)
     typedef TcFmt<FMT> F;
     const int HB = TC_BM / 2;
@@ -454,13 +457,13 @@ __device__ __forceinline__ void moe_up_tc_t(const ELayout& L, const HalfRows& hx
         w.live[i] = r < inter;
         w.row[i] = expert_row(G.base, L, tr / HB, w.live[i] ? r : 0, hidden);
     }
-    for (int i0 = 0; i0 < G.count; i0 += TC_BN) {
-        const int live = min(TC_BN, G.count - i0);
-        i64 xr[4];
+    for (int i0 = 0; i0 < G.count; i0 += BN) {
+        const int live = min(BN, G.count - i0);
+        i64 xr[BN / 16];
         int tsum;
-        tc_x_rows(live, [&](int j) { return group_pair(G, pairs, i0 + j) / k; }, xr, tsum);
-        tc_tile<FMT, F16S>(w, hx, xr, tsum, live, hidden, L.gs_shift, sm);
-        for (int i = threadIdx.x; i < TC_BN * HB; i += TC_THREADS) {
+        tc_x_rows<BN>(live, [&](int j) { return group_pair(G, pairs, i0 + j) / k; }, xr, tsum);
+        tc_tile<FMT, F16S, BN>(w, hx, xr, tsum, live, hidden, L.gs_shift, sm);
+        for (int i = threadIdx.x; i < BN * HB; i += TC_THREADS) {
             const int j = i / HB, r = i % HB;
             if (j < live && r0 + r < inter) {
                 const int p = group_pair(G, pairs, i0 + j);
@@ -474,9 +477,9 @@ __device__ __forceinline__ void moe_up_tc_t(const ELayout& L, const HalfRows& hx
 
 // moe_down_tc: rows r0 .. r0 + TC_BM of down for every token of the
 // group; d[p] = down·h[p] (hx: h's rows split, one per pair).
-template <int FMT, bool F16S>
+template <int FMT, bool F16S, int BN>
 __device__ __forceinline__ void moe_down_tc_t(const ELayout& L, const HalfRows& hx, float* d, const Group& G,
-                                              const int* pairs, int hidden, int inter, TcSmem& sm) {
+                                              const int* pairs, int hidden, int inter, TcSmem<BN>& sm) {
     if (FMT == FMT_F32) return;  // not taken (cuda/tensor.rs)
     typedef TcFmt<FMT> F;
     const int r0 = blockIdx.x * TC_BM;
@@ -487,13 +490,13 @@ __device__ __forceinline__ void moe_down_tc_t(const ELayout& L, const HalfRows& 
         w.live[i] = r < hidden;
         w.row[i] = expert_row(G.base, L, 2, w.live[i] ? r : 0, inter);
     }
-    for (int i0 = 0; i0 < G.count; i0 += TC_BN) {
-        const int live = min(TC_BN, G.count - i0);
-        i64 xr[4];
+    for (int i0 = 0; i0 < G.count; i0 += BN) {
+        const int live = min(BN, G.count - i0);
+        i64 xr[BN / 16];
         int tsum;
-        tc_x_rows(live, [&](int j) { return group_pair(G, pairs, i0 + j); }, xr, tsum);
-        tc_tile<FMT, F16S>(w, hx, xr, tsum, live, inter, L.gs_shift, sm);
-        for (int i = threadIdx.x; i < TC_BN * TC_BM; i += TC_THREADS) {
+        tc_x_rows<BN>(live, [&](int j) { return group_pair(G, pairs, i0 + j); }, xr, tsum);
+        tc_tile<FMT, F16S, BN>(w, hx, xr, tsum, live, inter, L.gs_shift, sm);
+        for (int i = threadIdx.x; i < BN * TC_BM; i += TC_THREADS) {
             const int j = i / TC_BM, r = i % TC_BM;
             if (j < live && r0 + r < hidden) {
                 const int p = group_pair(G, pairs, i0 + j);
@@ -505,12 +508,12 @@ __device__ __forceinline__ void moe_down_tc_t(const ELayout& L, const HalfRows& 
 }
 
 #define TC_CALL(call) call
-#define TC_SMEM extern __shared__ __align__(16) char tc_smem[]; TcSmem& sm = *(TcSmem*)tc_smem
+#define TC_SMEM(BN) extern __shared__ __align__(16) char tc_smem[]; TcSmem<BN>& sm = *(TcSmem<BN>*)tc_smem
 #else
 // Below compute capability 8.0 the kernels exist but do nothing; the host
 // never launches them there (cuda/tensor.rs).
 #define TC_CALL(call)
-#define TC_SMEM
+#define TC_SMEM(BN)
 #endif
 
 #if FMT_GROUP_ON(FG_TC)
@@ -519,29 +522,36 @@ __device__ __forceinline__ void moe_down_tc_t(const ELayout& L, const HalfRows& 
 // cols a multiple of TC_BK.
 extern "C" __global__ void __launch_bounds__(TC_THREADS) gemm_tc(Mat m, HalfRows hx, float* y, int n) {
     GRID_DEP();
-    TC_SMEM;
+    TC_SMEM(TC_BN);
     FOR_FMT(m.fmt, TC_CALL((gemm_tc_t<F, S>(m, hx, y, n, sm))));
 }
 
 // moe_up on tensor cores: grid (inter/(TC_BM/2), groups), 128 threads;
-// hx: x's rows split, one per token.
-extern "C" __global__ void __launch_bounds__(TC_THREADS)
-    moe_up_tc(ELayout L, HalfRows hx, float* h, const u64* grp_ptr, const int* grp_start, const int* grp_count,
-              const int* pairs, int k, int hidden, int inter) {
-    GRID_DEP();
-    TC_SMEM;
-    const Group G = moe_group(blockIdx.y, grp_ptr, grp_start, grp_count);
-    FOR_FMT(L.fmt, TC_CALL((moe_up_tc_t<F, S>(L, hx, h, G, pairs, k, hidden, inter, sm))));
-}
+// hx: x's rows split, one per token; tiles of BN tokens (moe_up_tc: 64,
+// moe_up_tc16: 16, for groups of few tokens).
+#define MOE_UP_TC(NAME, BN)                                                                                   \
+    extern "C" __global__ void __launch_bounds__(TC_THREADS)                                                 \
+        NAME(ELayout L, HalfRows hx, float* h, const u64* grp_ptr, const int* grp_start, const int* grp_count, \
+             const int* pairs, int k, int hidden, int inter) {                                               \
+        GRID_DEP();                                                                                          \
+        TC_SMEM(BN);                                                                                         \
+        const Group G = moe_group(blockIdx.y, grp_ptr, grp_start, grp_count);                                \
+        FOR_FMT(L.fmt, TC_CALL((moe_up_tc_t<F, S, BN>(L, hx, h, G, pairs, k, hidden, inter, sm))));          \
+    }
+MOE_UP_TC(moe_up_tc, 64)
+MOE_UP_TC(moe_up_tc16, 16)
 
 // moe_down on tensor cores: grid (hidden/TC_BM, groups), 128 threads;
-// hx: h's rows split, one per pair.
-extern "C" __global__ void __launch_bounds__(TC_THREADS)
-    moe_down_tc(ELayout L, HalfRows hx, float* d, const u64* grp_ptr, const int* grp_start, const int* grp_count,
-                const int* pairs, int hidden, int inter) {
-    GRID_DEP();
-    TC_SMEM;
-    const Group G = moe_group(blockIdx.y, grp_ptr, grp_start, grp_count);
-    FOR_FMT(L.fmt, TC_CALL((moe_down_tc_t<F, S>(L, hx, d, G, pairs, hidden, inter, sm))));
-}
+// hx: h's rows split, one per pair; tiles of BN tokens as moe_up_tc.
+#define MOE_DOWN_TC(NAME, BN)                                                                                  \
+    extern "C" __global__ void __launch_bounds__(TC_THREADS)                                                  \
+        NAME(ELayout L, HalfRows hx, float* d, const u64* grp_ptr, const int* grp_start, const int* grp_count, \
+             const int* pairs, int hidden, int inter) {                                                       \
+        GRID_DEP();                                                                                           \
+        TC_SMEM(BN);                                                                                          \
+        const Group G = moe_group(blockIdx.y, grp_ptr, grp_start, grp_count);                                 \
+        FOR_FMT(L.fmt, TC_CALL((moe_down_tc_t<F, S, BN>(L, hx, d, G, pairs, hidden, inter, sm))));            \
+    }
+MOE_DOWN_TC(moe_down_tc, 64)
+MOE_DOWN_TC(moe_down_tc16, 16)
 #endif
