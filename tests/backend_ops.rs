@@ -558,6 +558,9 @@ fn main() {
         tensor::check_linear_tc(cuda_tc(), cuda())
     }));
     all.push(trials::cuda("cuda::moe_tc", || tensor::check_moe_tc(cuda_tc(), cuda())));
+    all.push(trials::cuda("cuda::linear_many_tc", || {
+        fused::check_linear_many_with(cuda_tc(), &[17, 70], 1e-5)
+    }));
     all.extend(cpu_kernels::trials());
     trials::run(all)
 }

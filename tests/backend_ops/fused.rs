@@ -31,6 +31,12 @@ fn same_bits(what: &str, got: &[f32], want: &[f32]) {
 /// takes, and matrices the one-token kernel does not take (bf16; a group
 /// smaller than a 16-byte chunk), which must fall back.
 pub fn check_linear_many<B: Backend>(b: &B) {
+    check_linear_many_with(b, &[1, 3], 2e-6);
+}
+
+/// check_linear_many for products of `ns` tokens, within `tol` of the
+/// reference (and bit for bit `linear`'s result for each matrix alone).
+pub fn check_linear_many_with<B: Backend>(b: &B, ns: &[usize], tol: f64) {
     let mut rng = Rng::new(21);
     let sets: [(&str, usize, Vec<Spec>); 4] = [
         (
@@ -67,7 +73,7 @@ pub fn check_linear_many<B: Backend>(b: &B) {
         let mats: Vec<(MatrixView, Vec<f64>)> = specs.iter().map(|&s| make(&mut rng, s, *cols)).collect();
         let ms: Vec<B::Matrix> = mats.iter().map(|(v, _)| b.matrix(v).expect("matrix")).collect();
         let ws: Vec<&B::Matrix> = ms.iter().collect();
-        for n in [1, 3] {
+        for &n in ns {
             let x = rng.vec(n * cols, 1.0);
             let xb = up(b, &x);
             // Outputs: zeroed buffers and buffers holding old values.
@@ -85,7 +91,7 @@ pub fn check_linear_many<B: Backend>(b: &B) {
                 let rows = view.rows;
                 let what = format!("linear_many {name} matrix {i} {:?} [{rows}, {cols}] n={n}", specs[i]);
                 let got = run(b, y, n * rows);
-                close(&what, &got, &reference::linear(dense, rows, *cols, &x, n), 2e-6);
+                close(&what, &got, &reference::linear(dense, rows, *cols, &x, n), tol);
                 let mut one = b.alloc(n * rows).expect("alloc");
                 b.linear(&ms[i], &xb, n, &mut one).expect("linear");
                 same_bits(&format!("{what} vs linear"), &got, &run(b, &one, n * rows));

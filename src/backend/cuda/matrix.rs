@@ -86,18 +86,22 @@ pub(crate) struct MatArg {
     pub split: i32,
 }
 
+/// Matrices of one (format code, group shift) for one tensor-core launch,
+/// each with its output address.
+type TcSet = ((i32, i32), Vec<(MatArg, u64)>);
+
 /// Most matrices in one `matvec_q` launch (`MQ_SET` in kernels/matvec.cu).
-const MQ_SET: usize = 4;
+pub(crate) const MQ_SET: usize = 4;
 
 /// The `MatSet` argument of `matvec_q` (kernels/matvec.cu): matrix i with
 /// output `y[i]` takes the blocks `[first[i], first[i + 1])`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
-struct MatSet {
-    m: [MatArg; MQ_SET],
-    y: [u64; MQ_SET],
-    first: [i32; MQ_SET + 1],
-    count: i32,
+pub(crate) struct MatSet {
+    pub m: [MatArg; MQ_SET],
+    pub y: [u64; MQ_SET],
+    pub first: [i32; MQ_SET + 1],
+    pub count: i32,
 }
 
 // The kernel's struct: 4 × 48 + 4 × 8 + 5 × 4 + 4 bytes.
@@ -320,8 +324,8 @@ impl CudaMatrix {
             let grid = (rows.div_ceil(8) as u32, n.div_ceil(t) as u32, 1);
             let n = n as i32;
             gpu.launch(f, grid, 64, 0, cuda_args![arg, xp, yp, n])
-        } else if super::tensor::takes(gpu, arg.fmt, arg.gs_shift, cols, arg.vec == 1) {
-            super::tensor::gemm(gpu, arg, xp, n, yp)
+        } else if self.tensor_cores(gpu, n) {
+            super::tensor::gemm(gpu, &[(arg, yp)], xp, n)
         } else {
             // Tiles of GEMM_ROWS × GEMM_TOKENS outputs.
             let (gx, gy) = (rows.div_ceil(GEMM_ROWS) as u32, n.div_ceil(GEMM_TOKENS) as u32);
@@ -336,10 +340,21 @@ impl CudaMatrix {
         }
     }
 
+    /// Whether a product of `n` tokens through this matrix runs on tensor
+    /// cores (`tensor.rs`).
+    fn tensor_cores(&self, gpu: &Gpu, n: usize) -> bool {
+        let a = &self.arg;
+        n >= super::tensor::MIN_TOKENS
+            && self.rows > 0
+            && super::tensor::takes(gpu, a.fmt, a.gs_shift, self.cols, a.vec == 1)
+    }
+
     /// `ys[i][n, rows_i] = x[n, cols] · W_iᵀ`. For one token, the matrices
     /// of `ws` that `matvec_q` takes and that have the first one's cols run
     /// MQ_SET to a launch (each row's arithmetic is the one `linear`
-    /// does); the others run one `linear` each.
+    /// does); for a prefill chunk, those on tensor cores of one format and
+    /// group size run MQ_SET to a launch from one split of x; the others
+    /// run one `linear` each.
     pub(crate) fn linear_many(
         gpu: &Arc<Gpu>,
         ws: &[&CudaMatrix],
@@ -355,6 +370,30 @@ impl CudaMatrix {
             )));
         }
         let cols = ws.first().map_or(0, |w| w.cols);
+        if n >= super::tensor::MIN_TOKENS {
+            // Sets of matrices the tensor cores take, by (format, group).
+            let mut sets: Vec<TcSet> = Vec::new();
+            for (w, y) in ws.iter().zip(ys.iter_mut()) {
+                if !(w.tensor_cores(gpu, n) && w.cols == cols) {
+                    w.linear(gpu, x, n, y)?;
+                    continue;
+                }
+                x.want(&format!("linear [{}, {cols}] input", w.rows), n * cols)?;
+                y.want(&format!("linear [{}, {cols}] output", w.rows), n * w.rows)?;
+                let key = (w.arg.fmt, w.arg.gs_shift);
+                let yp = y.write(gpu, n * w.rows)?;
+                match sets.iter_mut().find(|(k, _)| *k == key) {
+                    Some((_, s)) => s.push((w.arg, yp)),
+                    None => sets.push((key, vec![(w.arg, yp)])),
+                }
+            }
+            for (_, set) in &sets {
+                for chunk in set.chunks(MQ_SET) {
+                    super::tensor::gemm(gpu, chunk, x.read(gpu)?, n)?;
+                }
+            }
+            return Ok(());
+        }
         let mut set: Vec<(&CudaMatrix, u64)> = Vec::with_capacity(MQ_SET);
         for (w, y) in ws.iter().zip(ys.iter_mut()) {
             if !(w.one_token_staged(n) && w.cols == cols) {

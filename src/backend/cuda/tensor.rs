@@ -11,9 +11,9 @@
 
 use super::buf::DevMem;
 use super::driver::Gpu;
-use super::matrix::{format_of, Format};
+use super::matrix::{format_of, Format, MatArg, MatSet, MQ_SET};
 use crate::cuda_args;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use std::sync::Arc;
 
 /// A block's tile: weight rows, tokens, columns per step (`TC_BM`,
@@ -127,18 +127,46 @@ pub(crate) fn sums_for(fmt: i32, gs_shift: i32) -> Option<i32> {
     }
 }
 
-/// `y[n, rows] = x[n, cols] · Wᵀ` (`m`: the `Mat` argument) on tensor
-/// cores; x and y device addresses.
-pub(crate) fn gemm(gpu: &Arc<Gpu>, m: super::matrix::MatArg, x: u64, n: usize, y: u64) -> Result<()> {
-    let (rows, cols) = (m.rows as usize, m.cols as usize);
-    let hx = to_half(gpu, x, None, n, n, cols, sums_for(m.fmt, m.gs_shift))?;
-    let grid = (rows.div_ceil(TC_BM) as u32, n.div_ceil(TC_BN) as u32, 1);
-    let (arg, nn) = (hx.arg, n as i32);
+/// `y_i[n, rows_i] = x[n, cols] · W_iᵀ` on tensor cores for each (`Mat`
+/// argument, output address) of `set`: 1 to `MQ_SET` matrices of one
+/// format code and group size over the same cols, each one [`takes`];
+/// x is split once, one launch.
+pub(crate) fn gemm(gpu: &Arc<Gpu>, set: &[(MatArg, u64)], x: u64, n: usize) -> Result<()> {
+    let Some(&(m0, _)) = set.first() else {
+        return Ok(());
+    };
+    if set.len() > MQ_SET
+        || set
+            .iter()
+            .any(|(m, _)| (m.fmt, m.gs_shift, m.cols) != (m0.fmt, m0.gs_shift, m0.cols))
+    {
+        return Err(Error::Invalid(format!(
+            "gemm_tc: {} matrices of one format, group and width in a launch (at most {MQ_SET})",
+            set.len()
+        )));
+    }
+    let mut arg = MatSet {
+        m: [MatArg::default(); MQ_SET],
+        y: [0; MQ_SET],
+        first: [0; MQ_SET + 1],
+        count: set.len() as i32,
+    };
+    let mut blocks = 0usize;
+    for (i, (m, y)) in set.iter().enumerate() {
+        arg.m[i] = *m;
+        arg.y[i] = *y;
+        arg.first[i] = blocks as i32;
+        blocks += (m.rows as usize).div_ceil(TC_BM);
+    }
+    arg.first[set.len()] = blocks as i32;
+    let hx = to_half(gpu, x, None, n, n, m0.cols as usize, sums_for(m0.fmt, m0.gs_shift))?;
+    let grid = (blocks as u32, n.div_ceil(TC_BN) as u32, 1);
+    let (ha, nn) = (hx.arg, n as i32);
     gpu.launch(
-        gpu.k.fmt(m.fmt)?.gemm_tc,
+        gpu.k.fmt(m0.fmt)?.gemm_tc,
         grid,
         TC_THREADS,
         smem_bytes(TC_BN),
-        cuda_args![m, arg, y, nn],
+        cuda_args![arg, ha, nn],
     )
 }

@@ -415,11 +415,18 @@ __device__ __forceinline__ void tc_x_rows(int live, Src src, i64 (&xr)[BN / 16],
     tsum = (int)threadIdx.x < live ? src(threadIdx.x) : -1;
 }
 
+// Block (bx, by) of a gemm_tc launch: matrix i of the set whose range of
+// blocks [first[i], first[i + 1]) holds bx, its rows from (bx − first[i])
+// · TC_BM, tokens from by · TC_BN.
 template <int FMT, bool F16S>
-__device__ __forceinline__ void gemm_tc_t(const Mat& m, const HalfRows& hx, float* y, int n, TcSmem<TC_BN>& sm) {
+__device__ __forceinline__ void gemm_tc_t(const MatSet& set, const HalfRows& hx, int n, TcSmem<TC_BN>& sm) {
     if (FMT == FMT_F32) return;  // not taken (cuda/tensor.rs)
     typedef TcFmt<FMT> F;
-    const int row0 = blockIdx.x * TC_BM, tok0 = blockIdx.y * TC_BN;
+    int mi = 0;
+    while (mi + 1 < set.count && (int)blockIdx.x >= set.first[mi + 1]) mi++;
+    const Mat& m = set.m[mi];
+    float* y = (float*)set.y[mi];
+    const int row0 = ((int)blockIdx.x - set.first[mi]) * TC_BM, tok0 = blockIdx.y * TC_BN;
     TcW<FMT> w;
 #pragma unroll
     for (int i = 0; i < F::PER; i++) {
@@ -517,13 +524,14 @@ __device__ __forceinline__ void moe_down_tc_t(const ELayout& L, const HalfRows& 
 #endif
 
 #if FMT_GROUP_ON(FG_TC)
-// y[n, rows] = x · Wᵀ from x split (to_half): grid (rows/TC_BM,
-// n/TC_BN), 128 threads, sizeof(TcSmem) bytes of dynamic shared memory.
-// cols a multiple of TC_BK.
-extern "C" __global__ void __launch_bounds__(TC_THREADS) gemm_tc(Mat m, HalfRows hx, float* y, int n) {
+// y_i[n, rows_i] = x · W_iᵀ for the (1 to MQ_SET) matrices of `set`, of
+// one format and the same cols (a multiple of TC_BK), from x split
+// (to_half): grid (Σ rows_i/TC_BM, n/TC_BN), 128 threads,
+// sizeof(TcSmem<TC_BN>) bytes of dynamic shared memory.
+extern "C" __global__ void __launch_bounds__(TC_THREADS) gemm_tc(MatSet set, HalfRows hx, int n) {
     GRID_DEP();
     TC_SMEM(TC_BN);
-    FOR_FMT(m.fmt, TC_CALL((gemm_tc_t<F, S>(m, hx, y, n, sm))));
+    FOR_FMT(set.m[0].fmt, TC_CALL((gemm_tc_t<F, S>(set, hx, n, sm))));
 }
 
 // moe_up on tensor cores: grid (inter/(TC_BM/2), groups), 128 threads;
