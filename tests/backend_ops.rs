@@ -341,7 +341,7 @@ pub fn check_gated_delta<B: Backend>(b: &B) {
         let (mut conv, mut ssm) = (up(b, &conv0), up(b, &ssm0));
         let mut conv_ref: Vec<f64> = conv0.iter().map(|&v| v as f64).collect();
         let mut ssm_ref: Vec<f64> = ssm0.iter().map(|&v| v as f64).collect();
-        for (call, n) in [3, 1].into_iter().enumerate() {
+        for (call, n) in [3, 1, 40, 2].into_iter().enumerate() {
             let qkv = rng.vec(n * cd, 2.0);
             let (av, bv) = (rng.vec(n * hv, 2.0), rng.vec(n * hv, 2.0));
             let args = DeltaArgs {

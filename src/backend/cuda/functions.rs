@@ -35,6 +35,7 @@ kernels!(
         attention,
         mla_attention,
         delta_conv,
+        delta_prep,
         delta_step,
         moe_route,
         moe_route_warp,

@@ -4,7 +4,7 @@
 
 use super::buf::CudaBuf;
 use super::driver::Gpu;
-use super::driver::MAX_GRID_Y;
+use super::driver::{MAX_GRID_Y, PDL_MAX_TOKENS};
 use crate::backend::{AttnArgs, DeltaArgs, MlaArgs, RopeArgs, Strided};
 use crate::cuda_args;
 use crate::error::{Error, Result};
@@ -399,12 +399,35 @@ pub(crate) fn gated_delta(
     let (ap, bp, lp, dp) = (i.a.read(gpu)?, i.b.read(gpu)?, i.a_log.read(gpu)?, i.dt_bias.read(gpu)?);
     let (hp, op) = (ssm.read(gpu)?, out.write(gpu, a.n * a.v_heads * a.v_dim)?);
     let (hk, hv, dk, dv) = (a.k_heads as i32, a.v_heads as i32, a.k_dim as i32, a.v_dim as i32);
+    // A prefill chunk: the norms of q and k and the gates of every token
+    // first, all at once (delta_prep), so that the recurrence's chain per
+    // token holds only the state update. The same arithmetic either way.
+    let gb = match a.n > PDL_MAX_TOKENS {
+        true => {
+            let gb = CudaBuf::zeroed(gpu, a.n * 2 * a.v_heads)?;
+            let gp = gb.write(gpu, gb.len())?;
+            let grid = ((a.n * a.k_heads).div_ceil(4) as u32, 1, 1);
+            gpu.launch(
+                gpu.k.delta_prep,
+                grid,
+                128,
+                0,
+                cuda_args![xp, ap, bp, lp, dp, gp, n, hk, hv, dk, dv],
+            )?;
+            Some(gb)
+        }
+        false => None,
+    };
+    let gp = match &gb {
+        Some(b) => b.read(gpu)?,
+        None => 0u64,
+    };
     let grid = (a.v_heads as u32, a.v_dim.div_ceil(16) as u32, 1);
     gpu.launch(
         gpu.k.delta_step,
         grid,
         128,
         0,
-        cuda_args![xp, ap, bp, lp, dp, hp, op, n, hk, hv, dk, dv],
+        cuda_args![xp, ap, bp, lp, dp, hp, op, n, hk, hv, dk, dv, gp],
     )
 }

@@ -70,13 +70,59 @@ extern "C" __global__ void delta_conv(const float* qkv, const float* conv_w, flo
 
 __device__ __forceinline__ float softplus_f(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 
+// What delta_step computes per token before the recurrence, for all
+// tokens at once (prefill): q and k of each key head scaled to unit norm
+// (q also by 1/√Dk) in place in x, and gb [n, 2·Hv] = (g, β) per value
+// head, with the arithmetic delta_step uses inline. One warp per (token,
+// key head); grid (n·Hk/4), 128 threads.
+extern "C" __global__ void __launch_bounds__(128)
+    delta_prep(float* x, const float* a_in, const float* b_in, const float* a_log, const float* dt_bias, float* gb,
+               int n, int Hk, int Hv, int Dk, int Dv) {
+    GRID_DEP();
+    const int lane = threadIdx.x & 31;
+    const int w = blockIdx.x * 4 + (threadIdx.x >> 5);
+    if (w >= n * Hk) return;
+    const int t = w / Hk, kh = w % Hk;
+    const int C = 2 * Hk * Dk + Hv * Dv;
+    float* xt = x + (i64)t * C;
+    float q[DELTA_MAXE], k[DELTA_MAXE];
+    float qq = 0.0f, kk = 0.0f;
+#pragma unroll
+    for (int i = 0; i < DELTA_MAXE; i++) {
+        const int c = lane + 32 * i;
+        q[i] = c < Dk ? xt[kh * Dk + c] : 0.0f;
+        k[i] = c < Dk ? xt[Hk * Dk + kh * Dk + c] : 0.0f;
+        qq = fmaf(q[i], q[i], qq);
+        kk = fmaf(k[i], k[i], kk);
+    }
+    qq = warp_sum(qq);
+    kk = warp_sum(kk);
+    const float qf = 1.0f / sqrtf(qq + 1e-6f) * (1.0f / sqrtf((float)Dk));
+    const float kf = 1.0f / sqrtf(kk + 1e-6f);
+#pragma unroll
+    for (int i = 0; i < DELTA_MAXE; i++) {
+        const int c = lane + 32 * i;
+        if (c < Dk) {
+            xt[kh * Dk + c] = q[i] * qf;
+            xt[Hk * Dk + kh * Dk + c] = k[i] * kf;
+        }
+    }
+    // The value heads of this key head.
+    const int per = Hv / Hk;
+    for (int j = lane; j < per; j += 32) {
+        const int h = kh * per + j;
+        gb[(i64)t * 2 * Hv + h] = expf(-expf(a_log[h]) * softplus_f(a_in[(i64)t * Hv + h] + dt_bias[h]));
+        gb[(i64)t * 2 * Hv + Hv + h] = sigmoid_f(b_in[(i64)t * Hv + h]);
+    }
+}
+
 // The recurrence. x [n, C] (after the conv): q (Hk·Dk) | k (Hk·Dk) | v
 // (Hv·Dv) per token; a, b [n, Hv]; a_log, dt_bias [Hv]; ssm [Hv, Dv, Dk]
 // (row = value channel), updated; out [n, Hv·Dv]. Grid (Hv, Dv/16),
 // 128 threads: each warp keeps DELTA_RPW rows of the state in registers.
 extern "C" __global__ void __launch_bounds__(128)
     delta_step(const float* x, const float* a_in, const float* b_in, const float* a_log, const float* dt_bias,
-               float* ssm, float* out, int n, int Hk, int Hv, int Dk, int Dv) {
+               float* ssm, float* out, int n, int Hk, int Hv, int Dk, int Dv, const float* gb) {
     GRID_DEP();
     const int h = blockIdx.x;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -107,8 +153,13 @@ extern "C" __global__ void __launch_bounds__(128)
         }
 #pragma unroll
         for (int r = 0; r < DELTA_RPW; r++) nv[r] = row0 + r < Dv ? xt[2 * Hk * Dk + h * Dv + row0 + r] : 0.0f;
-        na = a_in[(i64)t * Hv + h];
-        nb = b_in[(i64)t * Hv + h];
+        if (gb) {
+            na = gb[(i64)t * 2 * Hv + h];
+            nb = gb[(i64)t * 2 * Hv + Hv + h];
+        } else {
+            na = a_in[(i64)t * Hv + h];
+            nb = b_in[(i64)t * Hv + h];
+        }
     };
     const float A = expf(a_log[h]), dtb = dt_bias[h];
     if (n > 0) load(0);
@@ -126,17 +177,24 @@ extern "C" __global__ void __launch_bounds__(128)
         for (int r = 0; r < DELTA_RPW; r++) v[r] = nv[r];
         const float at = na, bt = nb;
         if (t + 1 < n) load(t + 1);
-        qq = warp_sum(qq);
-        kk = warp_sum(kk);
-        const float qf = 1.0f / sqrtf(qq + 1e-6f) * q_scale;
-        const float kf = 1.0f / sqrtf(kk + 1e-6f);
+        float g, beta;
+        if (gb) {
+            // delta_prep did the norms and gates.
+            g = at;
+            beta = bt;
+        } else {
+            qq = warp_sum(qq);
+            kk = warp_sum(kk);
+            const float qf = 1.0f / sqrtf(qq + 1e-6f) * q_scale;
+            const float kf = 1.0f / sqrtf(kk + 1e-6f);
 #pragma unroll
-        for (int i = 0; i < DELTA_MAXE; i++) {
-            q[i] *= qf;
-            k[i] *= kf;
+            for (int i = 0; i < DELTA_MAXE; i++) {
+                q[i] *= qf;
+                k[i] *= kf;
+            }
+            g = expf(-A * softplus_f(at + dtb));
+            beta = sigmoid_f(bt);
         }
-        const float g = expf(-A * softplus_f(at + dtb));
-        const float beta = sigmoid_f(bt);
         float* ot = out + (i64)t * Hv * Dv + h * Dv;
 #pragma unroll
         for (int r = 0; r < DELTA_RPW; r++) {
