@@ -331,8 +331,7 @@ fn run_experts_tc(
         smem_bytes(bn),
         cuda_args![el, xa, hp, gp, gs, gc, pp, k, hid, inter],
     )?;
-    let sums = tensor::sums_for(el.fmt, el.gs_shift);
-    let hh = tensor::to_half(gpu, hp, Some(pp), g.n_pairs, a.n * a.k, a.inter, sums)?;
+    let hh = tensor::to_half(gpu, hp, Some(pp), g.n_pairs, a.n * a.k, a.inter, el.fmt, el.gs_shift)?;
     let (ha, dp) = (hh.arg, d.write(gpu, d.len())?);
     let grid = (a.hidden.div_ceil(TC_BM) as u32, g.n as u32, 1);
     gpu.launch(
@@ -494,8 +493,7 @@ fn device_grouped(
         0,
         cuda_args![ip, npi, counts, starts, pairs],
     )?;
-    let sums = tensor::sums_for(el.fmt, el.gs_shift);
-    let xh = tensor::to_half(gpu, x.read(gpu)?, None, a.n, a.n, a.hidden, sums)?;
+    let xh = tensor::to_half(gpu, x.read(gpu)?, None, a.n, a.n, a.hidden, el.fmt, el.gs_shift)?;
     let g = Groups {
         n: e,
         n_pairs: np,
@@ -555,10 +553,16 @@ fn grouped(
     // x in f16 once for every launch of the step, when the experts run on
     // tensor cores.
     let x16 = match experts_tc(gpu, &el, n, a) {
-        true => {
-            let sums = tensor::sums_for(el.fmt, el.gs_shift);
-            Some(tensor::to_half(gpu, io.x.read(gpu)?, None, n, n, a.hidden, sums)?)
-        }
+        true => Some(tensor::to_half(
+            gpu,
+            io.x.read(gpu)?,
+            None,
+            n,
+            n,
+            a.hidden,
+            el.fmt,
+            el.gs_shift,
+        )?),
         false => None,
     };
     let per_launch = if cache.resident() {

@@ -78,11 +78,14 @@ pub(crate) struct Half {
     pub arg: HalfRows,
 }
 
-/// `n` rows of `cols` f32 at `x` split into f16 parts, each row scaled by
-/// a power of two (kernels/tensor.cu `to_half`), with each row's sums per
-/// group of `1 << gs_shift` columns when `gs_shift` is given (quantized
-/// weights); with `rows` (a device list of `n` row indices), only those
-/// rows are converted, each to its own place in a copy of `total` rows.
+/// `n` rows of `cols` f32 at `x` split into f16 parts for products with
+/// weights of format code `fmt` (kernels/tensor.cu `to_half`): each row
+/// scaled by a power of two, its columns in the order in which the
+/// kernels unpack a packed word of that format, and for quantized
+/// weights each row's sums per group of `1 << gs_shift` columns; with
+/// `rows` (a device list of `n` row indices), only those rows are
+/// converted, each to its own place in a copy of `total` rows.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn to_half(
     gpu: &Arc<Gpu>,
     x: u64,
@@ -90,8 +93,15 @@ pub(crate) fn to_half(
     n: usize,
     total: usize,
     cols: usize,
-    gs_shift: Option<i32>,
+    fmt: i32,
+    gs_shift: i32,
 ) -> Result<Half> {
+    let (gs_shift, pb) = match format_of(fmt) {
+        Format::Q2 => (Some(gs_shift), 16),
+        Format::Q4 => (Some(gs_shift), 8),
+        Format::Q8 => (Some(gs_shift), 4),
+        _ => (None, 1i32),
+    };
     let part = total * cols * 2;
     let groups = gs_shift.map_or(0, |g| cols >> g);
     let mem = DevMem::new(gpu, 2 * part + total * 4 + total * groups * 4)?;
@@ -113,18 +123,9 @@ pub(crate) fn to_half(
         grid,
         128,
         0,
-        cuda_args![x, rp, arg.hi, arg.lo, arg.inv, arg.sum, nn, cc, gs],
+        cuda_args![x, rp, arg.hi, arg.lo, arg.inv, arg.sum, nn, cc, gs, pb],
     )?;
     Ok(Half { _mem: mem, arg })
-}
-
-/// The group shift `to_half` takes for weights of format code `fmt`: the
-/// group's for quantized weights, none for float ones.
-pub(crate) fn sums_for(fmt: i32, gs_shift: i32) -> Option<i32> {
-    match format_of(fmt) {
-        Format::Q2 | Format::Q4 | Format::Q8 => Some(gs_shift),
-        _ => None,
-    }
 }
 
 /// `y_i[n, rows_i] = x[n, cols] · W_iᵀ` on tensor cores for each (`Mat`
@@ -159,7 +160,7 @@ pub(crate) fn gemm(gpu: &Arc<Gpu>, set: &[(MatArg, u64)], x: u64, n: usize) -> R
         blocks += (m.rows as usize).div_ceil(TC_BM);
     }
     arg.first[set.len()] = blocks as i32;
-    let hx = to_half(gpu, x, None, n, n, m0.cols as usize, sums_for(m0.fmt, m0.gs_shift))?;
+    let hx = to_half(gpu, x, None, n, n, m0.cols as usize, m0.fmt, m0.gs_shift)?;
     let grid = (blocks as u32, n.div_ceil(TC_BN) as u32, 1);
     let (ha, nn) = (hx.arg, n as i32);
     gpu.launch(

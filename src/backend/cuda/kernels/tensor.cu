@@ -42,25 +42,87 @@ struct HalfRows {
     const float* sum;  // [rows, cols/group]: Σ x·2^e per group (quantized weights), else null
 };
 
+#if FMT_GROUP_ON(FG_BASE) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+// One row of to_half, its columns in blocks of PB (1: as they are; 4, 8,
+// 16: the elements of one packed word of 8-, 4-, 2-bit weights), each
+// block stored as e0, e(PB/2), e1, e(PB/2 + 1), ...: the order in which
+// tc_store_w unpacks a word's levels two at a time ((w >> bits·j) & mask
+// holds levels j and j + PB/2). Weights and activations take the same
+// order, so the products' sums are over the same pairs.
+template <int PB>
+__device__ __forceinline__ void to_half_row(const float* xr, u16* hi, u16* lo, float* sum, int cols, int gs_shift,
+                                            float s) {
+    const int lane = threadIdx.x & 31;
+    const int U = PB < 4 ? 4 : PB;                      // elements a lane takes at once
+    const int per = sum ? (1 << gs_shift) / U : cols / U;  // units per group (or row)
+    for (int u0 = 0; u0 < cols / U; u0 += per) {
+        float part = 0.0f;
+        for (int u = u0 + lane; u < u0 + per; u += 32) {
+            float f[U];
+#pragma unroll
+            for (int j = 0; j < U; j += 4) {
+                const float4 v = ((const float4*)xr)[(u * U + j) >> 2];
+                f[j] = v.x * s;
+                f[j + 1] = v.y * s;
+                f[j + 2] = v.z * s;
+                f[j + 3] = v.w * s;
+            }
+            u32 h[U / 2], l[U / 2];
+#pragma unroll
+            for (int j = 0; j < U / 2; j++) {
+                // The pair this word of output holds.
+                const float a = PB >= 4 ? f[(2 * j) / PB * PB + j % (PB / 2)] : f[2 * j];
+                const float b = PB >= 4 ? f[(2 * j) / PB * PB + j % (PB / 2) + PB / 2] : f[2 * j + 1];
+                asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(h[j]) : "f"(b), "f"(a));
+                float h0, h1;
+                asm("{ .reg .f16 a, b; mov.b32 {a, b}, %2; cvt.f32.f16 %0, a; cvt.f32.f16 %1, b; }"
+                    : "=f"(h0), "=f"(h1)
+                    : "r"(h[j]));
+                asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(l[j]) : "f"(b - h1), "f"(a - h0));
+            }
+#pragma unroll
+            for (int j = 0; j < U / 2; j += 2) {
+                uint2 o;
+                o.x = h[j];
+                o.y = h[j + 1];
+                ((uint2*)hi)[(u * U) / 4 + j / 2] = o;
+                o.x = l[j];
+                o.y = l[j + 1];
+                ((uint2*)lo)[(u * U) / 4 + j / 2] = o;
+            }
+#pragma unroll
+            for (int j = 0; j < U; j += 4) part += (f[j] + f[j + 1]) + (f[j + 2] + f[j + 3]);
+        }
+        if (sum) {
+            part = warp_sum(part);
+            if (lane == 0) sum[(u0 * U) >> gs_shift] = part;
+        }
+    }
+}
+#endif
+
 #if FMT_GROUP_ON(FG_BASE)
 // For the rows r = rows[i] (r = i without a list), i < n: hi[r] + lo[r] =
-// x[r]·2^e_r in f16 parts, inv[r] = 2^-e_r, with e_r chosen so that the
-// row's largest magnitude becomes less than 2^14 (0 for a row of zeros);
-// with sum (gs_shift ≥ 4), sum[r][g] = Σ of group g of x[r]·2^e_r. One
-// warp per row, 4 per block; cols a multiple of 4 and of the group, rows
+// x[r]·2^e_r in f16 parts, in blocks of `pb` columns ordered as
+// to_half_row says, inv[r] = 2^-e_r, with e_r chosen so that the row's
+// largest magnitude becomes less than 2^14 (0 for a row of zeros); with
+// sum (gs_shift ≥ 4), sum[r][g] = Σ of group g of x[r]·2^e_r. One warp
+// per row, 4 per block; cols a multiple of 16 and of the group, rows
 // 16-byte aligned.
 extern "C" __global__ void __launch_bounds__(128) to_half(const float* x, const int* rows, u16* hi, u16* lo,
-                                                          float* inv, float* sum, int n, int cols, int gs_shift) {
+                                                          float* inv, float* sum, int n, int cols, int gs_shift,
+                                                          int pb) {
     GRID_DEP();
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800  // cvt.rn.f16x2.f32
     const int i = blockIdx.x * 4 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (i >= n) return;
     const int r = rows ? rows[i] : i;
-    const float4* xr = (const float4*)(x + (i64)r * cols);
+    const float* xr = x + (i64)r * cols;
+    const float4* x4 = (const float4*)xr;
     const int c4 = cols >> 2;
     float m = 0.0f;
     for (int c = lane; c < c4; c += 32) {
-        const float4 v = xr[c];
+        const float4 v = x4[c];
         m = fmaxf(m, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
     }
     m = warp_max(m);
@@ -72,39 +134,14 @@ extern "C" __global__ void __launch_bounds__(128) to_half(const float* x, const 
     // 2^e and 2^-e, exactly.
     const float s = __uint_as_float((u32)(e + 127) << 23);
     if (lane == 0) inv[r] = __uint_as_float((u32)(127 - e) << 23);
-    uint2* oh = (uint2*)(hi + (i64)r * cols);
-    uint2* ol = (uint2*)(lo + (i64)r * cols);
-    // Group by group (4-column chunks, a lane each), so that each group's
-    // sum is one warp sum in a fixed order.
-    const int g4 = sum ? (1 << gs_shift) >> 2 : c4;  // chunks per group
-    for (int g0 = 0; g0 < c4; g0 += g4) {
-        float part = 0.0f;
-        for (int c = g0 + lane; c < g0 + g4; c += 32) {
-            const float4 v = xr[c];
-            const float f[4] = {v.x * s, v.y * s, v.z * s, v.w * s};
-            u32 h[2], l[2];
-#pragma unroll
-            for (int j = 0; j < 2; j++) {
-                asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(h[j]) : "f"(f[2 * j + 1]), "f"(f[2 * j]));
-                float h0, h1;
-                asm("{ .reg .f16 a, b; mov.b32 {a, b}, %2; cvt.f32.f16 %0, a; cvt.f32.f16 %1, b; }"
-                    : "=f"(h0), "=f"(h1)
-                    : "r"(h[j]));
-                asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(l[j]) : "f"(f[2 * j + 1] - h1), "f"(f[2 * j] - h0));
-            }
-            uint2 o;
-            o.x = h[0];
-            o.y = h[1];
-            oh[c] = o;
-            o.x = l[0];
-            o.y = l[1];
-            ol[c] = o;
-            part += (f[0] + f[1]) + (f[2] + f[3]);
-        }
-        if (sum) {
-            part = warp_sum(part);
-            if (lane == 0) sum[(i64)r * (cols >> gs_shift) + (g0 >> (gs_shift - 2))] = part;
-        }
+    u16* h = hi + (i64)r * cols;
+    u16* l = lo + (i64)r * cols;
+    float* sr = sum ? sum + (i64)r * (cols >> gs_shift) : (float*)0;
+    switch (pb) {
+        case 4: to_half_row<4>(xr, h, l, sr, cols, gs_shift, s); break;
+        case 8: to_half_row<8>(xr, h, l, sr, cols, gs_shift, s); break;
+        case 16: to_half_row<16>(xr, h, l, sr, cols, gs_shift, s); break;
+        default: to_half_row<1>(xr, h, l, sr, cols, gs_shift, s); break;
     }
 #endif
 }
@@ -245,16 +282,17 @@ __device__ __forceinline__ void tc_store_w(const TcW<FMT>& w, TcSmem<BN>& sm, in
         uint4* dst = (uint4*)&sm.in.a[buf][row][part * F::EPC];
         const u32 wd[4] = {w.v[i].x, w.v[i].y, w.v[i].z, w.v[i].w};
         if (F::BITS) {
-            // EPC/2 f16x2 words, written 4 to a uint4. Word k of a chunk
-            // holds elements k·EPW .. k·EPW + EPW − 1, lowest bits first.
+            // EPC/2 f16x2 words, written 4 to a uint4. Word q of a chunk
+            // holds EPW levels, lowest bits first; (w >> bits·j) & mask
+            // gives levels j and j + EPW/2 (bits·EPW/2 = 16) as the low
+            // bits of each half: the order to_half gives the activations.
             const int EPW = 32 / (F::BITS ? F::BITS : 32);
-            const u32 M = (1u << (F::BITS ? F::BITS : 1)) - 1;
+            const u32 M2 = ((1u << (F::BITS ? F::BITS : 1)) - 1) * 0x10001u;
             u32 h[F::EPC / 2];
 #pragma unroll
-            for (int e = 0; e < F::EPC; e += 2) {
-                const int q = e / EPW, k = e % EPW;
-                const u32 pair = ((wd[q] >> (F::BITS * k)) & M) | (((wd[q] >> (F::BITS * (k + 1))) & M) << 16);
-                h[e / 2] = levels_h2(pair);
+            for (int e = 0; e < F::EPC / 2; e++) {
+                const int q = e / (EPW / 2), j = e % (EPW / 2);
+                h[e] = levels_h2((wd[q] >> (F::BITS * j)) & M2);
             }
 #pragma unroll
             for (int j = 0; j < F::EPC / 8; j++) dst[j] = u4(h[4 * j], h[4 * j + 1], h[4 * j + 2], h[4 * j + 3]);
