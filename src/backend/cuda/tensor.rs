@@ -49,10 +49,10 @@ pub(crate) fn takes(gpu: &Gpu, fmt: i32, gs_shift: i32, cols: usize, vec: bool) 
 
 /// Bytes of dynamic shared memory a tensor-core block of `bn`-token tiles
 /// takes (`sizeof(TcSmem<BN>)` in kernels/tensor.cu: two buffers of 64 ×
-/// 72 halves of weights and of bn × 72 of each activation part, 2 × 2 ×
+/// 64 halves of weights and of bn × 64 of each activation part, 2 × 2 ×
 /// 64 × 4 floats of scales and biases, 2 × bn × 4 of group sums).
 pub(crate) const fn smem_bytes(bn: usize) -> u32 {
-    (2 * 64 * 72 * 2 + 2 * 2 * bn * 72 * 2 + 2 * 2 * 64 * 4 * 4 + 2 * bn * 4 * 4) as u32
+    (2 * 64 * 64 * 2 + 2 * 2 * bn * 64 * 2 + 2 * 2 * 64 * 4 * 4 + 2 * bn * 4 * 4) as u32
 }
 
 /// Mean tokens per expert group up to which the expert kernels take

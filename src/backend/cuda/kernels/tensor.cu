@@ -26,9 +26,9 @@
 #define TC_BN 64
 #define TC_BK 64
 #define TC_THREADS 128
-// A shared row in halves: 144 bytes, so that the 8 rows an ldmatrix reads
-// start in 8 different 16-byte bank groups.
-#define TC_LD (TC_BK + 8)
+// A shared row in halves: 128 bytes, 8 chunks of 16 bytes stored
+// XOR-swizzled (`swz`).
+#define TC_LD TC_BK
 // A token's row of the f32 result tile.
 #define TC_CLD (TC_BM + 4)
 // Most quantization groups in one step: groups of at least 16 columns.
@@ -178,6 +178,11 @@ struct TcSmem {
     };
 };
 
+// Where logical 16-byte chunk c (0..7) of shared row r is stored: c ^ (r
+// mod 8), so that the 8 rows an ldmatrix reads at one logical chunk hit 8
+// different bank groups (no padding, so 4 blocks of 64 × 64 fit an SM).
+__device__ __forceinline__ int swz(int r, int c) { return c ^ (r & 7); }
+
 __device__ __forceinline__ u32 smem_addr(const void* p) {
     u32 r;
     asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(r) : "l"(p));
@@ -279,7 +284,8 @@ __device__ __forceinline__ void tc_store_w(const TcW<FMT>& w, TcSmem<BN>& sm, in
         const int c = threadIdx.x + TC_THREADS * i;
         if (c >= F::CHUNKS) continue;
         const int row = c / F::CPR;
-        uint4* dst = (uint4*)&sm.in.a[buf][row][part * F::EPC];
+        uint4* rowp = (uint4*)sm.in.a[buf][row];
+        const int c0 = part * F::EPC / 8;  // the chunk's first 16-byte piece
         const u32 wd[4] = {w.v[i].x, w.v[i].y, w.v[i].z, w.v[i].w};
         if (F::BITS) {
             // EPC/2 f16x2 words, written 4 to a uint4. Word q of a chunk
@@ -295,18 +301,19 @@ __device__ __forceinline__ void tc_store_w(const TcW<FMT>& w, TcSmem<BN>& sm, in
                 h[e] = levels_h2((wd[q] >> (F::BITS * j)) & M2);
             }
 #pragma unroll
-            for (int j = 0; j < F::EPC / 8; j++) dst[j] = u4(h[4 * j], h[4 * j + 1], h[4 * j + 2], h[4 * j + 3]);
+            for (int j = 0; j < F::EPC / 8; j++)
+                rowp[swz(row, c0 + j)] = u4(h[4 * j], h[4 * j + 1], h[4 * j + 2], h[4 * j + 3]);
             const int gi = (part * F::EPC) >> gs_shift;
             sm.in.s[buf][row][gi] = F16S ? f16f(w.s[i]) : bf16f(w.s[i]);
             sm.in.b[buf][row][gi] = F16S ? f16f(w.b[i]) : bf16f(w.b[i]);
         } else if (FMT == FMT_F16) {
-            dst[0] = w.v[i];
+            rowp[swz(row, c0)] = w.v[i];
         } else {
             // bf16 → f32 → f16.
             u32 h[4];
 #pragma unroll
             for (int j = 0; j < 4; j++) h[j] = half2_of(__uint_as_float(wd[j] << 16), __uint_as_float(wd[j] & 0xffff0000u));
-            dst[0] = u4(h[0], h[1], h[2], h[3]);
+            rowp[swz(row, c0)] = u4(h[0], h[1], h[2], h[3]);
         }
     }
 }
@@ -322,8 +329,8 @@ __device__ __forceinline__ void tc_load_x(const HalfRows& hx, const i64 (&xr)[BN
 #pragma unroll
     for (int i = 0; i < BN / 16; i++) {
         const int j = (threadIdx.x >> 3) + 16 * i;
-        uint4* dh = (uint4*)&sm.in.bh[buf][j][part * 8];
-        uint4* dl = (uint4*)&sm.in.bl[buf][j][part * 8];
+        uint4* dh = (uint4*)sm.in.bh[buf][j] + swz(j, part);
+        uint4* dl = (uint4*)sm.in.bl[buf][j] + swz(j, part);
         if (xr[i] >= 0) {
             const i64 at = xr[i] * cols + k0 + part * 8;
             cp16(smem_addr(dh), hx.hi + at);
@@ -360,16 +367,18 @@ __device__ __forceinline__ void tc_mma(const TcSmem<BN>& sm, int buf, int live, 
 #pragma unroll
     for (int kk = 0; kk < TC_BK; kk += 16) {
         u32 af[4];
-        ldsm4(smem_addr(&a[warp * 16 + (lane & 15)][kk + (lane >> 4) * 8]), af[0], af[1], af[2], af[3]);
+        const int ar = warp * 16 + (lane & 15);
+        ldsm4(smem_addr((const uint4*)a[ar] + swz(ar, kk / 8 + (lane >> 4))), af[0], af[1], af[2], af[3]);
 #pragma unroll
         for (int np = 0; np < BN / 16; np++) {
             if (np * 16 < live) {
-                const int t = np * 16 + (lane & 7) + ((lane >> 4) << 3), c = kk + ((lane >> 3) & 1) * 8;
+                const int t = np * 16 + (lane & 7) + ((lane >> 4) << 3);
+                const int c = swz(t, kk / 8 + ((lane >> 3) & 1));
                 u32 b0, b1, b2, b3;
-                ldsm4(smem_addr(&bh[t][c]), b0, b1, b2, b3);
+                ldsm4(smem_addr((const uint4*)bh[t] + c), b0, b1, b2, b3);
                 mma16816(g[2 * np], af, b0, b1);
                 mma16816(g[2 * np + 1], af, b2, b3);
-                ldsm4(smem_addr(&bl[t][c]), b0, b1, b2, b3);
+                ldsm4(smem_addr((const uint4*)bl[t] + c), b0, b1, b2, b3);
                 mma16816(g[2 * np], af, b0, b1);
                 mma16816(g[2 * np + 1], af, b2, b3);
             }
