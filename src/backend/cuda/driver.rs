@@ -89,6 +89,8 @@ pub(crate) struct Gpu {
     pdl: bool,
     /// The current forward pass is small enough for PDL (`PDL_MAX_TOKENS`).
     pub pdl_pass: AtomicBool,
+    /// Compute capability (major, minor).
+    pub cc: (i32, i32),
     /// Prefill products run on tensor cores (`CudaOptions::tensor_cores`
     /// and compute capability 8.0 or later; see `tensor.rs`).
     pub tensor_cores: bool,
@@ -153,6 +155,18 @@ impl Gpu {
             .collect::<Result<Vec<_>>>()?;
         let k = Kernels { base, formats };
         let tensor_cores = cc.0 >= 8 && opts.tensor_cores;
+        if cc.0 >= 7 {
+            // delta_scan stages up to 66 KiB (ops.rs, DELTA_SCAN_MAX_SMEM).
+            // SAFETY: a function of a loaded module; a plain attribute.
+            unsafe {
+                sys::cuFuncSetAttribute(
+                    k.base.delta_scan,
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    super::ops::DELTA_SCAN_MAX_SMEM as i32,
+                )
+            }
+            .check("shared memory of delta_scan")?;
+        }
         if tensor_cores {
             // The tensor-core kernels take more shared memory than a block
             // gets without asking.
@@ -216,6 +230,7 @@ impl Gpu {
             pdl: cc.0 >= 9 && opts.pdl,
             pdl_pass: AtomicBool::new(true),
             tensor_cores,
+            cc,
             opts: opts.clone(),
         }))
     }

@@ -37,6 +37,7 @@ kernels!(
         delta_conv,
         delta_prep,
         delta_step,
+        delta_scan,
         moe_route,
         moe_route_warp,
         moe_combine,

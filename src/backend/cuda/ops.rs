@@ -10,6 +10,12 @@ use crate::cuda_args;
 use crate::error::{Error, Result};
 use std::sync::Arc;
 
+/// Tokens per staged chunk of `delta_scan` (`DS_T` in kernels/delta.cu).
+const DS_T: usize = 16;
+/// The most dynamic shared memory `delta_scan` is given: key heads of up
+/// to 256 dimensions (the kernel's limit).
+pub(crate) const DELTA_SCAN_MAX_SMEM: usize = 2 * (2 * DS_T * 256 + DS_T * 16 + 2 * DS_T) * 4;
+
 /// Blocks of 256 threads for a grid-stride loop over `len` elements.
 fn grid_for(len: usize) -> (u32, u32, u32) {
     (len.div_ceil(256).clamp(1, 8192) as u32, 1, 1)
@@ -423,6 +429,19 @@ pub(crate) fn gated_delta(
         None => 0u64,
     };
     let grid = (a.v_heads as u32, a.v_dim.div_ceil(16) as u32, 1);
+    // A prefill chunk whose inputs can be staged 16 bytes at a time: the
+    // recurrence from shared memory (delta_scan, same arithmetic).
+    let smem = 2 * (2 * DS_T * a.k_dim + DS_T * 16 + 2 * DS_T) * 4;
+    let fits = smem <= 48 * 1024 || (gpu.cc.0 >= 7 && smem <= DELTA_SCAN_MAX_SMEM);
+    if gb.is_some() && a.k_dim.is_multiple_of(4) && a.v_dim.is_multiple_of(4) && c.is_multiple_of(4) && fits {
+        return gpu.launch(
+            gpu.k.delta_scan,
+            grid,
+            128,
+            smem as u32,
+            cuda_args![xp, gp, hp, op, n, hk, hv, dk, dv],
+        );
+    }
     gpu.launch(
         gpu.k.delta_step,
         grid,

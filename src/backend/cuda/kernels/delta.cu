@@ -225,3 +225,139 @@ extern "C" __global__ void __launch_bounds__(128)
             if (row0 + r < Dv && c < Dk) sh[(i64)(row0 + r) * Dk + c] = S[r][i];
         }
 }
+
+#define DS_T 16  // tokens per staged chunk of delta_scan
+
+// A 16-byte (4-byte) copy into shared memory: cp.async from sm_80 (done
+// after ds_wait), a plain copy before.
+__device__ __forceinline__ void ds_cp16(float* dst, const float* src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile(
+        "{\n\t.reg .u64 d;\n\tcvta.to.shared.u64 d, %0;\n\tcp.async.cg.shared.global [d], [%1], 16;\n\t}" ::"l"(dst),
+        "l"(src)
+        : "memory");
+#else
+    *(float4*)dst = *(const float4*)src;
+#endif
+}
+
+__device__ __forceinline__ void ds_cp4(float* dst, const float* src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile(
+        "{\n\t.reg .u64 d;\n\tcvta.to.shared.u64 d, %0;\n\tcp.async.ca.shared.global [d], [%1], 4;\n\t}" ::"l"(dst),
+        "l"(src)
+        : "memory");
+#else
+    *dst = *src;
+#endif
+}
+
+__device__ __forceinline__ void ds_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_all;" ::: "memory");
+#endif
+}
+
+// delta_step's recurrence for a prefill chunk after delta_prep (q, k
+// normalized in x; gb = (g, β) per token and value head), with each
+// block's inputs staged in shared memory DS_T tokens at a time (two
+// buffers: the next tokens arrive while these are computed), so that the
+// chain per token never waits on global memory. The same arithmetic as
+// delta_step. Grid (Hv, Dv/16), 128 threads, dynamic shared memory
+// 2·(2·DS_T·Dk + DS_T·16 + 2·DS_T) floats; Dk, Dv and C multiples of 4.
+extern "C" __global__ void __launch_bounds__(128)
+    delta_scan(const float* x, const float* gb, float* ssm, float* out, int n, int Hk, int Hv, int Dk, int Dv) {
+    GRID_DEP();
+    extern __shared__ __align__(16) float ds[];
+    const int h = blockIdx.x;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int rb = blockIdx.y * 16;  // the block's first row
+    const int row0 = rb + warp * DELTA_RPW;
+    const bool active = row0 < Dv;
+    const int C = 2 * Hk * Dk + Hv * Dv;
+    const int kh = h / (Hv / Hk);
+    const int per = 2 * DS_T * Dk + DS_T * 16 + 2 * DS_T;  // floats per buffer
+    float S[DELTA_RPW][DELTA_MAXE];
+    float* sh = ssm + (i64)h * Dv * Dk;
+#pragma unroll
+    for (int r = 0; r < DELTA_RPW; r++)
+#pragma unroll
+        for (int i = 0; i < DELTA_MAXE; i++) {
+            const int c = lane + 32 * i;
+            S[r][i] = row0 + r < Dv && c < Dk ? sh[(i64)(row0 + r) * Dk + c] : 0.0f;
+        }
+    // Tokens t0 .. t0 + DS_T into buffer `buf`: q, k [DS_T][Dk], v [DS_T][16]
+    // (the block's rows), g and β [DS_T][2].
+    auto stage = [&](int t0, int buf) {
+        float* sq = ds + buf * per;
+        float* sk = sq + DS_T * Dk;
+        float* sv = sk + DS_T * Dk;
+        float* sg = sv + DS_T * 16;
+        const int tn = min(DS_T, n - t0), d4 = Dk >> 2;
+        for (int i = threadIdx.x; i < 2 * tn * d4; i += blockDim.x) {
+            const int which = i / (tn * d4), r = i % (tn * d4), t = r / d4, c = r % d4;
+            const float* src = x + (i64)(t0 + t) * C + which * Hk * Dk + kh * Dk + 4 * c;
+            ds_cp16((which ? sk : sq) + t * Dk + 4 * c, src);
+        }
+        for (int i = threadIdx.x; i < 4 * tn; i += blockDim.x) {
+            const int t = i >> 2, c = i & 3;
+            if (rb + 4 * c < Dv) ds_cp16(sv + t * 16 + 4 * c, x + (i64)(t0 + t) * C + 2 * Hk * Dk + h * Dv + rb + 4 * c);
+        }
+        for (int i = threadIdx.x; i < 2 * tn; i += blockDim.x) {
+            const int t = i >> 1, j = i & 1;
+            ds_cp4(sg + 2 * t + j, gb + (i64)(t0 + t) * 2 * Hv + j * Hv + h);
+        }
+    };
+    if (n > 0) stage(0, 0);
+    int buf = 0;
+    for (int t0 = 0; t0 < n; t0 += DS_T, buf ^= 1) {
+        ds_wait();
+        __syncthreads();
+        if (t0 + DS_T < n) stage(t0 + DS_T, buf ^ 1);
+        if (!active) continue;
+        const float* sq = ds + buf * per;
+        const float* sk = sq + DS_T * Dk;
+        const float* sv = sk + DS_T * Dk;
+        const float* sg = sv + DS_T * 16;
+        const int tn = min(DS_T, n - t0);
+        for (int t = 0; t < tn; t++) {
+            float q[DELTA_MAXE], k[DELTA_MAXE];
+#pragma unroll
+            for (int i = 0; i < DELTA_MAXE; i++) {
+                const int c = lane + 32 * i;
+                q[i] = c < Dk ? sq[t * Dk + c] : 0.0f;
+                k[i] = c < Dk ? sk[t * Dk + c] : 0.0f;
+            }
+            const float g = sg[2 * t], beta = sg[2 * t + 1];
+            float* ot = out + (i64)(t0 + t) * Hv * Dv + h * Dv;
+#pragma unroll
+            for (int r = 0; r < DELTA_RPW; r++) {
+                float sk_ = 0.0f;
+#pragma unroll
+                for (int i = 0; i < DELTA_MAXE; i++) {
+                    S[r][i] *= g;
+                    sk_ = fmaf(S[r][i], k[i], sk_);
+                }
+                sk_ = warp_sum(sk_);
+                const float vr = row0 + r < Dv ? sv[t * 16 + warp * DELTA_RPW + r] : 0.0f;
+                const float delta = beta * (vr - sk_);
+                float o = 0.0f;
+#pragma unroll
+                for (int i = 0; i < DELTA_MAXE; i++) {
+                    S[r][i] = fmaf(delta, k[i], S[r][i]);
+                    o = fmaf(S[r][i], q[i], o);
+                }
+                o = warp_sum(o);
+                if (lane == 0 && row0 + r < Dv) ot[row0 + r] = o;
+            }
+        }
+    }
+    if (!active) return;
+#pragma unroll
+    for (int r = 0; r < DELTA_RPW; r++)
+#pragma unroll
+        for (int i = 0; i < DELTA_MAXE; i++) {
+            const int c = lane + 32 * i;
+            if (row0 + r < Dv && c < Dk) sh[(i64)(row0 + r) * Dk + c] = S[r][i];
+        }
+}
