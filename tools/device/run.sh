@@ -6,7 +6,7 @@
 # Stages: probe coldstart coldstart-model ops golden synth resident half quarter zero quarter-nopf cpu
 # golden-staging pieces quarter-staging quick quick25 kernels resident-nograph
 # quarter-nograph golden-nograph resident-nopdl quarter-nopdl profile batch parallel
-# parallel-skewed parallel-cpu.
+# parallel-skewed parallel-cpu prefill profile-prefill.
 # Logs go to $OUT; a short table is printed last.
 set -uo pipefail
 OUT=${OUT:-/tmp/moeflux-out}
@@ -202,6 +202,23 @@ for stage in "$@"; do
         for p in 1 8; do
             bench "cpu-p$p" --device cpu -p 0 -n 32 -r 2 --parallel $p --timing
         done
+        ;;
+    prefill)
+        # Issue 12's rows: long prompts resident and at 25%, and the
+        # Qwen3-30B-A3B shape (plain GQA).
+        bench pp4096 --device cuda -p 4096 -n 0 -r 2
+        bench pp4096-quarter --device cuda --expert-cache 25% -p 4096 -n 0 -r 2
+        [ -d /tmp/q3 ] || "$BIN/moeflux" synth --preset qwen3-30b-a3b --out /tmp/q3 >"$OUT/synth-q3.log" 2>&1
+        MODEL=/tmp/q3 bench q3-resident --device cuda -p 512 -n 128 -r 3
+        ;;
+    profile-prefill)
+        # Per-kernel GPU time of a 512-token prefill (Nsight Compute, each
+        # kernel replayed with cold caches).
+        t0=$SECONDS
+        ncu --csv --metrics gpu__time_duration.sum --launch-count 1400 \
+            "$BIN/moeflux" bench --model "$MODEL" --device cuda -p 512 -n 0 -r 1 >"$OUT/ncu-prefill.csv" 2>"$OUT/ncu-prefill.err"
+        note "ncu prefill (rc $?, $((SECONDS - t0)) s)"
+        python3 tools/device/ncu_summary.py "$OUT/ncu-prefill.csv" | tee -a "$SUMMARY"
         ;;
     quick) bench quick --device cuda -p 64 -n 16 -r 1 ;;
     quick25) bench quick25 --device cuda --expert-cache 25% -p 64 -n 16 -r 1 ;;
