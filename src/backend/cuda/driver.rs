@@ -155,42 +155,6 @@ impl Gpu {
             .collect::<Result<Vec<_>>>()?;
         let k = Kernels { base, formats };
         let tensor_cores = cc.0 >= 8 && opts.tensor_cores;
-        if cc.0 >= 7 {
-            // delta_scan stages up to 66 KiB (ops.rs, DELTA_SCAN_MAX_SMEM).
-            // SAFETY: a function of a loaded module; a plain attribute.
-            unsafe {
-                sys::cuFuncSetAttribute(
-                    k.base.delta_scan,
-                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    super::ops::DELTA_SCAN_MAX_SMEM as i32,
-                )
-            }
-            .check("shared memory of delta_scan")?;
-        }
-        if tensor_cores {
-            // The tensor-core kernels take more shared memory than a block
-            // gets without asking.
-            use super::tensor::{smem_bytes, TC_BN};
-            for (_, f) in &k.formats {
-                for (func, bn) in [
-                    (f.gemm_tc, TC_BN),
-                    (f.moe_up_tc, TC_BN),
-                    (f.moe_down_tc, TC_BN),
-                    (f.moe_up_tc16, 16),
-                    (f.moe_down_tc16, 16),
-                ] {
-                    // SAFETY: a function of a loaded module; a plain attribute.
-                    unsafe {
-                        sys::cuFuncSetAttribute(
-                            func,
-                            sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                            smem_bytes(bn) as i32,
-                        )
-                    }
-                    .check("shared memory of the tensor-core kernels")?;
-                }
-            }
-        }
         let mut stream = std::ptr::null_mut();
         let mut copy = std::ptr::null_mut();
         let flags = sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32;
@@ -249,6 +213,21 @@ impl Gpu {
     }
 
     /// Launch `f` on the compute stream; `block` threads in x.
+    /// Let kernel `f` take up to `bytes` of dynamic shared memory (more
+    /// than the 48 KiB a block gets without asking).
+    pub fn allow_shared_memory(&self, f: sys::CUfunction, bytes: usize) -> Result<()> {
+        self.bind()?;
+        // SAFETY: a function of a loaded module; a plain attribute.
+        unsafe {
+            sys::cuFuncSetAttribute(
+                f,
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                bytes as i32,
+            )
+        }
+        .check("a kernel's shared memory")
+    }
+
     pub fn launch(
         &self,
         f: sys::CUfunction,

@@ -11,6 +11,7 @@ mod cache;
 mod check;
 mod compile;
 mod driver;
+mod format;
 mod functions;
 mod graph;
 mod hostmap;
@@ -98,7 +99,7 @@ pub fn format_codes(manifest: &Manifest, layout: &Layout) -> Vec<i32> {
             8 => 5,
             _ => return None,
         };
-        Some(base + if scales == Some("F16") { matrix::F16_SCALES } else { 0 })
+        Some(base + if scales == Some("F16") { format::F16_SCALES } else { 0 })
     };
     let mut codes = Vec::new();
     for (name, t) in &manifest.tensors {
@@ -182,8 +183,11 @@ impl CudaBackend {
     /// fewer modules.
     /// Messages (kernels compiled, expert-cache fallbacks) go to `notify`.
     pub fn for_formats(ordinal: usize, codes: &[i32], opts: &CudaOptions, notify: &Notifier) -> Result<CudaBackend> {
+        let gpu = Gpu::open(ordinal, codes, opts, notify)?;
+        tensor::allow_shared_memory(&gpu)?;
+        ops::allow_shared_memory(&gpu)?;
         Ok(CudaBackend {
-            gpu: Gpu::open(ordinal, codes, opts, notify)?,
+            gpu,
             cache: OnceLock::new(),
         })
     }

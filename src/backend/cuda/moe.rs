@@ -12,8 +12,8 @@
 use super::buf::{CudaBuf, DevMem};
 use super::cache::ExpertCache;
 use super::driver::{Gpu, MAX_GRID_Y};
+use super::format::{format_of, group_shift, Format, F16_SCALES};
 use super::hybrid::{self, HostStep, HYBRID_TOKENS};
-use super::matrix::{group_shift, Format, F16_SCALES};
 use super::tensor::{self, smem_bytes, Half, SMALL_GROUP, TC_BM, TC_BN, TC_THREADS};
 use crate::backend::{MoeArgs, MoeInputs};
 use crate::config::Routing;
@@ -72,7 +72,7 @@ pub(crate) fn expert_layout(ll: &LayerLayout, group_size: usize, hidden: usize, 
     } else {
         (Format::float(Dtype::parse(&c[0].dtype, &c[0].name)?)? as i32, 0)
     };
-    let f = super::matrix::format_of(fmt);
+    let f = format_of(fmt);
     let mut vec = true;
     for (m, (rows, cols)) in [(inter, hidden), (inter, hidden), (hidden, inter)]
         .into_iter()
@@ -222,7 +222,7 @@ fn stage_smem(el: &ELayout, cols: usize) -> (i32, u32) {
         return (0, 0);
     }
     // Elements in one 16-byte chunk of a row.
-    let chunk = match super::matrix::format_of(el.fmt) {
+    let chunk = match format_of(el.fmt) {
         Format::F32 => 4,
         Format::Bf16 | Format::F16 => 8,
         Format::Q2 => 64,

@@ -14,7 +14,16 @@ use std::sync::Arc;
 const DS_T: usize = 16;
 /// The most dynamic shared memory `delta_scan` is given: key heads of up
 /// to 256 dimensions (the kernel's limit).
-pub(crate) const DELTA_SCAN_MAX_SMEM: usize = 2 * (2 * DS_T * 256 + DS_T * 16 + 2 * DS_T) * 4;
+const DELTA_SCAN_MAX_SMEM: usize = 2 * (2 * DS_T * 256 + DS_T * 16 + 2 * DS_T) * 4;
+
+/// Let `delta_scan` take up to DELTA_SCAN_MAX_SMEM of shared memory
+/// (compute capability 7.0 and later; below, it takes 48 KiB at most).
+pub(crate) fn allow_shared_memory(gpu: &Gpu) -> Result<()> {
+    match gpu.cc.0 >= 7 {
+        true => gpu.allow_shared_memory(gpu.k.delta_scan, DELTA_SCAN_MAX_SMEM),
+        false => Ok(()),
+    }
+}
 
 /// Blocks of 256 threads for a grid-stride loop over `len` elements.
 fn grid_for(len: usize) -> (u32, u32, u32) {

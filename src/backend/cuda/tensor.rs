@@ -11,7 +11,7 @@
 
 use super::buf::DevMem;
 use super::driver::Gpu;
-use super::matrix::{format_of, Format, MatArg, MatSet, MQ_SET};
+use super::format::{format_of, Format, MatArg, MatSet, MQ_SET};
 use crate::cuda_args;
 use crate::error::{Error, Result};
 use std::sync::Arc;
@@ -59,6 +59,26 @@ pub(crate) const fn smem_bytes(bn: usize) -> u32 {
 /// tiles of 16 tokens (`moe_up_tc16`, `moe_down_tc16`: half the shared
 /// memory, so twice the blocks per SM) instead of 64.
 pub(crate) const SMALL_GROUP: usize = 20;
+
+/// Let the tensor-core kernels take their shared memory (once, after the
+/// kernels are loaded; nothing when they are not used).
+pub(crate) fn allow_shared_memory(gpu: &Gpu) -> Result<()> {
+    if !gpu.tensor_cores {
+        return Ok(());
+    }
+    for (_, f) in &gpu.k.formats {
+        for (func, bn) in [
+            (f.gemm_tc, TC_BN),
+            (f.moe_up_tc, TC_BN),
+            (f.moe_down_tc, TC_BN),
+            (f.moe_up_tc16, 16),
+            (f.moe_down_tc16, 16),
+        ] {
+            gpu.allow_shared_memory(func, smem_bytes(bn) as usize)?;
+        }
+    }
+    Ok(())
+}
 
 /// The `HalfRows` kernel argument: a product's input rows split in two
 /// f16 parts, the factor that undoes each row's scale, and (for quantized
