@@ -93,6 +93,37 @@ pub(crate) struct MatSet {
 // The kernel's struct: 4 × 48 + 4 × 8 + 5 × 4 + 4 bytes.
 const _: () = assert!(std::mem::size_of::<MatSet>() == 248);
 
+impl MatSet {
+    /// The set of `parts` (matrix, output address, blocks it takes), in
+    /// launch order, and the blocks of all; `what` names the kernel in
+    /// the error for more than `MQ_SET` parts.
+    pub fn new(what: &str, parts: &[(MatArg, u64, usize)]) -> Result<(MatSet, usize)> {
+        if parts.len() > MQ_SET {
+            return Err(Error::Invalid(format!(
+                "{} matrices in one {what} launch (at most {MQ_SET})",
+                parts.len()
+            )));
+        }
+        let mut set = MatSet {
+            m: [MatArg::default(); MQ_SET],
+            y: [0; MQ_SET],
+            first: [0; MQ_SET + 1],
+            count: parts.len() as i32,
+        };
+        let mut blocks = 0usize;
+        for (i, &(m, y, b)) in parts.iter().enumerate() {
+            set.m[i] = m;
+            set.y[i] = y;
+            set.first[i] = blocks as i32;
+            blocks += b;
+        }
+        for f in &mut set.first[parts.len()..] {
+            *f = blocks as i32;
+        }
+        Ok((set, blocks))
+    }
+}
+
 /// The format of a kernel format code (without the scale flag).
 pub(crate) fn format_of(code: i32) -> Format {
     match code & 7 {

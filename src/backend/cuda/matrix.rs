@@ -41,12 +41,6 @@ fn launch_matvec_q(gpu: &Gpu, set: &[(&CudaMatrix, u64)], x: u64, u: u64) -> Res
     let Some((first, _)) = set.first() else {
         return Ok(());
     };
-    if set.len() > MQ_SET {
-        return Err(Error::Invalid(format!(
-            "{} matrices in one matvec_q launch (at most {MQ_SET})",
-            set.len()
-        )));
-    }
     // 4 rows a warp. At least 32 rows per SM of an H100 in all: 8 warps a
     // block and for each matrix at most 264 blocks (2 per SM) striding over
     // its rows, so x is staged into few blocks; fewer: 2 warps a block, to
@@ -55,31 +49,24 @@ fn launch_matvec_q(gpu: &Gpu, set: &[(&CudaMatrix, u64)], x: u64, u: u64) -> Res
     let big = set.iter().map(|(m, _)| m.rows).sum::<usize>() >= 32 * 132;
     let split = set.iter().any(|(m, _)| split_of(m) > 1);
     let warps = if big || split { 8 } else { 2 };
-    let mut arg = MatSet {
-        m: [MatArg::default(); MQ_SET],
-        y: [0; MQ_SET],
-        first: [0; MQ_SET + 1],
-        count: set.len() as i32,
-    };
-    let mut blocks = 0usize;
-    for (i, (m, y)) in set.iter().enumerate() {
-        let ks = split_of(m);
-        arg.m[i] = MatArg {
-            split: ks as i32,
-            ..m.arg
-        };
-        arg.y[i] = *y;
-        arg.first[i] = blocks as i32;
-        // Rows per block: 4 per row group of `ks` warps.
-        let per_block = 4 * warps as usize / ks;
-        blocks += match big {
-            true => m.rows.div_ceil(per_block).min(264),
-            false => m.rows.div_ceil(per_block),
-        };
-    }
-    for f in &mut arg.first[set.len()..] {
-        *f = blocks as i32;
-    }
+    let parts: Vec<(MatArg, u64, usize)> = set
+        .iter()
+        .map(|&(m, y)| {
+            let ks = split_of(m);
+            // Rows per block: 4 per row group of `ks` warps.
+            let per_block = 4 * warps as usize / ks;
+            let blocks = match big {
+                true => m.rows.div_ceil(per_block).min(264),
+                false => m.rows.div_ceil(per_block),
+            };
+            let arg = MatArg {
+                split: ks as i32,
+                ..m.arg
+            };
+            (arg, y, blocks)
+        })
+        .collect();
+    let (arg, blocks) = MatSet::new("matvec_q", &parts)?;
     let smem = (first.cols * 4) as u32;
     gpu.launch(
         gpu.k.matvec_q,

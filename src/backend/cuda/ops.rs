@@ -414,35 +414,26 @@ pub(crate) fn gated_delta(
     let (ap, bp, lp, dp) = (i.a.read(gpu)?, i.b.read(gpu)?, i.a_log.read(gpu)?, i.dt_bias.read(gpu)?);
     let (hp, op) = (ssm.read(gpu)?, out.write(gpu, a.n * a.v_heads * a.v_dim)?);
     let (hk, hv, dk, dv) = (a.k_heads as i32, a.v_heads as i32, a.k_dim as i32, a.v_dim as i32);
-    // A prefill chunk: the norms of q and k and the gates of every token
-    // first, all at once (delta_prep), so that the recurrence's chain per
-    // token holds only the state update. The same arithmetic either way.
-    let gb = match a.n > PDL_MAX_TOKENS {
-        true => {
-            let gb = CudaBuf::zeroed(gpu, a.n * 2 * a.v_heads)?;
-            let gp = gb.write(gpu, gb.len())?;
-            let grid = ((a.n * a.k_heads).div_ceil(4) as u32, 1, 1);
-            gpu.launch(
-                gpu.k.delta_prep,
-                grid,
-                128,
-                0,
-                cuda_args![xp, ap, bp, lp, dp, gp, n, hk, hv, dk, dv],
-            )?;
-            Some(gb)
-        }
-        false => None,
-    };
-    let gp = match &gb {
-        Some(b) => b.read(gpu)?,
-        None => 0u64,
-    };
     let grid = (a.v_heads as u32, a.v_dim.div_ceil(16) as u32, 1);
     // A prefill chunk whose inputs can be staged 16 bytes at a time: the
-    // recurrence from shared memory (delta_scan, same arithmetic).
+    // norms of q and k and the gates of every token first, all at once
+    // (delta_prep), then the recurrence from shared memory (delta_scan),
+    // whose chain per token holds only the state update. The same
+    // arithmetic as delta_step.
     let smem = 2 * (2 * DS_T * a.k_dim + DS_T * 16 + 2 * DS_T) * 4;
     let fits = smem <= 48 * 1024 || (gpu.cc.0 >= 7 && smem <= DELTA_SCAN_MAX_SMEM);
-    if gb.is_some() && a.k_dim.is_multiple_of(4) && a.v_dim.is_multiple_of(4) && c.is_multiple_of(4) && fits {
+    let aligned = a.k_dim.is_multiple_of(4) && a.v_dim.is_multiple_of(4) && c.is_multiple_of(4);
+    if a.n > PDL_MAX_TOKENS && aligned && fits {
+        let gb = CudaBuf::zeroed(gpu, a.n * 2 * a.v_heads)?; // [n, 2·Hv]: g, β
+        let gp = gb.write(gpu, gb.len())?;
+        let prep = ((a.n * a.k_heads).div_ceil(4) as u32, 1, 1);
+        gpu.launch(
+            gpu.k.delta_prep,
+            prep,
+            128,
+            0,
+            cuda_args![xp, ap, bp, lp, dp, gp, n, hk, hv, dk, dv],
+        )?;
         return gpu.launch(
             gpu.k.delta_scan,
             grid,
@@ -456,6 +447,6 @@ pub(crate) fn gated_delta(
         grid,
         128,
         0,
-        cuda_args![xp, ap, bp, lp, dp, hp, op, n, hk, hv, dk, dv, gp],
+        cuda_args![xp, ap, bp, lp, dp, hp, op, n, hk, hv, dk, dv],
     )
 }

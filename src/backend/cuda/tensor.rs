@@ -11,7 +11,7 @@
 
 use super::buf::DevMem;
 use super::driver::Gpu;
-use super::format::{format_of, Format, MatArg, MatSet, MQ_SET};
+use super::format::{format_of, Format, MatArg, MatSet};
 use crate::cuda_args;
 use crate::error::{Error, Result};
 use std::sync::Arc;
@@ -156,30 +156,19 @@ pub(crate) fn gemm(gpu: &Arc<Gpu>, set: &[(MatArg, u64)], x: u64, n: usize) -> R
     let Some(&(m0, _)) = set.first() else {
         return Ok(());
     };
-    if set.len() > MQ_SET
-        || set
-            .iter()
-            .any(|(m, _)| (m.fmt, m.gs_shift, m.cols) != (m0.fmt, m0.gs_shift, m0.cols))
+    if set
+        .iter()
+        .any(|(m, _)| (m.fmt, m.gs_shift, m.cols) != (m0.fmt, m0.gs_shift, m0.cols))
     {
-        return Err(Error::Invalid(format!(
-            "gemm_tc: {} matrices of one format, group and width in a launch (at most {MQ_SET})",
-            set.len()
-        )));
+        return Err(Error::Invalid(
+            "gemm_tc: matrices of different formats, groups or widths in one launch".into(),
+        ));
     }
-    let mut arg = MatSet {
-        m: [MatArg::default(); MQ_SET],
-        y: [0; MQ_SET],
-        first: [0; MQ_SET + 1],
-        count: set.len() as i32,
-    };
-    let mut blocks = 0usize;
-    for (i, (m, y)) in set.iter().enumerate() {
-        arg.m[i] = *m;
-        arg.y[i] = *y;
-        arg.first[i] = blocks as i32;
-        blocks += (m.rows as usize).div_ceil(TC_BM);
-    }
-    arg.first[set.len()] = blocks as i32;
+    let parts: Vec<(MatArg, u64, usize)> = set
+        .iter()
+        .map(|&(m, y)| (m, y, (m.rows as usize).div_ceil(TC_BM)))
+        .collect();
+    let (arg, blocks) = MatSet::new("gemm_tc", &parts)?;
     let hx = to_half(gpu, x, None, n, n, m0.cols as usize, m0.fmt, m0.gs_shift)?;
     let grid = (blocks as u32, n.div_ceil(TC_BN) as u32, 1);
     let (ha, nn) = (hx.arg, n as i32);

@@ -80,6 +80,41 @@ __device__ float block_max(float v, float* sh) {
     return warp_max(l < nw ? sh[l] : NEG_INF);
 }
 
+// The shared-window address of a generic pointer into shared memory (a
+// plain asm, so that the compiler may form it once and reuse it).
+__device__ __forceinline__ u32 smem_addr(const void* p) {
+    u32 r;
+    asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(r) : "l"(p));
+    return r;
+}
+
+// *dst = *src, 16 (or 4) bytes from global to shared memory: from sm_80
+// an asynchronous copy that holds no registers, complete after
+// cp_async_wait; a plain copy before.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const u32 d = smem_addr(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
+#else
+    *(uint4*)dst = *(const uint4*)src;
+#endif
+}
+
+__device__ __forceinline__ void cp_async4(void* dst, const void* src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const u32 d = smem_addr(dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(d), "l"(src) : "memory");
+#else
+    *(u32*)dst = *(const u32*)src;
+#endif
+}
+
+__device__ __forceinline__ void cp_async_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_all;" ::: "memory");
+#endif
+}
+
 // Kernel groups, for compiling the kernels as several modules
 // (cuda/compile.rs): a module made with MOEFLUX_GROUP = g holds the
 // kernels of group g alone; without it, every group. The format-dependent

@@ -308,31 +308,12 @@ struct XShared {
     __device__ __forceinline__ float4 f4(int t, int p) const { return xs[first + t * stride + xswz<F4>(p)]; }
 };
 
-// *dst = *src, 16 bytes from global to shared memory; from sm_80 an
-// asynchronous copy that holds no registers, complete after stage_wait.
-__device__ __forceinline__ void stage16(float4* dst, const float4* src) {
-#if __CUDA_ARCH__ >= 800
-    asm volatile(
-        "{\n\t.reg .u64 d;\n\tcvta.to.shared.u64 d, %0;\n\tcp.async.cg.shared.global [d], [%1], 16;\n\t}" ::"l"(dst),
-        "l"(src)
-        : "memory");
-#else
-    *dst = __ldg(src);
-#endif
-}
-
-__device__ __forceinline__ void stage_wait() {
-#if __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.wait_all;" ::: "memory");
-#endif
-}
-
 // Issues the copy of the inputs of the group's tokens i0 .. i0 + slots
 // into xs [slots, cols/4] (slot q: token i0 + q, zeros past the group),
 // float4 p of a slot at xswz<F4>(p): the 8 lanes of a 128-byte phase of
 // an XShared read (one offset of 8 consecutive chunks of one token) hit 8
 // different bank groups. Starts with a barrier (the tile before has been
-// read); every thread of the block runs it, then stage_wait and a barrier.
+// read); every thread of the block runs it, then cp_async_wait and a barrier.
 // slots ≤ 32.
 template <int F4>
 __device__ __forceinline__ void stage_tile(float4* xs, const ExpertWarp& w, const Group& G, const int* pairs, int i0,
@@ -350,7 +331,7 @@ __device__ __forceinline__ void stage_tile(float4* xs, const ExpertWarp& w, cons
             for (int p = threadIdx.x; p < c4; p += blockDim.x) dst[xswz<F4>(p)] = z;
         } else {
             const float4* src = (const float4*)(w.in + (i64)row * w.cols);
-            for (int p = threadIdx.x; p < c4; p += blockDim.x) stage16(dst + xswz<F4>(p), src + p);
+            for (int p = threadIdx.x; p < c4; p += blockDim.x) cp_async16(dst + xswz<F4>(p), src + p);
         }
     }
 }
@@ -387,7 +368,7 @@ __device__ __forceinline__ void expert_tile(const ExpertWarp& w, const Group& G,
         stage_tile<F4>(xsh, w, G, pairs, i0, w.ls.n * T);
         uint4 wv[MV_R];
         if (w.active && w.ls.vlane < w.cols / chunk_elems<FMT>()) load_chunk(w.rows, w.live, w.ls.vlane, wv);
-        stage_wait();
+        cp_async_wait();
         __syncthreads();
         if (!w.active) return;
         XShared<F4> x;

@@ -183,12 +183,6 @@ struct TcSmem {
 // different bank groups (no padding, so 4 blocks of 64 × 64 fit an SM).
 __device__ __forceinline__ int swz(int r, int c) { return c ^ (r & 7); }
 
-__device__ __forceinline__ u32 smem_addr(const void* p) {
-    u32 r;
-    asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(r) : "l"(p));
-    return r;
-}
-
 // Two floats as one f16x2 word (lo in the low half), rounded to nearest.
 __device__ __forceinline__ u32 half2_of(float lo, float hi) {
     u32 r;
@@ -218,15 +212,6 @@ __device__ __forceinline__ void mma16816(float (&c)[4], const u32 (&a)[4], u32 b
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-__device__ __forceinline__ void cp16(u32 dst, const void* src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
-}
-
-__device__ __forceinline__ void cp4(u32 dst, const void* src) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(dst), "l"(src) : "memory");
-}
-
-__device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
 // How a format's weights are loaded: 16-byte chunks of EPC elements, CPR
 // of them per row per step, PER per thread (thread t takes chunks t,
@@ -333,8 +318,8 @@ __device__ __forceinline__ void tc_load_x(const HalfRows& hx, const i64 (&xr)[BN
         uint4* dl = (uint4*)sm.in.bl[buf][j] + swz(j, part);
         if (xr[i] >= 0) {
             const i64 at = xr[i] * cols + k0 + part * 8;
-            cp16(smem_addr(dh), hx.hi + at);
-            cp16(smem_addr(dl), hx.lo + at);
+            cp_async16(dh, hx.hi + at);
+            cp_async16(dl, hx.lo + at);
         } else {
             *dh = u4(0u, 0u, 0u, 0u);
             *dl = u4(0u, 0u, 0u, 0u);
@@ -345,7 +330,7 @@ __device__ __forceinline__ void tc_load_x(const HalfRows& hx, const i64 (&xr)[BN
         for (int gi = 0; gi < groups; gi++) {
             float* d = &sm.in.xs[buf][threadIdx.x][gi];
             if (tsum >= 0) {
-                cp4(smem_addr(d), hx.sum + (i64)tsum * (cols >> gs_shift) + (k0 >> gs_shift) + gi);
+                cp_async4(d, hx.sum + (i64)tsum * (cols >> gs_shift) + (k0 >> gs_shift) + gi);
             } else {
                 *d = 0.0f;
             }
@@ -421,7 +406,7 @@ __device__ __forceinline__ void tc_tile(TcW<FMT>& w, const HalfRows& hx, const i
     tc_load_w<FMT>(w, 0, gs_shift);
     tc_load_x<BN>(hx, xr, tsum, 0, cols, gs_shift, QUANT, sm, 0);
     tc_store_w<FMT, F16S, BN>(w, sm, 0, gs_shift);
-    cp_wait();
+    cp_async_wait();
     __syncthreads();
     for (int s = 0; s < steps; s++) {
         const int cur = s & 1;
@@ -432,7 +417,7 @@ __device__ __forceinline__ void tc_tile(TcW<FMT>& w, const HalfRows& hx, const i
         }
         tc_mma<QUANT, BN>(sm, cur, live, s * TC_BK, gs_shift, g, tot);
         if (more) tc_store_w<FMT, F16S, BN>(w, sm, cur ^ 1, gs_shift);
-        cp_wait();
+        cp_async_wait();
         __syncthreads();
     }
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
