@@ -8,6 +8,8 @@
 mod fused;
 #[path = "backend_ops/reference.rs"]
 mod reference;
+#[path = "backend_ops/seqs.rs"]
+mod seqs;
 #[path = "backend_ops/tensor.rs"]
 mod tensor;
 #[path = "common/trials.rs"]
@@ -522,6 +524,8 @@ fn checks<B: Backend>() -> Vec<(&'static str, Check<B>)> {
         ("attention", check_attention::<B>),
         ("mla_attention", check_mla::<B>),
         ("gated_delta", check_gated_delta::<B>),
+        ("attention_seqs", seqs::check_attention_seqs::<B>),
+        ("gated_delta_seqs", seqs::check_gated_delta_seqs::<B>),
         ("moe", check_moe::<B>),
     ]
 }

@@ -7,11 +7,13 @@
 
 pub mod cpu;
 pub mod cuda;
+pub mod seqs;
 
 use crate::config::Routing;
 use crate::error::{Error, Result};
 use crate::experts::ExpertStore;
 use crate::format::MatrixView;
+pub use seqs::{AttnSeqs, Seg, StatePair};
 
 /// A strided copy of `rows` rows of `width` elements:
 /// `dst[dst_off + r·dst_stride + i] = src[src_off + r·src_stride + i]`.
@@ -306,6 +308,40 @@ pub trait Backend: Send + Sync + Sized + 'static {
         args: DeltaArgs,
         out: &mut Self::Buf,
     ) -> Result<()>;
+
+    /// GQA attention for the rows of several sequences (`segs`, rows in
+    /// order): each sequence's q and k rotated for its positions, its k
+    /// and v appended to its caches `(k, v)` at its `pos0`, and its
+    /// queries attending over its cache; out `[n, n_heads, v_dim]`.
+    /// The default runs the one-sequence ops per sequence.
+    fn attention_seqs(
+        &self,
+        x: AttnSeqs<'_, Self>,
+        caches: &mut [StatePair<'_, Self>],
+        segs: &[Seg],
+        out: &mut Self::Buf,
+    ) -> Result<()> {
+        seqs::attention_each(self, x, caches, segs, out)
+    }
+
+    /// `gated_delta` for the rows of several sequences (`segs`, rows in
+    /// order of `qkv`, `a`, `b` and `out`), each with its state
+    /// `(conv, ssm)`; `args.n` is the rows of all. The default runs
+    /// `gated_delta` per sequence.
+    #[allow(clippy::too_many_arguments)]
+    fn gated_delta_seqs(
+        &self,
+        qkv: &mut Self::Buf,
+        a: &mut Self::Buf,
+        b: &mut Self::Buf,
+        w: DeltaWeights<'_, Self>,
+        states: &mut [StatePair<'_, Self>],
+        segs: &[Seg],
+        args: DeltaArgs,
+        out: &mut Self::Buf,
+    ) -> Result<()> {
+        seqs::gated_delta_each(self, [qkv, a, b], w, states, segs, args, out)
+    }
 
     /// Route the tokens of one layer, run their experts and add the
     /// weighted sum into `out` `[n, hidden]`.

@@ -1,8 +1,8 @@
 //! GQA softmax attention over a KV cache: plain (qwen3_moe) or with the
 //! per-head output gate and partial RoPE of Qwen3.5 / Qwen3-Next.
 
-use super::{load_mat, load_vec, per_seq, Ctx, StatePair};
-use crate::backend::{AttnArgs, Backend, RopeArgs, Strided};
+use super::{load_mat, load_vec, Ctx};
+use crate::backend::{AttnArgs, AttnSeqs, Backend, RopeArgs, StatePair, Strided};
 use crate::config::ModelConfig;
 use crate::error::Result;
 use crate::format::packed::WeightsFile;
@@ -76,42 +76,33 @@ impl<B: Backend> GqaWeights<B> {
         b.rms_norm(&q, &self.q_norm, n * h, hd, cfg.rms_norm_eps, &mut qn)?;
         b.rms_norm(&k, &self.k_norm, n * kv, hd, cfg.rms_norm_eps, &mut kn)?;
         let mut o = b.alloc(n * h * hd)?;
-        let row = kv * hd;
-        let widths = [h * hd, row, row];
-        per_seq(
-            c,
-            [&mut qn, &mut kn, &mut v],
-            widths,
-            (&mut o, h * hd),
-            caches,
-            |s, [qn, kn, v], (kc, vc), o| {
-                let rope = |heads| RopeArgs {
-                    n_tokens: s.n,
-                    n_heads: heads,
-                    head_stride: hd,
-                    token_stride: heads * hd,
-                    rot_off: 0,
-                    rot_dim: cfg.rotary_dim(),
-                    pos0: s.pos0,
-                    interleaved: false,
-                    mscale: 1.0,
-                };
-                b.rope(qn, c.inv_freq, rope(h))?;
-                b.rope(kn, c.inv_freq, rope(kv))?;
-                b.copy(kn, kc, Strided::contiguous(s.n * row, 0, s.pos0 * row))?;
-                b.copy(v, vc, Strided::contiguous(s.n * row, 0, s.pos0 * row))?;
-                let args = AttnArgs {
-                    n: s.n,
-                    pos0: s.pos0,
-                    n_heads: h,
-                    n_kv_heads: kv,
-                    head_dim: hd,
-                    v_dim: hd,
-                    scale: (hd as f32).powf(-0.5),
-                };
-                b.attention(qn, kc, vc, args, o)
+        let x = AttnSeqs {
+            q: &mut qn,
+            k: &mut kn,
+            v: &v,
+            inv_freq: c.inv_freq,
+            rope: RopeArgs {
+                n_tokens: n,
+                n_heads: h,
+                head_stride: hd,
+                token_stride: h * hd,
+                rot_off: 0,
+                rot_dim: cfg.rotary_dim(),
+                pos0: 0,
+                interleaved: false,
+                mscale: 1.0,
             },
-        )?;
+            attn: AttnArgs {
+                n,
+                pos0: 0,
+                n_heads: h,
+                n_kv_heads: kv,
+                head_dim: hd,
+                v_dim: hd,
+                scale: (hd as f32).powf(-0.5),
+            },
+        };
+        b.attention_seqs(x, caches, c.segs, &mut o)?;
         if let Some(g) = &gate {
             b.sigmoid_mul(&mut o, g, n * h * hd)?;
         }

@@ -1,7 +1,7 @@
 //! The GatedDeltaNet block of Qwen3.5 / Qwen3-Next (SPEC.md §5).
 
-use super::{load_mat, load_vec, per_seq, Ctx, StatePair};
-use crate::backend::{Backend, DeltaArgs, DeltaState, DeltaWeights};
+use super::{load_mat, load_vec, Ctx};
+use crate::backend::{Backend, DeltaArgs, DeltaWeights, StatePair};
 use crate::config::{LinearAttnConfig, ModelConfig};
 use crate::error::{Error, Result};
 use crate::format::packed::WeightsFile;
@@ -66,23 +66,12 @@ impl<B: Backend> DeltaNetWeights<B> {
             v_dim: dv,
             kernel: l.conv_kernel,
         };
-        let widths = [l.conv_dim(), hv, hv];
-        per_seq(
-            c,
-            [&mut qkv, &mut alpha, &mut beta],
-            widths,
-            (&mut o, hv * dv),
-            states,
-            |s, [qkv, alpha, beta], (conv, ssm), o| {
-                let args = DeltaArgs { n: s.n, ..args };
-                let w = DeltaWeights {
-                    conv_w: &self.conv_w,
-                    a_log: &self.a_log,
-                    dt_bias: &self.dt_bias,
-                };
-                b.gated_delta(qkv, alpha, beta, w, DeltaState { conv, ssm }, args, o)
-            },
-        )?;
+        let w = DeltaWeights {
+            conv_w: &self.conv_w,
+            a_log: &self.a_log,
+            dt_bias: &self.dt_bias,
+        };
+        b.gated_delta_seqs(&mut qkv, &mut alpha, &mut beta, w, states, c.segs, args, &mut o)?;
         let mut y = b.alloc(n * hv * dv)?;
         b.gated_rms_norm(&o, &z, &self.norm, n * hv, dv, c.cfg.rms_norm_eps, &mut y)?;
         b.linear(&self.out_proj, &y, n, out)

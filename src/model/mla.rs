@@ -1,8 +1,9 @@
 //! DeepSeek-V3 multi-head latent attention, computed in absorbed form
 //! over a cache of the normalized latent and the rotated rope key.
 
-use super::{load_mat, load_vec, per_seq, Ctx, StatePair};
-use crate::backend::{Backend, MlaArgs, RopeArgs, Strided};
+use super::{load_mat, load_vec, Ctx};
+use crate::backend::seqs::per_seq;
+use crate::backend::{Backend, MlaArgs, RopeArgs, StatePair, Strided};
 use crate::config::{MlaConfig, ModelConfig};
 use crate::error::{Error, Result};
 use crate::format::packed::WeightsFile;
@@ -105,7 +106,8 @@ impl<B: Backend> MlaWeights<B> {
         let mut o = b.alloc(n * h * dv)?;
         let widths = [h * qd, r, dr];
         per_seq(
-            c,
+            c.b,
+            c.segs,
             [&mut q, &mut c_norm, &mut k_rot],
             widths,
             (&mut o, h * dv),

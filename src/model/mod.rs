@@ -14,7 +14,7 @@ mod state;
 pub mod timing;
 pub mod trace;
 
-use crate::backend::{Backend, Strided};
+use crate::backend::{Backend, Seg, StatePair, Strided};
 use crate::config::{Arch, AttnKind, FfnKind, ModelConfig};
 use crate::error::{Error, Result};
 use crate::experts::ExpertStore;
@@ -49,56 +49,6 @@ pub struct Ctx<'a, B: Backend> {
     pub segs: &'a [Seg],
     pub timer: &'a PhaseTimer,
     pub trace: &'a RouteTrace,
-}
-
-/// One sequence's part of a forward pass: rows `[off, off + n)` of the
-/// pass's activations, at positions `pos0 .. pos0 + n` of its own state.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Seg {
-    pub off: usize,
-    pub n: usize,
-    pub pos0: usize,
-}
-
-/// Run `core` once per sequence of the pass, on that sequence's rows of
-/// `ins` (`ins[i]` is `[n, widths[i]]`), with its state, writing its rows
-/// of `out` `[n, out_w]`. With one sequence `core` gets the buffers
-/// themselves; with several, copies of the rows (and its output is copied
-/// into place). Everything outside `core` runs once over all the rows.
-pub(crate) fn per_seq<B: Backend, S, const N: usize>(
-    c: &Ctx<B>,
-    mut ins: [&mut B::Buf; N],
-    widths: [usize; N],
-    (out, out_w): (&mut B::Buf, usize),
-    states: &mut [S],
-    mut core: impl FnMut(Seg, [&mut B::Buf; N], &mut S, &mut B::Buf) -> Result<()>,
-) -> Result<()> {
-    if c.segs.len() != states.len() {
-        return Err(Error::Invalid(format!(
-            "{} sequences with {} states",
-            c.segs.len(),
-            states.len()
-        )));
-    }
-    if let ([seg], [st]) = (c.segs, &mut *states) {
-        return core(*seg, ins, st, out);
-    }
-    let b = c.b;
-    for (seg, st) in c.segs.iter().zip(states.iter_mut()) {
-        let mut own = Vec::with_capacity(N);
-        for (buf, &w) in ins.iter_mut().zip(&widths) {
-            let mut t = b.alloc(seg.n * w)?; // [seg.n, w]
-            b.copy(buf, &mut t, Strided::contiguous(seg.n * w, seg.off * w, 0))?;
-            own.push(t);
-        }
-        let mut own: [B::Buf; N] = own
-            .try_into()
-            .map_err(|_| Error::Invalid("per_seq: one copy per input".into()))?;
-        let mut o = b.alloc(seg.n * out_w)?; // [seg.n, out_w]
-        core(*seg, own.each_mut(), st, &mut o)?;
-        b.copy(&o, out, Strided::contiguous(seg.n * out_w, 0, seg.off * out_w))?;
-    }
-    Ok(())
 }
 
 /// One sequence's work in a batched forward pass.
@@ -138,9 +88,6 @@ pub enum LayerState<B: Backend> {
     /// latent `[capacity, kvr]`, k_pe `[capacity, dr]`.
     Mla { latent: B::Buf, kpe: B::Buf },
 }
-
-/// A layer state's two buffers, as a mixer of the matching kind takes them.
-pub(crate) type StatePair<'s, B> = (&'s mut <B as Backend>::Buf, &'s mut <B as Backend>::Buf);
 
 impl<B: Backend> LayerState<B> {
     /// The two buffers, when the state belongs to a mixer of kind `mixer`.
@@ -456,19 +403,16 @@ impl<B: Backend> Net<B> {
         b.rms_norm(&last, &self.final_norm, rows, hid, cfg.rms_norm_eps, &mut normed)?;
         let mut logits = b.alloc(rows * vocab)?; // [rows, vocab]
         b.linear(self.lm_head.as_ref().unwrap_or(&self.embed), &normed, rows, &mut logits)?;
-        let mut host = vec![0.0f32; rows * vocab];
-        b.download(&logits, 0, &mut host)?;
-        if let [_] = want[..] {
-            return Ok(vec![host]);
-        }
+        // Each sequence's rows straight into its own vector.
         let mut at = 0;
-        Ok(want
-            .iter()
+        want.iter()
             .map(|&(_, r)| {
+                let mut host = vec![0.0f32; r * vocab];
+                b.download(&logits, at * vocab, &mut host)?;
                 at += r;
-                host[(at - r) * vocab..at * vocab].to_vec()
+                Ok(host)
             })
-            .collect())
+            .collect()
     }
 
     pub fn arch(&self) -> Arch {

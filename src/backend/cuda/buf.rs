@@ -146,6 +146,10 @@ impl Pinned {
         self.ptr
     }
 
+    pub fn len(&self) -> usize {
+        self.bytes
+    }
+
     /// Bytes `[off, off + len)`, for the one thread that fills them.
     ///
     /// # Safety

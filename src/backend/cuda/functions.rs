@@ -32,6 +32,8 @@ kernels!(
         sigmoid_mul,
         copy_strided,
         rope,
+        rope_seqs,
+        kv_append,
         attention,
         mla_attention,
         delta_conv,

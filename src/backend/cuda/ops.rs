@@ -1,36 +1,19 @@
-//! Launchers of the non-matrix ops: norms, element-wise ops, copies,
-//! RoPE, attention, MLA and the GatedDeltaNet step. Each checks the
+//! Launchers of the non-matrix ops: norms, element-wise ops, copies and
+//! MLA (the other token mixers are in `mixers.rs`). Each checks the
 //! buffer sizes and the limits its kernel has, then launches.
 
 use super::buf::CudaBuf;
-use super::driver::Gpu;
-use super::driver::{MAX_GRID_Y, PDL_MAX_TOKENS};
-use crate::backend::{AttnArgs, DeltaArgs, MlaArgs, RopeArgs, Strided};
+use super::driver::{Gpu, MAX_GRID_Y};
+use crate::backend::{MlaArgs, Strided};
 use crate::cuda_args;
 use crate::error::{Error, Result};
-use std::sync::Arc;
-
-/// Tokens per staged chunk of `delta_scan` (`DS_T` in kernels/delta.cu).
-const DS_T: usize = 16;
-/// The most dynamic shared memory `delta_scan` is given: key heads of up
-/// to 256 dimensions (the kernel's limit).
-const DELTA_SCAN_MAX_SMEM: usize = 2 * (2 * DS_T * 256 + DS_T * 16 + 2 * DS_T) * 4;
-
-/// Let `delta_scan` take up to DELTA_SCAN_MAX_SMEM of shared memory
-/// (compute capability 7.0 and later; below, it takes 48 KiB at most).
-pub(crate) fn allow_shared_memory(gpu: &Gpu) -> Result<()> {
-    match gpu.cc.0 >= 7 {
-        true => gpu.allow_shared_memory(gpu.k.delta_scan, DELTA_SCAN_MAX_SMEM),
-        false => Ok(()),
-    }
-}
 
 /// Blocks of 256 threads for a grid-stride loop over `len` elements.
-fn grid_for(len: usize) -> (u32, u32, u32) {
+pub(crate) fn grid_for(len: usize) -> (u32, u32, u32) {
     (len.div_ceil(256).clamp(1, 8192) as u32, 1, 1)
 }
 
-fn limit(what: &str, value: usize, max: usize) -> Result<()> {
+pub(crate) fn limit(what: &str, value: usize, max: usize) -> Result<()> {
     if value > max {
         return Err(Error::Backend {
             backend: "cuda",
@@ -229,95 +212,11 @@ pub(crate) fn copy(gpu: &Gpu, src: &CudaBuf, dst: &mut CudaBuf, s: Strided) -> R
     )
 }
 
-pub(crate) fn rope(gpu: &Gpu, x: &mut CudaBuf, inv_freq: &CudaBuf, a: RopeArgs) -> Result<()> {
-    if a.n_tokens == 0 || a.n_heads == 0 || a.rot_dim < 2 {
-        return Ok(());
-    }
-    x.want(
-        "rope input",
-        (a.n_tokens - 1) * a.token_stride + (a.n_heads - 1) * a.head_stride + a.rot_off + a.rot_dim,
-    )?;
-    inv_freq.want("rope frequencies", a.rot_dim / 2)?;
-    let (xp, fp) = (x.read(gpu)?, inv_freq.read(gpu)?);
-    let (nt, nh, hs, ts) = (
-        a.n_tokens as i32,
-        a.n_heads as i32,
-        a.head_stride as i32,
-        a.token_stride as i32,
-    );
-    let (ro, rd, p0, il, ms) = (
-        a.rot_off as i32,
-        a.rot_dim as i32,
-        a.pos0 as i32,
-        a.interleaved as i32,
-        a.mscale,
-    );
-    let len = a.n_tokens * a.n_heads * a.rot_dim / 2;
-    gpu.launch(
-        gpu.k.rope,
-        grid_for(len),
-        256,
-        0,
-        cuda_args![xp, fp, nt, nh, hs, ts, ro, rd, p0, il, ms],
-    )
-}
-
 /// Heads dims per lane × 32 (kernels/attention.cu).
-const ATT_MAX_DIM: usize = 256;
+pub(crate) const ATT_MAX_DIM: usize = 256;
 const MLA_MAX_RANK: usize = 512;
 const MLA_MAX_ROPE: usize = 128;
-const ATT_THREADS: u32 = 256;
-
-pub(crate) fn attention(
-    gpu: &Gpu,
-    q: &CudaBuf,
-    k: &CudaBuf,
-    v: &CudaBuf,
-    a: AttnArgs,
-    out: &mut CudaBuf,
-) -> Result<()> {
-    limit("head_dim", a.head_dim, ATT_MAX_DIM)?;
-    limit("v_dim", a.v_dim, ATT_MAX_DIM)?;
-    if a.n_kv_heads == 0 || !a.n_heads.is_multiple_of(a.n_kv_heads) {
-        return Err(Error::Invalid(format!(
-            "{} query heads over {} KV heads",
-            a.n_heads, a.n_kv_heads
-        )));
-    }
-    let len = a.pos0 + a.n;
-    q.want("attention q", a.n * a.n_heads * a.head_dim)?;
-    k.want("attention K cache", len * a.n_kv_heads * a.head_dim)?;
-    v.want("attention V cache", len * a.n_kv_heads * a.v_dim)?;
-    out.want("attention output", a.n * a.n_heads * a.v_dim)?;
-    let (q0, o0, kp, vp) = (
-        q.read(gpu)?,
-        out.write(gpu, a.n * a.n_heads * a.v_dim)?,
-        k.read(gpu)?,
-        v.read(gpu)?,
-    );
-    for t0 in (0..a.n).step_by(MAX_GRID_Y) {
-        let nt = (a.n - t0).min(MAX_GRID_Y);
-        let qp = q0 + 4 * (t0 * a.n_heads * a.head_dim) as u64;
-        let op = o0 + 4 * (t0 * a.n_heads * a.v_dim) as u64;
-        let p0 = (a.pos0 + t0) as i32;
-        let (h, hkv, hd, vd, sc) = (
-            a.n_heads as i32,
-            a.n_kv_heads as i32,
-            a.head_dim as i32,
-            a.v_dim as i32,
-            a.scale,
-        );
-        let grid = (a.n_heads as u32, nt as u32, 1);
-        gpu.launch(
-            gpu.k.attention,
-            grid,
-            ATT_THREADS,
-            0,
-            cuda_args![qp, kp, vp, op, p0, h, hkv, hd, vd, sc],
-        )?;
-    }
-    Ok(())
-}
+pub(crate) const ATT_THREADS: u32 = 256;
 
 pub(crate) fn mla_attention(
     gpu: &Gpu,
@@ -356,97 +255,4 @@ pub(crate) fn mla_attention(
         )?;
     }
     Ok(())
-}
-
-/// Inputs of one GatedDeltaNet step.
-pub(crate) struct DeltaBufs<'a> {
-    pub qkv: &'a CudaBuf,
-    pub a: &'a CudaBuf,
-    pub b: &'a CudaBuf,
-    pub conv_w: &'a CudaBuf,
-    pub a_log: &'a CudaBuf,
-    pub dt_bias: &'a CudaBuf,
-}
-
-const DELTA_MAX_KERNEL: usize = 8;
-const DELTA_MAX_KEY: usize = 256;
-
-pub(crate) fn gated_delta(
-    gpu: &Arc<Gpu>,
-    i: DeltaBufs,
-    conv: &mut CudaBuf,
-    ssm: &mut CudaBuf,
-    a: DeltaArgs,
-    out: &mut CudaBuf,
-) -> Result<()> {
-    limit("linear_conv_kernel_dim", a.kernel, DELTA_MAX_KERNEL)?;
-    limit("linear_key_head_dim", a.k_dim, DELTA_MAX_KEY)?;
-    if a.kernel == 0 || a.k_heads == 0 || !a.v_heads.is_multiple_of(a.k_heads) {
-        return Err(Error::Invalid(format!(
-            "GatedDeltaNet: kernel {}, {} value heads over {} key heads",
-            a.kernel, a.v_heads, a.k_heads
-        )));
-    }
-    let c = 2 * a.k_heads * a.k_dim + a.v_heads * a.v_dim;
-    i.qkv.want("gated_delta qkv", a.n * c)?;
-    i.a.want("gated_delta a", a.n * a.v_heads)?;
-    i.b.want("gated_delta b", a.n * a.v_heads)?;
-    i.conv_w.want("gated_delta conv weight", c * a.kernel)?;
-    i.a_log.want("gated_delta A_log", a.v_heads)?;
-    i.dt_bias.want("gated_delta dt_bias", a.v_heads)?;
-    conv.want("gated_delta conv state", (a.kernel - 1) * c)?;
-    ssm.want("gated_delta recurrent state", a.v_heads * a.v_dim * a.k_dim)?;
-    out.want("gated_delta output", a.n * a.v_heads * a.v_dim)?;
-    if a.n == 0 {
-        return Ok(());
-    }
-    let x = CudaBuf::zeroed(gpu, a.n * c)?; // [n, C] after the conv
-    let (qp, wp, sp, xp) = (
-        i.qkv.read(gpu)?,
-        i.conv_w.read(gpu)?,
-        conv.read(gpu)?,
-        x.write(gpu, a.n * c)?,
-    );
-    let (n, cc, kk) = (a.n as i32, c as i32, a.kernel as i32);
-    // 128 channels per block, DELTA_CONV_T (kernels/delta.cu) tokens per thread.
-    let grid = (c.div_ceil(128) as u32, a.n.div_ceil(16) as u32, 1);
-    gpu.launch(gpu.k.delta_conv, grid, 128, 0, cuda_args![qp, wp, sp, xp, n, cc, kk])?;
-    let (ap, bp, lp, dp) = (i.a.read(gpu)?, i.b.read(gpu)?, i.a_log.read(gpu)?, i.dt_bias.read(gpu)?);
-    let (hp, op) = (ssm.read(gpu)?, out.write(gpu, a.n * a.v_heads * a.v_dim)?);
-    let (hk, hv, dk, dv) = (a.k_heads as i32, a.v_heads as i32, a.k_dim as i32, a.v_dim as i32);
-    let grid = (a.v_heads as u32, a.v_dim.div_ceil(16) as u32, 1);
-    // A prefill chunk whose inputs can be staged 16 bytes at a time: the
-    // norms of q and k and the gates of every token first, all at once
-    // (delta_prep), then the recurrence from shared memory (delta_scan),
-    // whose chain per token holds only the state update. The same
-    // arithmetic as delta_step.
-    let smem = 2 * (2 * DS_T * a.k_dim + DS_T * 16 + 2 * DS_T) * 4;
-    let fits = smem <= 48 * 1024 || (gpu.cc.0 >= 7 && smem <= DELTA_SCAN_MAX_SMEM);
-    let aligned = a.k_dim.is_multiple_of(4) && a.v_dim.is_multiple_of(4) && c.is_multiple_of(4);
-    if a.n > PDL_MAX_TOKENS && aligned && fits {
-        let gb = CudaBuf::zeroed(gpu, a.n * 2 * a.v_heads)?; // [n, 2·Hv]: g, β
-        let gp = gb.write(gpu, gb.len())?;
-        let prep = ((a.n * a.k_heads).div_ceil(4) as u32, 1, 1);
-        gpu.launch(
-            gpu.k.delta_prep,
-            prep,
-            128,
-            0,
-            cuda_args![xp, ap, bp, lp, dp, gp, n, hk, hv, dk, dv],
-        )?;
-        return gpu.launch(
-            gpu.k.delta_scan,
-            grid,
-            128,
-            smem as u32,
-            cuda_args![xp, gp, hp, op, n, hk, hv, dk, dv],
-        );
-    }
-    gpu.launch(
-        gpu.k.delta_step,
-        grid,
-        128,
-        0,
-        cuda_args![xp, ap, bp, lp, dp, hp, op, n, hk, hv, dk, dv],
-    )
 }

@@ -1,21 +1,26 @@
-// Softmax attention over the caches: GQA (decode and prefill alike) and
-// absorbed MLA. One block per (head, token); its warps take every
-// ATT_WARPS-th position with an online softmax each, then combine.
+// Softmax attention over the caches: GQA (decode and prefill alike, one
+// sequence or several) and absorbed MLA. One block per (head, token); its
+// warps take every ATT_WARPS-th position with an online softmax each,
+// then combine.
 
 #define ATT_WARPS 8
 #define ATT_MAXD 8  // head dims per lane: head_dim, v_dim ≤ 256
 
-// q [n, H, hd]; k [cap, Hkv, hd]; v [cap, Hkv, vd]; out [n, H, vd]; grid (H, n).
+// q [n, H, hd]; out [n, H, vd]; the rows of several sequences (s), each
+// attending over its own caches: s.a[i] K [cap, Hkv, hd], s.b[i] V [cap,
+// Hkv, vd]. Grid (H, rows): block y takes row row0 + y.
 extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32)
-    attention(const float* q, const float* k, const float* v, float* out, int pos0, int H, int Hkv, int hd, int vd,
-              float scale) {
+    attention(const float* q, float* out, Seqs s, int row0, int H, int Hkv, int hd, int vd, float scale) {
     GRID_DEP();
     __shared__ float sm[ATT_WARPS], sl[ATT_WARPS];
     __shared__ float so[ATT_WARPS][ATT_MAXD * 32];
-    const int h = blockIdx.x, t = blockIdx.y;
+    const int h = blockIdx.x, t = row0 + blockIdx.y;
+    const int z = seq_of(s, t);
+    if (z < 0) return;
+    const float *k = s.a[z], *v = s.b[z];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int kvh = h / (H / Hkv);
-    const int len = pos0 + t + 1;
+    const int len = s.pos0[z] + t - s.off[z] + 1;
     float qr[ATT_MAXD], o[ATT_MAXD];
     const float* qh = q + ((i64)t * H + h) * hd;
 #pragma unroll

@@ -115,6 +115,27 @@ __device__ __forceinline__ void cp_async_wait() {
 #endif
 }
 
+// Several sequences' parts of one pass (`Seqs` in cuda/mixers.rs): rows
+// off[i] .. off[i] + n[i] of the pass at positions pos0[i] .. of sequence
+// i, whose two state buffers are a[i] and b[i] (K and V caches, or the
+// GatedDeltaNet conv and recurrent states). Rows in order, no gaps.
+#define MAX_SEQS 16
+struct Seqs {
+    float* a[MAX_SEQS];
+    float* b[MAX_SEQS];
+    int off[MAX_SEQS];
+    int n[MAX_SEQS];
+    int pos0[MAX_SEQS];
+    int count;
+};
+
+// The sequence holding row r, or -1.
+__device__ __forceinline__ int seq_of(const Seqs& s, int r) {
+    for (int i = 0; i < s.count; i++)
+        if (r >= s.off[i] && r < s.off[i] + s.n[i]) return i;
+    return -1;
+}
+
 // Kernel groups, for compiling the kernels as several modules
 // (cuda/compile.rs): a module made with MOEFLUX_GROUP = g holds the
 // kernels of group g alone; without it, every group. The format-dependent

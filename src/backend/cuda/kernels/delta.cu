@@ -9,15 +9,19 @@
 // of channel c (the conv has no recurrence: each output reads K inputs,
 // the state standing for the K−1 before token 0). qkv [n, C] in; x [n, C]
 // out (after SiLU); conv_w [C, K]; state [K−1, C] (oldest first): only the
-// chunk-0 thread of a channel reads and then rewrites it. Grid (C/128,
-// n/DELTA_CONV_T), 128 threads. Each output's sum is formed in the same
-// order as one thread walking the tokens would.
-extern "C" __global__ void delta_conv(const float* qkv, const float* conv_w, float* state, float* x, int n, int C,
-                                      int K) {
+// chunk-0 thread of a channel reads and then rewrites it. Each output's
+// sum is formed in the same order as one thread walking the tokens would.
+// Sequence z = blockIdx.z of s: rows s.off[z] .. + s.n[z] of qkv and x,
+// state s.a[z]. Grid (C/128, max n/DELTA_CONV_T, s.count), 128 threads.
+extern "C" __global__ void delta_conv(const float* qkv, const float* conv_w, float* x, Seqs s, int C, int K) {
     GRID_DEP();
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= C) return;
+    const int z = blockIdx.z, n = s.n[z];
     const int t0 = blockIdx.y * DELTA_CONV_T;
+    if (c >= C || t0 >= n) return;
+    qkv += (i64)s.off[z] * C;
+    x += (i64)s.off[z] * C;
+    float* state = s.a[z];
     // in(t') for t' in [t0 − (K−1), t0): the state's entry t' + K − 1 for
     // t' < 0, else qkv; hist[j] = in(t0 − (K−1) + j).
     float hist[DELTA_MAXK];
@@ -165,12 +169,20 @@ __device__ __forceinline__ void delta_token(float (&S)[DELTA_RPW][DELTA_MAXE], c
 
 // The recurrence. x [n, C] (after the conv): q (Hk·Dk) | k (Hk·Dk) | v
 // (Hv·Dv) per token; a, b [n, Hv]; a_log, dt_bias [Hv]; ssm [Hv, Dv, Dk]
-// (row = value channel), updated; out [n, Hv·Dv]. Grid (Hv, Dv/16),
-// 128 threads: each warp keeps DELTA_RPW rows of the state in registers.
+// (row = value channel), updated; out [n, Hv·Dv]. Sequence z =
+// blockIdx.z of s: rows s.off[z] .. + s.n[z] of x, a, b and out, state
+// ssm = s.b[z]. Grid (Hv, Dv/16, s.count), 128 threads: each warp keeps
+// DELTA_RPW rows of the state in registers.
 extern "C" __global__ void __launch_bounds__(128)
     delta_step(const float* x, const float* a_in, const float* b_in, const float* a_log, const float* dt_bias,
-               float* ssm, float* out, int n, int Hk, int Hv, int Dk, int Dv) {
+               float* out, Seqs s, int Hk, int Hv, int Dk, int Dv) {
     GRID_DEP();
+    const int z = blockIdx.z, n = s.n[z];
+    float* ssm = s.b[z];
+    x += (i64)s.off[z] * (2 * Hk * Dk + Hv * Dv);
+    a_in += (i64)s.off[z] * Hv;
+    b_in += (i64)s.off[z] * Hv;
+    out += (i64)s.off[z] * Hv * Dv;
     const int h = blockIdx.x;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int row0 = (blockIdx.y * 4 + warp) * DELTA_RPW;

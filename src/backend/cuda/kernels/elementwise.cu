@@ -112,16 +112,17 @@ extern "C" __global__ void copy_strided(const float* src, float* dst, int rows, 
 
 // Rotary embedding in place over x viewed as [n_tokens, token_stride] with
 // heads at h·head_stride; channels rot_off..rot_off+rot_dim rotate.
-extern "C" __global__ void rope(float* x, const float* inv_freq, int n_tokens, int n_heads, int head_stride,
-                                int token_stride, int rot_off, int rot_dim, int pos0, int interleaved,
-                                float mscale) {
-    GRID_DEP();
+// The rotation of rope and rope_seqs; pos(t) is token t's position.
+template <class Pos>
+__device__ __forceinline__ void rope_rows(float* x, const float* inv_freq, int n_tokens, int n_heads, int head_stride,
+                                          int token_stride, int rot_off, int rot_dim, int interleaved, float mscale,
+                                          Pos pos) {
     const int half = rot_dim / 2;
     GRID_LOOP(i, (i64)n_tokens * n_heads * half) {
         const int j = (int)(i % half);
         const i64 th = i / half;
         const int h = (int)(th % n_heads), t = (int)(th / n_heads);
-        const float ang = (float)(pos0 + t) * inv_freq[j];
+        const float ang = (float)pos(t) * inv_freq[j];
         float s, c;
         sincosf(ang, &s, &c);
         c *= mscale;
@@ -131,5 +132,45 @@ extern "C" __global__ void rope(float* x, const float* inv_freq, int n_tokens, i
         const float x0 = x[base + i0], x1 = x[base + i1];
         x[base + i0] = x0 * c - x1 * s;
         x[base + i1] = x1 * c + x0 * s;
+    }
+}
+
+extern "C" __global__ void rope(float* x, const float* inv_freq, int n_tokens, int n_heads, int head_stride,
+                                int token_stride, int rot_off, int rot_dim, int pos0, int interleaved,
+                                float mscale) {
+    GRID_DEP();
+    rope_rows(x, inv_freq, n_tokens, n_heads, head_stride, token_stride, rot_off, rot_dim, interleaved, mscale,
+              [=](int t) { return pos0 + t; });
+}
+
+// rope over the rows of several sequences, each row at its sequence's
+// position.
+extern "C" __global__ void rope_seqs(float* x, const float* inv_freq, int n_tokens, int n_heads, int head_stride,
+                                     int token_stride, int rot_off, int rot_dim, int interleaved, float mscale,
+                                     Seqs s) {
+    GRID_DEP();
+    rope_rows(x, inv_freq, n_tokens, n_heads, head_stride, token_stride, rot_off, rot_dim, interleaved, mscale,
+              [&](int t) {
+                  const int z = seq_of(s, t);
+                  return z < 0 ? 0 : s.pos0[z] + t - s.off[z];
+              });
+}
+
+// Each sequence's new K and V rows into its caches at its positions:
+// k [n, kw], v [n, vw]; s.a[i] is sequence i's K cache [cap, kw], s.b[i]
+// its V cache [cap, vw].
+extern "C" __global__ void kv_append(const float* k, const float* v, Seqs s, int n, int kw, int vw) {
+    GRID_DEP();
+    const int w = kw + vw;
+    GRID_LOOP(i, (i64)n * w) {
+        const int r = (int)(i / w), c = (int)(i % w);
+        const int z = seq_of(s, r);
+        if (z < 0) continue;
+        const i64 p = s.pos0[z] + r - s.off[z];
+        if (c < kw) {
+            s.a[z][p * kw + c] = k[(i64)r * kw + c];
+        } else {
+            s.b[z][p * vw + c - kw] = v[(i64)r * vw + c - kw];
+        }
     }
 }
