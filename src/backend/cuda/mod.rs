@@ -19,6 +19,7 @@ mod hybrid;
 mod matrix;
 mod mixers;
 mod moe;
+mod moe_groups;
 mod ops;
 mod probe;
 mod tensor;
