@@ -563,7 +563,7 @@ fn main() {
     }));
     all.push(trials::cuda("cuda::moe_tc", || tensor::check_moe_tc(cuda_tc(), cuda())));
     all.push(trials::cuda("cuda::linear_many_tc", || {
-        fused::check_linear_many_with(cuda_tc(), &[17, 70], 1e-5)
+        fused::check_linear_many_with(cuda_tc(), &[2, 8, 17, 70], 1e-5)
     }));
     all.extend(cpu_kernels::trials());
     trials::run(all)

@@ -1,7 +1,7 @@
 //! The tensor-core products of the CUDA backend (SPEC §6's fast path:
 //! activations split into two f16 parts, quantization levels exact in
 //! f16, f32 sums) against the reference, for products of more than 16
-//! tokens: within `TC_TOL`, and, where the kernels take the matrix, not
+//! tokens and batched decode steps through matrices of 512 rows or more: within `TC_TOL`, and, where the kernels take the matrix, not
 //! bit for bit the f32 path's result (so the test knows they ran).
 //! Matrices the kernels do not take (float32, columns that are no whole
 //! 64-column step, groups shorter than a 16-byte chunk) go the f32 way:
@@ -81,6 +81,34 @@ pub fn check_linear_tc(b: &CudaBackend, exact: &CudaBackend) {
             close(&what, &got, &want, TC_TOL);
             expect_path(&what, &got, &product(exact, &view, &x, n), tc);
         }
+    }
+    // Batched decode steps (2 to 16 tokens): one 16-token tile, columns
+    // split into parts, for matrices of at least 512 rows
+    // (STEP_MIN_ROWS); matvec_tok below, matvec for one token.
+    for &(bits, gs, rows, cols, f16, big) in &[
+        (4, 64, 2100, 512, false, true),
+        (8, 32, 520, 4096, true, true),
+        (2, 128, 8192, 256, false, true),
+        (4, 64, 300, 512, false, false),
+    ] {
+        let (view, dense) = quant_matrix(&mut rng, rows, cols, bits, gs, f16);
+        for n in [1, 2, 5, 8, 16] {
+            let x = rng.vec(n * cols, 1.0);
+            let got = product(b, &view, &x, n);
+            let want = reference::linear(&dense, rows, cols, &x, n);
+            let what = format!("linear_tc step q{bits} gs{gs} [{rows}, {cols}] n={n}");
+            close(&what, &got, &want, TC_TOL);
+            expect_path(&what, &got, &product(exact, &view, &x, n), big && n > 1);
+        }
+    }
+    let (view, dense) = float_matrix(&mut rng, 1024, 1024, Dtype::Bf16);
+    for n in [3, 16] {
+        let x = rng.vec(n * 1024, 1.0);
+        let got = product(b, &view, &x, n);
+        let want = reference::linear(&dense, 1024, 1024, &x, n);
+        let what = format!("linear_tc step Bf16 [1024, 1024] n={n}");
+        close(&what, &got, &want, TC_TOL);
+        expect_path(&what, &got, &product(exact, &view, &x, n), true);
     }
     // Activations far from 1 in magnitude: each row is scaled by a power
     // of two before it is split into f16 parts (f16 alone would overflow

@@ -91,6 +91,8 @@ pub(crate) struct Gpu {
     pub pdl_pass: AtomicBool,
     /// Compute capability (major, minor).
     pub cc: (i32, i32),
+    /// Streaming multiprocessors (queried).
+    pub sms: usize,
     /// Prefill products run on tensor cores (`CudaOptions::tensor_cores`
     /// and compute capability 8.0 or later; see `tensor.rs`).
     pub tensor_cores: bool,
@@ -129,6 +131,10 @@ impl Gpu {
             .map_err(|e| cuda_err("compute capability", e))?;
         let images = compile::module_images(cc, codes, opts.kernel_cache.as_deref(), notify)?;
         let async_alloc = ctx.has_async_alloc();
+        let sms = ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(|e| cuda_err("multiprocessor count", e))?
+            .max(1) as usize;
         let mut modules = Vec::with_capacity(images.len());
         for (_, image) in &images {
             let mut module = std::ptr::null_mut();
@@ -195,6 +201,7 @@ impl Gpu {
             pdl_pass: AtomicBool::new(true),
             tensor_cores,
             cc,
+            sms,
             opts: opts.clone(),
         }))
     }

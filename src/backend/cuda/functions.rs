@@ -62,6 +62,8 @@ kernels!(
         moe_down,
         moe_down_combine,
         gemm_tc,
+        gemm_tc16,
+        tc_parts_sum,
         moe_up_tc,
         moe_up_tc16,
         moe_down_tc,

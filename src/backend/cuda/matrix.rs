@@ -215,6 +215,8 @@ impl CudaMatrix {
             // few rows over every SM.
             let grid = rows.div_ceil(8) as u32;
             gpu.launch(gpu.k.fmt(arg.fmt)?.matvec, (grid, 1, 1), 64, 0, cuda_args![arg, xp, yp])
+        } else if self.tensor_cores(gpu, n) {
+            super::tensor::gemm(gpu, &[(arg, yp)], xp, n)
         } else if n <= MATVEC_TOK_MAX {
             // matvec's warps over tiles of 4 or 8 tokens.
             let (f, t) = match n {
@@ -225,8 +227,6 @@ impl CudaMatrix {
             let grid = (rows.div_ceil(8) as u32, n.div_ceil(t) as u32, 1);
             let n = n as i32;
             gpu.launch(f, grid, 64, 0, cuda_args![arg, xp, yp, n])
-        } else if self.tensor_cores(gpu, n) {
-            super::tensor::gemm(gpu, &[(arg, yp)], xp, n)
         } else {
             // Tiles of GEMM_ROWS × GEMM_TOKENS outputs.
             let (gx, gy) = (rows.div_ceil(GEMM_ROWS) as u32, n.div_ceil(GEMM_TOKENS) as u32);
@@ -245,15 +245,14 @@ impl CudaMatrix {
     /// cores (`tensor.rs`).
     fn tensor_cores(&self, gpu: &Gpu, n: usize) -> bool {
         let a = &self.arg;
-        n >= super::tensor::MIN_TOKENS
-            && self.rows > 0
-            && super::tensor::takes(gpu, a.fmt, a.gs_shift, self.cols, a.vec == 1)
+        let tokens = n >= super::tensor::MIN_TOKENS || (n >= 2 && self.rows >= super::tensor::STEP_MIN_ROWS);
+        tokens && self.rows > 0 && super::tensor::takes(gpu, a.fmt, a.gs_shift, self.cols, a.vec == 1)
     }
 
     /// `ys[i][n, rows_i] = x[n, cols] · W_iᵀ`. For one token, the matrices
     /// of `ws` that `matvec_q` takes and that have the first one's cols run
     /// MQ_SET to a launch (each row's arithmetic is the one `linear`
-    /// does); for a prefill chunk, those on tensor cores of one format and
+    /// does); for several tokens, those on tensor cores of one format and
     /// group size run MQ_SET to a launch from one split of x; the others
     /// run one `linear` each.
     pub(crate) fn linear_many(
@@ -271,7 +270,7 @@ impl CudaMatrix {
             )));
         }
         let cols = ws.first().map_or(0, |w| w.cols);
-        if n >= super::tensor::MIN_TOKENS {
+        if n >= 2 {
             // Sets of matrices the tensor cores take, by (format, group).
             let mut sets: Vec<TcSet> = Vec::new();
             for (w, y) in ws.iter().zip(ys.iter_mut()) {

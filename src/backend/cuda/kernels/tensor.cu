@@ -395,16 +395,17 @@ __device__ __forceinline__ void tc_mma(const TcSmem<BN>& sm, int buf, int live, 
 // token's 2^e), with a barrier before and after.
 template <int FMT, bool F16S, int BN>
 __device__ __forceinline__ void tc_tile(TcW<FMT>& w, const HalfRows& hx, const i64 (&xr)[BN / 16], int tsum,
-                                        int live, int cols, int gs_shift, TcSmem<BN>& sm) {
+                                        int live, int cols, int gs_shift, TcSmem<BN>& sm, int kb = 0, int ke = -1) {
     const bool QUANT = Fmt<FMT>::BITS != 0;
     float g[BN / 8][4], tot[BN / 8][4];
 #pragma unroll
     for (int i = 0; i < BN / 8; i++)
 #pragma unroll
         for (int j = 0; j < 4; j++) g[i][j] = tot[i][j] = 0.0f;
-    const int steps = cols / TC_BK;
-    tc_load_w<FMT>(w, 0, gs_shift);
-    tc_load_x<BN>(hx, xr, tsum, 0, cols, gs_shift, QUANT, sm, 0);
+    // Columns kb .. ke (a whole number of steps; all of them by default).
+    const int steps = ((ke < 0 ? cols : ke) - kb) / TC_BK;
+    tc_load_w<FMT>(w, kb, gs_shift);
+    tc_load_x<BN>(hx, xr, tsum, kb, cols, gs_shift, QUANT, sm, 0);
     tc_store_w<FMT, F16S, BN>(w, sm, 0, gs_shift);
     cp_async_wait();
     __syncthreads();
@@ -412,10 +413,10 @@ __device__ __forceinline__ void tc_tile(TcW<FMT>& w, const HalfRows& hx, const i
         const int cur = s & 1;
         const bool more = s + 1 < steps;
         if (more) {
-            tc_load_x<BN>(hx, xr, tsum, (s + 1) * TC_BK, cols, gs_shift, QUANT, sm, cur ^ 1);
-            tc_load_w<FMT>(w, (s + 1) * TC_BK, gs_shift);
+            tc_load_x<BN>(hx, xr, tsum, kb + (s + 1) * TC_BK, cols, gs_shift, QUANT, sm, cur ^ 1);
+            tc_load_w<FMT>(w, kb + (s + 1) * TC_BK, gs_shift);
         }
-        tc_mma<QUANT, BN>(sm, cur, live, s * TC_BK, gs_shift, g, tot);
+        tc_mma<QUANT, BN>(sm, cur, live, kb + s * TC_BK, gs_shift, g, tot);
         if (more) tc_store_w<FMT, F16S, BN>(w, sm, cur ^ 1, gs_shift);
         cp_async_wait();
         __syncthreads();
@@ -447,18 +448,24 @@ __device__ __forceinline__ void tc_x_rows(int live, Src src, i64 (&xr)[BN / 16],
     tsum = (int)threadIdx.x < live ? src(threadIdx.x) : -1;
 }
 
-// Block (bx, by) of a gemm_tc launch: matrix i of the set whose range of
-// blocks [first[i], first[i + 1]) holds bx, its rows from (bx − first[i])
-// · TC_BM, tokens from by · TC_BN.
-template <int FMT, bool F16S>
-__device__ __forceinline__ void gemm_tc_t(const MatSet& set, const HalfRows& hx, int n, TcSmem<TC_BN>& sm) {
+// Block (bx, by, bz) of a gemm_tc launch: matrix i of the set whose range
+// of blocks [first[i], first[i + 1]) holds bx, its rows from (bx −
+// first[i]) · TC_BM, tokens from by · BN (TC_BN, or 16 for a batched
+// decode step), columns part bz of gridDim.z. With one part the tile goes
+// to y; with several, to the part's slice of ws [parts][n][rows of the
+// set] (matrix i's rows after those of the matrices before it), which
+// tc_parts_sum adds up in part order.
+template <int FMT, bool F16S, int BN>
+__device__ __forceinline__ void gemm_tc_t(const MatSet& set, const HalfRows& hx, int n, float* ws,
+                                          TcSmem<BN>& sm) {
     if (FMT == FMT_F32) return;  // not taken (cuda/tensor.rs)
     typedef TcFmt<FMT> F;
-    int mi = 0;
-    while (mi + 1 < set.count && (int)blockIdx.x >= set.first[mi + 1]) mi++;
+    int mi = 0, roff = 0, rall = 0;
+    while (mi + 1 < set.count && (int)blockIdx.x >= set.first[mi + 1]) roff += set.m[mi++].rows;
+    for (int i = 0; i < set.count; i++) rall += set.m[i].rows;
     const Mat& m = set.m[mi];
     float* y = (float*)set.y[mi];
-    const int row0 = ((int)blockIdx.x - set.first[mi]) * TC_BM, tok0 = blockIdx.y * TC_BN;
+    const int row0 = ((int)blockIdx.x - set.first[mi]) * TC_BM, tok0 = blockIdx.y * BN;
     TcW<FMT> w;
 #pragma unroll
     for (int i = 0; i < F::PER; i++) {
@@ -466,15 +473,21 @@ __device__ __forceinline__ void gemm_tc_t(const MatSet& set, const HalfRows& hx,
         w.live[i] = r < m.rows;
         w.row[i] = mat_row(m, w.live[i] ? r : 0);
     }
-    const int live = min(TC_BN, n - tok0);
-    i64 xr[TC_BN / 16];
+    const int live = min(BN, n - tok0);
+    i64 xr[BN / 16];
     int tsum;
-    tc_x_rows<TC_BN>(live, [&](int j) { return tok0 + j; }, xr, tsum);
-    tc_tile<FMT, F16S, TC_BN>(w, hx, xr, tsum, live, m.cols, m.gs_shift, sm);
-    // Each token's TC_BM rows are contiguous in y: a warp writes 32 of them.
-    for (int i = threadIdx.x; i < TC_BN * TC_BM; i += TC_THREADS) {
+    tc_x_rows<BN>(live, [&](int j) { return tok0 + j; }, xr, tsum);
+    const int steps = m.cols / TC_BK, per = (steps + gridDim.z - 1) / gridDim.z;
+    const int kb = min(steps, (int)blockIdx.z * per) * TC_BK, ke = min(steps, ((int)blockIdx.z + 1) * per) * TC_BK;
+    float* out = gridDim.z == 1 ? y : ws + ((i64)blockIdx.z * n) * rall + roff;
+    const i64 stride = gridDim.z == 1 ? m.rows : rall;
+    // A part past the last column (the host gives none) adds zeros.
+    if (kb < ke) tc_tile<FMT, F16S, BN>(w, hx, xr, tsum, live, m.cols, m.gs_shift, sm, kb, ke);
+    // Each token's TC_BM rows are contiguous: a warp writes 32 of them.
+    for (int i = threadIdx.x; i < BN * TC_BM; i += TC_THREADS) {
         const int j = i / TC_BM, r = i % TC_BM;
-        if (j < live && row0 + r < m.rows) y[(i64)(tok0 + j) * m.rows + row0 + r] = sm.c[j][r] * hx.inv[tok0 + j];
+        const float v = kb < ke ? sm.c[j][r] * hx.inv[tok0 + j] : 0.0f;
+        if (j < live && row0 + r < m.rows) out[(i64)(tok0 + j) * stride + row0 + r] = v;
     }
 }
 
@@ -563,7 +576,33 @@ __device__ __forceinline__ void moe_down_tc_t(const ELayout& L, const HalfRows& 
 extern "C" __global__ void __launch_bounds__(TC_THREADS) gemm_tc(MatSet set, HalfRows hx, int n) {
     GRID_DEP();
     TC_SMEM(TC_BN);
-    FOR_FMT(set.m[0].fmt, TC_CALL((gemm_tc_t<F, S>(set, hx, n, sm))));
+    FOR_FMT(set.m[0].fmt, TC_CALL((gemm_tc_t<F, S, TC_BN>(set, hx, n, nullptr, sm))));
+}
+
+// gemm_tc in tiles of 16 tokens with the columns split in gridDim.z parts
+// (partial tiles in ws): the products of a batched decode step, whose
+// matrices would give too few 64-row tiles to fill the GPU.
+extern "C" __global__ void __launch_bounds__(TC_THREADS) gemm_tc16(MatSet set, HalfRows hx, int n, float* ws) {
+    GRID_DEP();
+    TC_SMEM(16);
+    FOR_FMT(set.m[0].fmt, TC_CALL((gemm_tc_t<F, S, 16>(set, hx, n, ws, sm))));
+}
+
+// y_i[t, r] = Σ_p ws[p][t][roff_i + r] over the `parts` column parts of a
+// gemm_tc16 launch, added in part order. Grid-stride over n · (rows of
+// the set).
+extern "C" __global__ void tc_parts_sum(MatSet set, const float* ws, int n, int parts) {
+    GRID_DEP();
+    int rall = 0;
+    for (int i = 0; i < set.count; i++) rall += set.m[i].rows;
+    GRID_LOOP(e, (i64)n * rall) {
+        const int t = (int)(e / rall);
+        int r = (int)(e % rall), mi = 0;
+        while (mi + 1 < set.count && r >= set.m[mi].rows) r -= set.m[mi++].rows;
+        float v = 0.0f;
+        for (int p = 0; p < parts; p++) v += ws[((i64)p * n + t) * rall + e % rall];
+        ((float*)set.y[mi])[(i64)t * set.m[mi].rows + r] = v;
+    }
 }
 
 // moe_up on tensor cores: grid (inter/(TC_BM/2), groups), 128 threads;
