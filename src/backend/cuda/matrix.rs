@@ -245,7 +245,8 @@ impl CudaMatrix {
     /// cores (`tensor.rs`).
     fn tensor_cores(&self, gpu: &Gpu, n: usize) -> bool {
         let a = &self.arg;
-        let tokens = n >= super::tensor::MIN_TOKENS || (n >= 2 && self.rows >= super::tensor::STEP_MIN_ROWS);
+        let step = n >= super::tensor::STEP_MIN_TOKENS && self.rows >= super::tensor::STEP_MIN_ROWS;
+        let tokens = n >= super::tensor::MIN_TOKENS || step;
         tokens && self.rows > 0 && super::tensor::takes(gpu, a.fmt, a.gs_shift, self.cols, a.vec == 1)
     }
 

@@ -27,12 +27,18 @@ pub(crate) const TC_THREADS: u32 = 128;
 /// batched decode step.
 pub(crate) const MIN_TOKENS: usize = super::driver::PDL_MAX_TOKENS + 1;
 
-/// A batched decode step (2 to 16 tokens) takes the tensor cores, in one
+/// A batched decode step (5 to 16 tokens) takes the tensor cores, in one
 /// 16-token tile (`gemm_tc16`) with the columns split so that the tiles
 /// fill the GPU, for matrices of at least this many rows: `matvec_tok4/8`
 /// re-read every token's x for each 4 rows of a warp and were bound by
 /// L1 (52 µs for [8192, 2048] at 4 bits and 8 tokens on the H100, ncu).
 pub(crate) const STEP_MIN_ROWS: usize = 512;
+
+/// ... and of at least this many tokens: with fewer, most of the 16-token
+/// tile is idle and `matvec_tok4` was faster (H100, resident, 2 streams
+/// 264.6 → 219.2 tok/s and 4 streams 415.9 → 380.3 with the tile, while
+/// 8 and 16 streams gained).
+pub(crate) const STEP_MIN_TOKENS: usize = 5;
 
 /// Whether the tensor-core kernels take a matrix of weight format code
 /// `fmt` (log2 group size `gs_shift` for quantized formats) over `cols`
