@@ -190,9 +190,12 @@ impl CudaMatrix {
         a.vec == 1 && (1usize << a.gs_shift) >= 128 / bits && self.cols * 4 <= 47 * 1024
     }
 
-    /// Whether one token through this matrix goes to `matvec_q`.
-    fn one_token_staged(&self, n: usize) -> bool {
-        n == 1 && self.rows > 0 && self.cols > 0 && self.staged_matvec()
+    /// Whether `n` tokens through this matrix go to `matvec_q`, one launch
+    /// per token: one token, and the 2–4 of a small batched decode step
+    /// (each token's row sums then are the ones it gets alone, and a
+    /// 2-token step through `matvec_tok4` took 2.3× a 1-token step).
+    fn staged_tokens(&self, n: usize) -> bool {
+        (1..super::tensor::STEP_MIN_TOKENS).contains(&n) && self.rows > 0 && self.cols > 0 && self.staged_matvec()
     }
 
     /// `y[n, rows] = x[n, cols] · Wᵀ`.
@@ -208,8 +211,12 @@ impl CudaMatrix {
             return gpu.memset_zero(yp, n * rows * 4);
         }
         let (arg, xp, yp) = (self.arg, x.read(gpu)?, y.write(gpu, n * rows)?);
-        if self.one_token_staged(n) {
-            launch_matvec_q(gpu, &[(self, yp)], xp, 0)
+        if self.staged_tokens(n) {
+            for t in 0..n {
+                let (xt, yt) = (xp + 4 * (t * cols) as u64, yp + 4 * (t * rows) as u64);
+                launch_matvec_q(gpu, &[(self, yt)], xt, 0)?;
+            }
+            Ok(())
         } else if n == 1 {
             // 2 warps of 4 rows per block: small blocks spread a matrix of
             // few rows over every SM.
@@ -250,12 +257,12 @@ impl CudaMatrix {
         tokens && self.rows > 0 && super::tensor::takes(gpu, a.fmt, a.gs_shift, self.cols, a.vec == 1)
     }
 
-    /// `ys[i][n, rows_i] = x[n, cols] · W_iᵀ`. For one token, the matrices
+    /// `ys[i][n, rows_i] = x[n, cols] · W_iᵀ`. For 1 to 4 tokens, the matrices
     /// of `ws` that `matvec_q` takes and that have the first one's cols run
-    /// MQ_SET to a launch (each row's arithmetic is the one `linear`
-    /// does); for several tokens, those on tensor cores of one format and
-    /// group size run MQ_SET to a launch from one split of x; the others
-    /// run one `linear` each.
+    /// MQ_SET to a launch, token by token (each row's arithmetic is the one
+    /// `linear` does); for more tokens, those on tensor cores of one format
+    /// and group size run MQ_SET to a launch from one split of x; the
+    /// others run one `linear` each.
     pub(crate) fn linear_many(
         gpu: &Arc<Gpu>,
         ws: &[&CudaMatrix],
@@ -271,7 +278,7 @@ impl CudaMatrix {
             )));
         }
         let cols = ws.first().map_or(0, |w| w.cols);
-        if n >= 2 {
+        if n >= super::tensor::STEP_MIN_TOKENS {
             // Sets of matrices the tensor cores take, by (format, group).
             let mut sets: Vec<TcSet> = Vec::new();
             for (w, y) in ws.iter().zip(ys.iter_mut()) {
@@ -295,28 +302,34 @@ impl CudaMatrix {
             }
             return Ok(());
         }
-        let mut set: Vec<(&CudaMatrix, u64)> = Vec::with_capacity(MQ_SET);
+        // 1 to 4 tokens: the matrices matvec_q takes, MQ_SET to a launch,
+        // token by token.
+        let mut staged: Vec<(&CudaMatrix, u64)> = Vec::with_capacity(ws.len());
         for (w, y) in ws.iter().zip(ys.iter_mut()) {
-            if !(w.one_token_staged(n) && w.cols == cols) {
+            if !(w.staged_tokens(n) && w.cols == cols) {
                 w.linear(gpu, x, n, y)?;
                 continue;
             }
-            x.want(&format!("linear [{}, {cols}] input", w.rows), cols)?;
-            y.want(&format!("linear [{}, {cols}] output", w.rows), w.rows)?;
-            set.push((w, y.write(gpu, w.rows)?));
-            if set.len() == MQ_SET {
-                launch_matvec_q(gpu, &set, x.read(gpu)?, 0)?;
-                set.clear();
+            x.want(&format!("linear [{}, {cols}] input", w.rows), n * cols)?;
+            y.want(&format!("linear [{}, {cols}] output", w.rows), n * w.rows)?;
+            staged.push((w, y.write(gpu, n * w.rows)?));
+        }
+        if staged.is_empty() {
+            return Ok(());
+        }
+        let xp = x.read(gpu)?;
+        for t in 0..n {
+            for chunk in staged.chunks(MQ_SET) {
+                let set: Vec<(&CudaMatrix, u64)> =
+                    chunk.iter().map(|&(w, y)| (w, y + 4 * (t * w.rows) as u64)).collect();
+                launch_matvec_q(gpu, &set, xp + 4 * (t * cols) as u64, 0)?;
             }
         }
-        match set.is_empty() {
-            true => Ok(()),
-            false => launch_matvec_q(gpu, &set, x.read(gpu)?, 0),
-        }
+        Ok(())
     }
 
     /// `y[n, rows] = (silu(gate) ⊙ up) · Wᵀ` with gate, up `[n, cols]`: for
-    /// one token through a matrix `matvec_q` takes, one launch that stages
+    /// 1 to 4 tokens through a matrix `matvec_q` takes, a launch per token that stages
     /// silu(gate) ⊙ up (the `swiglu` kernel's values) as its x; otherwise
     /// `swiglu`, then `linear`.
     pub(crate) fn swiglu_linear(
@@ -331,13 +344,17 @@ impl CudaMatrix {
         gate.want(&format!("swiglu_linear [{rows}, {cols}] gate"), n * cols)?;
         up.want(&format!("swiglu_linear [{rows}, {cols}] up"), n * cols)?;
         y.want(&format!("swiglu_linear [{rows}, {cols}] output"), n * rows)?;
-        if !self.one_token_staged(n) {
+        if !self.staged_tokens(n) {
             let mut h = CudaBuf::zeroed(gpu, n * cols)?; // [n, cols]
             super::ops::swiglu(gpu, gate, up, n * cols, &mut h)?;
             return self.linear(gpu, &h, n, y);
         }
-        let (gp, upp, yp) = (gate.read(gpu)?, up.read(gpu)?, y.write(gpu, rows)?);
-        launch_matvec_q(gpu, &[(self, yp)], gp, upp)
+        let (gp, upp, yp) = (gate.read(gpu)?, up.read(gpu)?, y.write(gpu, n * rows)?);
+        for t in 0..n {
+            let (xo, yo) = (4 * (t * cols) as u64, 4 * (t * rows) as u64);
+            launch_matvec_q(gpu, &[(self, yp + yo)], gp + xo, upp + xo)?;
+        }
+        Ok(())
     }
 
     /// `y[t] = row tokens[t]`, dequantized.
