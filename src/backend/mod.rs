@@ -13,7 +13,7 @@ use crate::config::Routing;
 use crate::error::{Error, Result};
 use crate::experts::ExpertStore;
 use crate::format::MatrixView;
-pub use seqs::{AttnSeqs, Seg, StatePair};
+pub use seqs::{AttnSeqs, Rotary, Seg, StatePair};
 
 /// A strided copy of `rows` rows of `width` elements:
 /// `dst[dst_off + r·dst_stride + i] = src[src_off + r·src_stride + i]`.

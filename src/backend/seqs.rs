@@ -23,18 +23,45 @@ pub struct Seg {
 /// recurrent states, or MLA's latent and rotated-key caches.
 pub type StatePair<'s, B> = (&'s mut <B as Backend>::Buf, &'s mut <B as Backend>::Buf);
 
+/// The rotation [`Backend::attention_seqs`] gives q and k: channels
+/// `[rot_off, rot_off + rot_dim)` of every head, as [`RopeArgs`] says.
+#[derive(Debug, Clone, Copy)]
+pub struct Rotary {
+    pub rot_off: usize,
+    pub rot_dim: usize,
+    pub interleaved: bool,
+    pub mscale: f32,
+}
+
+impl Rotary {
+    /// The RoPE of `n_tokens` rows of `n_heads` heads of `head_dim`, from
+    /// position `pos0`.
+    pub fn args(&self, n_tokens: usize, n_heads: usize, head_dim: usize, pos0: usize) -> RopeArgs {
+        RopeArgs {
+            n_tokens,
+            n_heads,
+            head_stride: head_dim,
+            token_stride: n_heads * head_dim,
+            rot_off: self.rot_off,
+            rot_dim: self.rot_dim,
+            pos0,
+            interleaved: self.interleaved,
+            mscale: self.mscale,
+        }
+    }
+}
+
 /// The inputs of [`Backend::attention_seqs`] for the rows of every
 /// sequence: q `[n, n_heads, head_dim]` and k `[n, n_kv_heads, head_dim]`
 /// (normalized, not yet rotated; both may be overwritten), v
-/// `[n, n_kv_heads, v_dim]`. `rope` and `attn` describe one token's shape
-/// (their `n_tokens`/`pos0` and `n`/`pos0` are taken from each [`Seg`]);
-/// `rope.token_stride` is `n_heads·head_dim` for q and is rescaled for k.
+/// `[n, n_kv_heads, v_dim]`. `attn.n` is the rows of all the sequences;
+/// each one's position is its [`Seg`]'s (`attn.pos0` is not read).
 pub struct AttnSeqs<'a, B: Backend> {
     pub q: &'a mut B::Buf,
     pub k: &'a mut B::Buf,
     pub v: &'a B::Buf,
     pub inv_freq: &'a B::Buf,
-    pub rope: RopeArgs,
+    pub rope: Rotary,
     pub attn: AttnArgs,
 }
 
@@ -124,15 +151,8 @@ pub fn attention_each<B: Backend>(
         (out, a.n_heads * a.v_dim),
         caches,
         |s, [q, k], (kc, vc), o| {
-            let rope = |heads: usize| RopeArgs {
-                n_tokens: s.n,
-                n_heads: heads,
-                token_stride: heads * x.rope.head_stride,
-                pos0: s.pos0,
-                ..x.rope
-            };
-            b.rope(q, x.inv_freq, rope(a.n_heads))?;
-            b.rope(k, x.inv_freq, rope(a.n_kv_heads))?;
+            b.rope(q, x.inv_freq, x.rope.args(s.n, a.n_heads, a.head_dim, s.pos0))?;
+            b.rope(k, x.inv_freq, x.rope.args(s.n, a.n_kv_heads, a.head_dim, s.pos0))?;
             b.copy(k, kc, Strided::contiguous(s.n * kw, 0, s.pos0 * kw))?;
             b.copy(x.v, vc, Strided::contiguous(s.n * vw, s.off * vw, s.pos0 * vw))?;
             let args = AttnArgs {

@@ -2,7 +2,7 @@
 //! per-head output gate and partial RoPE of Qwen3.5 / Qwen3-Next.
 
 use super::{load_mat, load_vec, Ctx};
-use crate::backend::{AttnArgs, AttnSeqs, Backend, RopeArgs, StatePair, Strided};
+use crate::backend::{AttnArgs, AttnSeqs, Backend, Rotary, StatePair, Strided};
 use crate::config::ModelConfig;
 use crate::error::Result;
 use crate::format::packed::WeightsFile;
@@ -81,14 +81,9 @@ impl<B: Backend> GqaWeights<B> {
             k: &mut kn,
             v: &v,
             inv_freq: c.inv_freq,
-            rope: RopeArgs {
-                n_tokens: n,
-                n_heads: h,
-                head_stride: hd,
-                token_stride: h * hd,
+            rope: Rotary {
                 rot_off: 0,
                 rot_dim: cfg.rotary_dim(),
-                pos0: 0,
                 interleaved: false,
                 mscale: 1.0,
             },

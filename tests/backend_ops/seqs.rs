@@ -6,7 +6,7 @@
 use super::reference;
 use super::util::{close, Rng};
 use super::{run, up};
-use moeflux::backend::{AttnArgs, AttnSeqs, Backend, DeltaArgs, DeltaWeights, RopeArgs, Seg};
+use moeflux::backend::{AttnArgs, AttnSeqs, Backend, DeltaArgs, DeltaWeights, RopeArgs, Rotary, Seg};
 
 /// Segments of `ns` tokens, in row order, at the given positions.
 fn segs(ns: &[usize], pos: &[usize]) -> Vec<Seg> {
@@ -29,14 +29,15 @@ pub fn check_attention_seqs<B: Backend>(b: &B) {
     let mut rng = Rng::new(21);
     let many_n: Vec<usize> = (0..18).map(|i| 1 + i % 2).collect();
     let many_p: Vec<usize> = (0..18).map(|i| (i * 7) % 11).collect();
-    // (tokens per sequence, positions, heads, KV heads, head_dim, rotated dims)
-    type Case = (Vec<usize>, Vec<usize>, usize, usize, usize, usize);
+    // (tokens per sequence, positions, heads, KV heads, head_dim,
+    // (first rotated dim, rotated dims, interleaved))
+    type Case = (Vec<usize>, Vec<usize>, usize, usize, usize, (usize, usize, bool));
     let cases: [Case; 3] = [
-        (vec![1, 3, 1, 2], vec![5, 0, 9, 2], 4, 2, 32, 32),
-        (vec![2, 1], vec![0, 4], 6, 3, 64, 16),
-        (many_n, many_p, 4, 1, 16, 8),
+        (vec![1, 3, 1, 2], vec![5, 0, 9, 2], 4, 2, 32, (0, 32, false)),
+        (vec![2, 1], vec![0, 4], 6, 3, 64, (16, 16, true)),
+        (many_n, many_p, 4, 1, 16, (0, 8, false)),
     ];
-    for (ns, pos, h, kv, hd, rot) in cases {
+    for (ns, pos, h, kv, hd, (rot_off, rot, il)) in cases {
         let sg = segs(&ns, &pos);
         let n: usize = ns.iter().sum();
         let (qw, kw) = (h * hd, kv * hd);
@@ -52,15 +53,10 @@ pub fn check_attention_seqs<B: Backend>(b: &B) {
         let vc0: Vec<Vec<f32>> = caps.iter().map(|&c| rng.vec(c * kw, 1.0)).collect();
         let mut kcs: Vec<B::Buf> = kc0.iter().map(|c| up(b, c)).collect();
         let mut vcs: Vec<B::Buf> = vc0.iter().map(|c| up(b, c)).collect();
-        let rope = RopeArgs {
-            n_tokens: n,
-            n_heads: h,
-            head_stride: hd,
-            token_stride: qw,
-            rot_off: 0,
+        let rope = Rotary {
+            rot_off,
             rot_dim: rot,
-            pos0: 0,
-            interleaved: false,
+            interleaved: il,
             mscale: 1.0,
         };
         let attn = AttnArgs {
@@ -91,9 +87,13 @@ pub fn check_attention_seqs<B: Backend>(b: &B) {
             let one = |heads: usize| RopeArgs {
                 n_tokens: s.n,
                 n_heads: heads,
+                head_stride: hd,
                 token_stride: heads * hd,
+                rot_off,
+                rot_dim: rot,
                 pos0: s.pos0,
-                ..rope
+                interleaved: il,
+                mscale: 1.0,
             };
             let qs = as_f32(&reference::rope(&q[s.off * qw..(s.off + s.n) * qw], &inv_freq, one(h)));
             let ks = as_f32(&reference::rope(&k[s.off * kw..(s.off + s.n) * kw], &inv_freq, one(kv)));
@@ -122,7 +122,7 @@ pub fn check_attention_seqs<B: Backend>(b: &B) {
             );
         }
         close(
-            &format!("attention_seqs {ns:?} at {pos:?}, {h}/{kv} heads of {hd}"),
+            &format!("attention_seqs {ns:?} at {pos:?}, {h}/{kv} heads of {hd}, rope {rot_off}+{rot} il={il}"),
             &got,
             &want,
             5e-6,

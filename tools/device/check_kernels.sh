@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 K=src/backend/cuda/kernels
 tmp=$(mktemp -d)
-cat $K/common.cuh $K/matvec.cu $K/elementwise.cu $K/attention.cu $K/delta.cu $K/moe.cu $K/tensor.cu >"$tmp/all.cu"
+cat $K/common.cuh $K/matvec.cu $K/elementwise.cu $K/attention.cu $K/delta.cu $K/moe.cu $K/tensor.cu $K/prep.cu >"$tmp/all.cu"
 clang-14 -x cuda --cuda-gpu-arch=sm_80 -nocudainc -nocudalib --cuda-device-only \
     -Xclang -target-feature -Xclang +ptx70 -O2 -S \
     -include tools/device/clang_shim.h "$tmp/all.cu" -o "$tmp/all.ptx"

@@ -19,7 +19,7 @@ use std::ffi::{c_char, CStr, CString};
 use std::path::PathBuf;
 
 /// The sources of the base module, in the order they are concatenated.
-const SOURCES: [&str; 7] = [
+const SOURCES: [&str; 8] = [
     include_str!("kernels/common.cuh"),
     include_str!("kernels/matvec.cu"),
     include_str!("kernels/elementwise.cu"),
@@ -27,10 +27,11 @@ const SOURCES: [&str; 7] = [
     include_str!("kernels/delta.cu"),
     include_str!("kernels/moe.cu"),
     include_str!("kernels/tensor.cu"),
+    include_str!("kernels/prep.cu"),
 ];
 
 /// The sources of a format module: the files that hold `FOR_FMT` kernels.
-/// (`elementwise.cu`, `attention.cu` and `delta.cu` hold none.)
+/// (`elementwise.cu`, `attention.cu`, `delta.cu` and `prep.cu` hold none.)
 const FORMAT_SOURCES: [&str; 4] = [
     include_str!("kernels/common.cuh"),
     include_str!("kernels/matvec.cu"),

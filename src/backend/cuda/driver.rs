@@ -219,7 +219,6 @@ impl Gpu {
         self.ctx.mem_get_info().map_err(|e| cuda_err("memory info", e))
     }
 
-    /// Launch `f` on the compute stream; `block` threads in x.
     /// Let kernel `f` take up to `bytes` of dynamic shared memory (more
     /// than the 48 KiB a block gets without asking).
     pub fn allow_shared_memory(&self, f: sys::CUfunction, bytes: usize) -> Result<()> {
@@ -235,6 +234,7 @@ impl Gpu {
         .check("a kernel's shared memory")
     }
 
+    /// Launch `f` on the compute stream; `block` threads in x.
     pub fn launch(
         &self,
         f: sys::CUfunction,

@@ -34,19 +34,21 @@ fn split_of(m: &CudaMatrix) -> usize {
     }
 }
 
-/// One `matvec_q` launch: `y = W·v` for each (matrix, output address) of
-/// `set` (1 to MQ_SET matrices that `staged_matvec` takes, all of the same
-/// cols), with v = x, or silu(x) ⊙ u when `u` is not 0.
-fn launch_matvec_q(gpu: &Gpu, set: &[(&CudaMatrix, u64)], x: u64, u: u64) -> Result<()> {
+/// `matvec_q` launches, one per token of `n`: `y_t = W·v_t` for each
+/// (matrix, output address) of `set` (1 to MQ_SET matrices that
+/// `staged_matvec` takes, all of the same cols; output `[n, rows]`), with
+/// v = x, or silu(x) ⊙ u when `u` is not 0 (x, u `[n, cols]`). Each
+/// token's row sums are the ones it gets alone.
+fn launch_matvec_q(gpu: &Gpu, set: &[(&CudaMatrix, u64)], x: u64, u: u64, n: usize) -> Result<()> {
     let Some((first, _)) = set.first() else {
         return Ok(());
     };
-    // 4 rows a warp. At least 32 rows per SM of an H100 in all: 8 warps a
-    // block and for each matrix at most 264 blocks (2 per SM) striding over
-    // its rows, so x is staged into few blocks; fewer: 2 warps a block, to
-    // spread the rows over the SMs. A short wide matrix (`split_of`) has 4
-    // warps share each row group's columns, in blocks of 8 warps.
-    let big = set.iter().map(|(m, _)| m.rows).sum::<usize>() >= 32 * 132;
+    // 4 rows a warp. At least 32 rows per SM in all: 8 warps a block and
+    // for each matrix at most 2 blocks per SM striding over its rows, so x
+    // is staged into few blocks; fewer: 2 warps a block, to spread the
+    // rows over the SMs. A short wide matrix (`split_of`) has 4 warps share
+    // each row group's columns, in blocks of 8 warps.
+    let big = set.iter().map(|(m, _)| m.rows).sum::<usize>() >= 32 * gpu.sms;
     let split = set.iter().any(|(m, _)| split_of(m) > 1);
     let warps = if big || split { 8 } else { 2 };
     let parts: Vec<(MatArg, u64, usize)> = set
@@ -56,7 +58,7 @@ fn launch_matvec_q(gpu: &Gpu, set: &[(&CudaMatrix, u64)], x: u64, u: u64) -> Res
             // Rows per block: 4 per row group of `ks` warps.
             let per_block = 4 * warps as usize / ks;
             let blocks = match big {
-                true => m.rows.div_ceil(per_block).min(264),
+                true => m.rows.div_ceil(per_block).min(2 * gpu.sms),
                 false => m.rows.div_ceil(per_block),
             };
             let arg = MatArg {
@@ -66,15 +68,25 @@ fn launch_matvec_q(gpu: &Gpu, set: &[(&CudaMatrix, u64)], x: u64, u: u64) -> Res
             (arg, y, blocks)
         })
         .collect();
-    let (arg, blocks) = MatSet::new("matvec_q", &parts)?;
-    let smem = (first.cols * 4) as u32;
-    gpu.launch(
-        gpu.k.matvec_q,
-        (blocks as u32, 1, 1),
-        32 * warps,
-        smem,
-        cuda_args![arg, x, u],
-    )
+    let cols = first.cols;
+    let smem = (cols * 4) as u32;
+    for t in 0..n {
+        let token: Vec<(MatArg, u64, usize)> = parts
+            .iter()
+            .map(|&(a, y, b)| (a, y + 4 * (t * a.rows as usize) as u64, b))
+            .collect();
+        let (arg, blocks) = MatSet::new("matvec_q", &token)?;
+        let off = 4 * (t * cols) as u64;
+        let (xt, ut) = (x + off, if u == 0 { 0 } else { u + off });
+        gpu.launch(
+            gpu.k.matvec_q,
+            (blocks as u32, 1, 1),
+            32 * warps,
+            smem,
+            cuda_args![arg, xt, ut],
+        )?;
+    }
+    Ok(())
 }
 
 /// A weight matrix resident on the device.
@@ -212,11 +224,7 @@ impl CudaMatrix {
         }
         let (arg, xp, yp) = (self.arg, x.read(gpu)?, y.write(gpu, n * rows)?);
         if self.staged_tokens(n) {
-            for t in 0..n {
-                let (xt, yt) = (xp + 4 * (t * cols) as u64, yp + 4 * (t * rows) as u64);
-                launch_matvec_q(gpu, &[(self, yt)], xt, 0)?;
-            }
-            Ok(())
+            launch_matvec_q(gpu, &[(self, yp)], xp, 0, n)
         } else if n == 1 {
             // 2 warps of 4 rows per block: small blocks spread a matrix of
             // few rows over every SM.
@@ -302,8 +310,7 @@ impl CudaMatrix {
             }
             return Ok(());
         }
-        // 1 to 4 tokens: the matrices matvec_q takes, MQ_SET to a launch,
-        // token by token.
+        // 1 to 4 tokens: the matrices matvec_q takes, MQ_SET to a launch.
         let mut staged: Vec<(&CudaMatrix, u64)> = Vec::with_capacity(ws.len());
         for (w, y) in ws.iter().zip(ys.iter_mut()) {
             if !(w.staged_tokens(n) && w.cols == cols) {
@@ -318,12 +325,8 @@ impl CudaMatrix {
             return Ok(());
         }
         let xp = x.read(gpu)?;
-        for t in 0..n {
-            for chunk in staged.chunks(MQ_SET) {
-                let set: Vec<(&CudaMatrix, u64)> =
-                    chunk.iter().map(|&(w, y)| (w, y + 4 * (t * w.rows) as u64)).collect();
-                launch_matvec_q(gpu, &set, xp + 4 * (t * cols) as u64, 0)?;
-            }
+        for chunk in staged.chunks(MQ_SET) {
+            launch_matvec_q(gpu, chunk, xp, 0, n)?;
         }
         Ok(())
     }
@@ -350,11 +353,7 @@ impl CudaMatrix {
             return self.linear(gpu, &h, n, y);
         }
         let (gp, upp, yp) = (gate.read(gpu)?, up.read(gpu)?, y.write(gpu, n * rows)?);
-        for t in 0..n {
-            let (xo, yo) = (4 * (t * cols) as u64, 4 * (t * rows) as u64);
-            launch_matvec_q(gpu, &[(self, yp + yo)], gp + xo, upp + xo)?;
-        }
-        Ok(())
+        launch_matvec_q(gpu, &[(self, yp)], gp, upp, n)
     }
 
     /// `y[t] = row tokens[t]`, dequantized.

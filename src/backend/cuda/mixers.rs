@@ -9,7 +9,7 @@ use super::buf::CudaBuf;
 use super::driver::{Gpu, MAX_GRID_Y, PDL_MAX_TOKENS};
 use super::ops::{grid_for, limit, ATT_MAX_DIM, ATT_THREADS};
 use crate::backend::seqs::check_segs;
-use crate::backend::{AttnArgs, DeltaArgs, RopeArgs, Seg};
+use crate::backend::{AttnArgs, DeltaArgs, RopeArgs, Rotary, Seg};
 use crate::cuda_args;
 use crate::error::{Error, Result};
 use std::sync::Arc;
@@ -169,7 +169,7 @@ pub(crate) struct AttnBufs<'a> {
 pub(crate) fn attention_seqs(
     gpu: &Gpu,
     x: AttnBufs,
-    (rope, a): (RopeArgs, AttnArgs),
+    (rope, a): (Rotary, AttnArgs),
     caches: &[(&CudaBuf, &CudaBuf)],
     segs: &[Seg],
     out: &mut CudaBuf,
@@ -189,12 +189,11 @@ pub(crate) fn attention_seqs(
     let rotates = rope.rot_dim >= 2;
     if rotates {
         x.inv_freq.want("rope frequencies", rope.rot_dim / 2)?;
-        if rope.head_stride != a.head_dim || rope.rot_off + rope.rot_dim > a.head_dim {
+        if rope.rot_off + rope.rot_dim > a.head_dim {
             return Err(Error::Invalid(format!(
-                "rope channels {}..{} of heads of {} (head_dim {})",
+                "rope channels {}..{} of heads of {}",
                 rope.rot_off,
                 rope.rot_off + rope.rot_dim,
-                rope.head_stride,
                 a.head_dim
             )));
         }
@@ -212,7 +211,7 @@ pub(crate) fn attention_seqs(
     let op = out.write(gpu, a.n * ow)?;
     let at = |p: u64, row: usize, w: usize| p + 4 * (row * w) as u64;
     let (hs, ro, rd, il, ms) = (
-        rope.head_stride as i32,
+        a.head_dim as i32,
         rope.rot_off as i32,
         rope.rot_dim as i32,
         rope.interleaved as i32,

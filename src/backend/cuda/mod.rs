@@ -60,6 +60,23 @@ pub struct CudaBackend {
 /// Downloads of at least this many bytes go through the pinned stage.
 const STAGE_MIN_BYTES: usize = 64 << 10;
 
+/// A GatedDeltaNet call's inputs as the launchers take them.
+fn delta_bufs<'a>(
+    qkv: &'a CudaBuf,
+    a: &'a CudaBuf,
+    b: &'a CudaBuf,
+    w: DeltaWeights<'a, CudaBackend>,
+) -> mixers::DeltaBufs<'a> {
+    mixers::DeltaBufs {
+        qkv,
+        a,
+        b,
+        conv_w: w.conv_w,
+        a_log: w.a_log,
+        dt_bias: w.dt_bias,
+    }
+}
+
 /// What [`CudaBackend::attach_experts`] set up.
 #[derive(Debug, Clone, Copy)]
 pub struct CacheReport {
@@ -498,14 +515,7 @@ impl Backend for CudaBackend {
         out: &mut CudaBuf,
     ) -> Result<()> {
         self.gpu.bind()?;
-        let bufs = mixers::DeltaBufs {
-            qkv,
-            a,
-            b,
-            conv_w: w.conv_w,
-            a_log: w.a_log,
-            dt_bias: w.dt_bias,
-        };
+        let bufs = delta_bufs(qkv, a, b, w);
         mixers::gated_delta(&self.gpu, bufs, state.conv, state.ssm, args, out)
     }
 
@@ -539,14 +549,7 @@ impl Backend for CudaBackend {
         out: &mut CudaBuf,
     ) -> Result<()> {
         self.gpu.bind()?;
-        let bufs = mixers::DeltaBufs {
-            qkv,
-            a,
-            b,
-            conv_w: w.conv_w,
-            a_log: w.a_log,
-            dt_bias: w.dt_bias,
-        };
+        let bufs = delta_bufs(qkv, a, b, w);
         let states: Vec<(&CudaBuf, &CudaBuf)> = states.iter().map(|(c, s)| (&**c, &**s)).collect();
         mixers::gated_delta_seqs(&self.gpu, bufs, &states, segs, args, out)
     }

@@ -14,7 +14,7 @@ use super::cache::ExpertCache;
 use super::driver::{Gpu, MAX_GRID_Y};
 use super::hybrid::{self, HostStep, HYBRID_TOKENS};
 use super::moe_groups::{expert_layout, experts_tc, run_experts, run_experts_tc, ELayout, Groups};
-use super::tensor::{self};
+use super::tensor;
 use crate::backend::{MoeArgs, MoeInputs};
 use crate::config::Routing;
 use crate::cuda_args;

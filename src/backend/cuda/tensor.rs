@@ -35,9 +35,8 @@ pub(crate) const MIN_TOKENS: usize = super::driver::PDL_MAX_TOKENS + 1;
 pub(crate) const STEP_MIN_ROWS: usize = 512;
 
 /// ... and of at least this many tokens: with fewer, most of the 16-token
-/// tile is idle and `matvec_tok4` was faster (H100, resident, 2 streams
-/// 264.6 → 219.2 tok/s and 4 streams 415.9 → 380.3 with the tile, while
-/// 8 and 16 streams gained).
+/// tile idles (H100, resident, one lease: 2 streams 258.8 tok/s without
+/// the tile, 236.0 with it; 4 streams 430.1 and 388.7; BENCHMARKS.md).
 pub(crate) const STEP_MIN_TOKENS: usize = 5;
 
 /// Whether the tensor-core kernels take a matrix of weight format code

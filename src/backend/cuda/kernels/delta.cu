@@ -140,8 +140,8 @@ __device__ __forceinline__ void delta_state(float (&S)[DELTA_RPW][DELTA_MAXE], f
 }
 
 // One token of delta_step through the warp's state rows (q, k
-// normalized; v its rows' values; g, β the gates): S ← g·S; δ = β(v − S k); S ← S + δ kᵀ; o = S q,
-// o written to ot[row] by lane 0.
+// normalized; v its rows' values; g, β the gates): S ← g·S;
+// δ = β(v − S k); S ← S + δ kᵀ; o = S q, written to ot[row] by lane 0.
 __device__ __forceinline__ void delta_token(float (&S)[DELTA_RPW][DELTA_MAXE], const float (&q)[DELTA_MAXE],
                                             const float (&k)[DELTA_MAXE], const float (&v)[DELTA_RPW], float g,
                                             float beta, int row0, int Dv, float* ot) {

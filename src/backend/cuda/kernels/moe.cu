@@ -508,63 +508,6 @@ extern "C" __global__ void __launch_bounds__(256)
 }
 #endif
 
-// Grouping the pairs by expert on the device (a resident model's prefill:
-// no round trip through the host). moe_count: counts[e] = pairs routed to
-// expert e; moe_scatter: starts[e] = Σ counts[e' < e] and pairs[starts[e]
-// + r] = the r-th pair (in ascending order) routed to e, as the host's
-// grouping makes them. Grid E, 256 threads each.
-#if FMT_GROUP_ON(FG_BASE)
-__device__ __forceinline__ int block_sum_int(int v, int* sh) {
-    const int w = threadIdx.x >> 5, l = threadIdx.x & 31, nw = blockDim.x >> 5;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
-    __syncthreads();
-    if (l == 0) sh[w] = v;
-    __syncthreads();
-    int t = 0;
-    for (int i = 0; i < nw; i++) t += sh[i];
-    return t;
-}
-
-extern "C" __global__ void moe_count(const u32* ids, int np, int* counts) {
-    GRID_DEP();
-    __shared__ int sh[32];
-    const u32 e = blockIdx.x;
-    int c = 0;
-    for (int i = threadIdx.x; i < np; i += blockDim.x) c += ids[i] == e;
-    c = block_sum_int(c, sh);
-    if (threadIdx.x == 0) counts[e] = c;
-}
-
-extern "C" __global__ void moe_scatter(const u32* ids, int np, const int* counts, int* starts, int* pairs) {
-    GRID_DEP();
-    __shared__ int sh[32];
-    __shared__ int warp_n[32];
-    const u32 e = blockIdx.x;
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    int before = 0;
-    for (int i = threadIdx.x; i < (int)e; i += blockDim.x) before += counts[i];
-    const int start = block_sum_int(before, sh);
-    if (threadIdx.x == 0) starts[e] = start;
-    int done = 0;
-    for (int base = 0; base < np; base += blockDim.x) {
-        const int i = base + threadIdx.x;
-        const bool mine = i < np && ids[i] == e;
-        const u32 ballot = __ballot_sync(FULL_MASK, mine);
-        __syncthreads();
-        if (lane == 0) warp_n[w] = __popc(ballot);
-        __syncthreads();
-        int off = 0, all = 0;
-        for (int j = 0; j < nw; j++) {
-            off += j < w ? warp_n[j] : 0;
-            all += warp_n[j];
-        }
-        if (mine) pairs[start + done + off + __popc(ballot & ((1u << lane) - 1u))] = i;
-        done += all;
-    }
-}
-#endif
-
 // out[t] += Σ_j wts[t, j]·d[t·k + j], j in order (with `assign`, out is
 // known to be zero and is not read).
 #if FMT_GROUP_ON(FG_BASE)
