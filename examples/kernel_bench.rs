@@ -205,6 +205,8 @@ fn main() {
     println!(
         "kernel: {}\n",
         match Kernel::detect_fast() {
+            Kernel::Amx =>
+                "amx (fast path) for quantized products of several tokens, vnni for one token, avx512 (exact), avx2 for the rest (all measured below)",
             Kernel::Avx512Vnni =>
                 "vnni (fast path) for quantized products, avx512 (exact) for one-token ones, avx2 for the rest (all measured below)",
             Kernel::Avx512 => "avx512 for one-token quantized products, avx2 for the rest (both measured below)",
@@ -233,8 +235,8 @@ fn main() {
     );
     println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
     let runs: &[(Kind, &[usize])] = &[
-        (Kind::Quant(4), &[1, 8, 32]),
-        (Kind::Quant(8), &[1, 8, 32]),
+        (Kind::Quant(4), &[1, 8, 32, 128]),
+        (Kind::Quant(8), &[1, 8, 32, 128]),
         (Kind::Quant(2), &[1, 8, 32]),
         (Kind::Bf16, &[1, 8, 32]),
     ];
@@ -245,15 +247,21 @@ fn main() {
         // AVX-512 covers one-token quantized products only; the AVX2
         // kernels run beside it for comparison (and for the rest).
         let quant = matches!(kind, Kind::Quant(_));
-        let kernels: Vec<Kernel> = [Kernel::Avx512Vnni, Kernel::Avx512, Kernel::Avx2, Kernel::Scalar]
-            .into_iter()
-            .filter(|k| k.available())
-            .filter(|&k| match k {
-                Kernel::Avx512 | Kernel::Avx512Vnni => quant,
-                Kernel::Scalar => Kernel::detect() == Kernel::Scalar || matches!(kind, Kind::Quant(4)),
-                Kernel::Avx2 => true,
-            })
-            .collect();
+        let kernels: Vec<Kernel> = [
+            Kernel::Amx,
+            Kernel::Avx512Vnni,
+            Kernel::Avx512,
+            Kernel::Avx2,
+            Kernel::Scalar,
+        ]
+        .into_iter()
+        .filter(|k| k.available())
+        .filter(|&k| match k {
+            Kernel::Avx512 | Kernel::Avx512Vnni | Kernel::Amx => quant,
+            Kernel::Scalar => Kernel::detect() == Kernel::Scalar || matches!(kind, Kind::Quant(4)),
+            Kernel::Avx2 => true,
+        })
+        .collect();
         for &kernel in &kernels {
             for &n in ns {
                 if n > 1

@@ -9,10 +9,16 @@ use moeflux::backend::cpu::matmul::{linear_set_with, linear_with, Kernel, Produc
 use moeflux::format::{Dtype, MatrixData, MatrixView, Region};
 
 fn kernels() -> Vec<Kernel> {
-    [Kernel::Scalar, Kernel::Avx2, Kernel::Avx512, Kernel::Avx512Vnni]
-        .into_iter()
-        .filter(|k| k.available())
-        .collect()
+    [
+        Kernel::Scalar,
+        Kernel::Avx2,
+        Kernel::Avx512,
+        Kernel::Avx512Vnni,
+        Kernel::Amx,
+    ]
+    .into_iter()
+    .filter(|k| k.available())
+    .collect()
 }
 
 fn cases(rng: &mut Rng) -> Vec<(String, MatrixView, Vec<f64>)> {

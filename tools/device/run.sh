@@ -6,7 +6,7 @@
 # Stages: probe coldstart coldstart-model ops golden synth resident half quarter zero quarter-nopf cpu
 # golden-staging pieces quarter-staging quick quick25 kernels resident-nograph
 # quarter-nograph golden-nograph resident-nopdl quarter-nopdl profile batch parallel
-# parallel-skewed parallel-cpu prefill profile-prefill.
+# parallel-skewed parallel-cpu cpu-prefill prefill profile-prefill.
 # Logs go to $OUT; a short table is printed last.
 set -uo pipefail
 OUT=${OUT:-/tmp/moeflux-out}
@@ -201,6 +201,13 @@ for stage in "$@"; do
     parallel-cpu)
         for p in 1 8; do
             bench "cpu-p$p" --device cpu -p 0 -n 32 -r 2 --parallel $p --timing
+        done
+        ;;
+    cpu-prefill)
+        # Issue 11: CPU prefill per operation, at several thread counts.
+        lscpu | grep -E "Model name|^CPU\(s\)|L1d|L2|L3|Flags" | cut -c1-400 | tee -a "$SUMMARY"
+        for t in 16 8 4; do
+            bench "cpu-pp-t$t" --device cpu --threads $t -p 256 -n 0 -r 2 --timing
         done
         ;;
     prefill)

@@ -41,6 +41,9 @@ pub enum Kernel {
     /// activations rounded to 16-bit integers per group (not exact: SPEC
     /// §6); the `Avx512` kernels for everything else.
     Avx512Vnni,
+    /// `Avx512Vnni`, with AMX int8 tiles for quantized products of several
+    /// tokens (the same arithmetic: SPEC §6).
+    Amx,
 }
 
 impl Kernel {
@@ -54,10 +57,10 @@ impl Kernel {
 
     /// The fastest kernel this CPU runs, exact or not.
     pub fn detect_fast() -> Kernel {
-        match Kernel::Avx512Vnni.available() {
-            true => Kernel::Avx512Vnni,
-            false => Kernel::detect(),
-        }
+        [Kernel::Amx, Kernel::Avx512Vnni]
+            .into_iter()
+            .find(|k| k.available())
+            .unwrap_or_else(Kernel::detect)
     }
 
     /// The fastest kernel: `detect()` when `exact`, else `detect_fast()`.
@@ -70,7 +73,7 @@ impl Kernel {
 
     /// Whether every product takes the activations as f32.
     pub fn is_exact(self) -> bool {
-        self != Kernel::Avx512Vnni
+        !matches!(self, Kernel::Avx512Vnni | Kernel::Amx)
     }
 
     /// Whether this CPU runs `self`.
@@ -83,14 +86,17 @@ impl Kernel {
             Kernel::Avx512 => super::simd512::available(),
             #[cfg(target_arch = "x86_64")]
             Kernel::Avx512Vnni => super::vnni::available(),
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Amx => super::amx::available(),
             #[cfg(not(target_arch = "x86_64"))]
-            Kernel::Avx2 | Kernel::Avx512 | Kernel::Avx512Vnni => false,
+            Kernel::Avx2 | Kernel::Avx512 | Kernel::Avx512Vnni | Kernel::Amx => false,
         }
     }
 
-    /// A short name for reports (`vnni`, `avx512`, `avx2`, `scalar`).
+    /// A short name for reports (`amx`, `vnni`, `avx512`, `avx2`, `scalar`).
     pub fn name(self) -> &'static str {
         match self {
+            Kernel::Amx => "amx",
             Kernel::Scalar => "scalar",
             Kernel::Avx2 => "avx2",
             Kernel::Avx512 => "avx512",
@@ -104,6 +110,11 @@ impl Kernel {
     /// AVX2 kernels.
     fn for_product(self, mat: &Mat, n: usize) -> Kernel {
         match (self, mat) {
+            #[cfg(target_arch = "x86_64")]
+            (Kernel::Amx, Mat::Quant(q)) if n >= super::amx::MIN_TOKENS && super::amx::quant_supported(q) => {
+                Kernel::Amx
+            }
+            (Kernel::Amx, _) => Kernel::Avx512Vnni.for_product(mat, n),
             #[cfg(target_arch = "x86_64")]
             (Kernel::Avx512Vnni, Mat::Quant(q)) if super::vnni::quant_supported(q) => Kernel::Avx512Vnni,
             (Kernel::Avx512Vnni, _) => Kernel::Avx512.for_product(mat, n),
@@ -215,7 +226,11 @@ pub fn linear_set_with(kernel: Kernel, ps: &mut [Product]) -> Result<()> {
         }
         let out: &mut [f32] = if n == 1 { &mut p.y[..rows] } else { s };
         let row_cost = mats[i].row_bytes() * n.div_ceil(4);
-        let block = (task_bytes / row_cost.max(1)).clamp(1, rows);
+        let mut block = (task_bytes / row_cost.max(1)).clamp(1, rows);
+        if kernels[i] == Kernel::Amx {
+            // Whole tiles of 16 rows.
+            block = block.next_multiple_of(16).min(rows);
+        }
         tasks.extend(out.chunks_mut(block * n).enumerate().map(|(bi, o)| (i, bi * block, o)));
     }
     let run = |(i, r0, o): (usize, usize, &mut [f32])| rows_into(kernels[i], &mats[i], &acts[act_of[i]].1, r0, o);
@@ -273,7 +288,17 @@ fn prepare<'a>(kernel: Kernel, mat: &Mat, x: &'a [f32], n: usize, cols: usize) -
     let mut acts = Acts::new(x, n, cols, Some(q.group_size));
     match kernel {
         #[cfg(target_arch = "x86_64")]
-        Kernel::Avx512Vnni => acts.xq = super::vnni::quantize_x(acts.x, &acts.xsum, q.group_size, q.bits),
+        Kernel::Avx512Vnni => {
+            acts.xq = super::vnni::quantize_x(acts.x, &acts.xsum, q.group_size, q.bits);
+            if n >= super::vnni_gemm::MIN_TOKENS {
+                acts.xt = super::vnni_gemm::tile_x(q, &acts.xq, &acts.xsum, n);
+            }
+        }
+        #[cfg(target_arch = "x86_64")]
+        Kernel::Amx => {
+            acts.xq = super::vnni::quantize_x(acts.x, &acts.xsum, q.group_size, q.bits);
+            acts.xa = Some(super::amx::tile_x(q, &acts.xq, &acts.xsum, n));
+        }
         _ => acts.xp = permuted(kernel, q, acts.x),
     }
     acts
@@ -296,6 +321,15 @@ fn permuted(kernel: Kernel, q: &qmatvec::QuantMat, x: &[f32]) -> Vec<f32> {
 /// chosen by `Kernel::for_product`.
 fn rows_into(kernel: Kernel, mat: &Mat, a: &Acts, r0: usize, out: &mut [f32]) {
     match (kernel, mat) {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as below; `for_product` chose this kernel for a layout
+        // it takes, and `prepare` laid x out for it.
+        (Kernel::Amx, Mat::Quant(q)) => unsafe {
+            match &a.xa {
+                Some(xa) => super::amx::quant_rows(q, xa, r0, out),
+                None => super::vnni::quant_rows(q, a, r0, out),
+            }
+        },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as below; `for_product` chose this kernel for a layout
         // it takes, and `prepare` quantized x for it.

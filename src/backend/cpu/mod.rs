@@ -1,6 +1,8 @@
 //! The CPU backend: f32 activations in `Vec<f32>`, weights read in place
 //! from the mapped model file, rayon for threads.
 
+#[cfg(target_arch = "x86_64")]
+mod amx;
 mod attn;
 mod delta;
 pub mod matmul;
@@ -15,6 +17,8 @@ mod simd512;
 mod vector;
 #[cfg(target_arch = "x86_64")]
 mod vnni;
+#[cfg(target_arch = "x86_64")]
+mod vnni_gemm;
 
 use super::{AttnArgs, Backend, DeltaArgs, DeltaState, DeltaWeights, MlaArgs, MoeArgs, MoeInputs, RopeArgs, Strided};
 use crate::error::Result;

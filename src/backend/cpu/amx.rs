@@ -1,0 +1,368 @@
+//! The fast quantized product over several tokens on AMX (Intel's tile
+//! matrix unit, Sapphire Rapids and later): 16 rows × 16 tokens × 64
+//! columns per instruction, in 8-bit integers.
+//!
+//! The arithmetic is the VNNI fast path's (`vnni`, SPEC §6): x rounded to
+//! 16-bit integers per group, exact integer sums per group, scaled per
+//! group in f32. AMX multiplies bytes, so each 16-bit level is split as
+//! `xq = 256·hi + lo` (`hi` signed, `lo` unsigned) and a group's sum is
+//! `256·Σ q·hi + Σ q·lo`: `tdpbusd` (unsigned levels × signed `hi`) and
+//! `tdpbuud` (× unsigned `lo`) into two accumulator tiles, joined exactly
+//! in 32 bits once per group. Then, for each of the 16 rows, the group's
+//! scale, bias and middle-level terms are applied to the 16 tokens at once
+//! (one register of tokens per row).
+//!
+//! Tiles: A (tmm0) is 16 rows × 64 levels of one 64-column block, unpacked
+//! to bytes by the task (once for all tokens); B (tmm1 `hi`, tmm2 `lo`) is
+//! the block's 64 columns × 16 tokens in the VNNI layout (four columns of
+//! a token per dword), laid out once per call; C (tmm3, tmm4) is 16 rows ×
+//! 16 tokens. A 4-bit block's levels are in `quantize_x`'s order (its even
+//! columns, then its odd ones), so x needs no other permutation.
+//!
+//! The tile instructions are written as inline assembly (their intrinsics
+//! are not stable Rust); the kernel is generic over [`TileOps`] so that
+//! the tests run it on an emulation of the tiles on machines without AMX.
+
+use super::qmatvec::{QuantMat, QuantX};
+use std::arch::x86_64::*;
+use std::cell::RefCell;
+use std::sync::OnceLock;
+
+/// Tokens from which a product takes this kernel.
+pub(crate) const MIN_TOKENS: usize = 4;
+
+/// Rows, tokens and columns of one tile product.
+const TR: usize = 16;
+const TT: usize = 16;
+const TK: usize = 64;
+
+/// Whether this CPU has AMX-INT8 and this process may use the tiles (on
+/// Linux the tile state needs a permission, asked for once here).
+pub(crate) fn available() -> bool {
+    static OK: OnceLock<bool> = OnceLock::new();
+    *OK.get_or_init(|| {
+        if !super::vnni::available() {
+            return false;
+        }
+        let c = __cpuid_count(7, 0);
+        let (tile, int8) = (c.edx & (1 << 24) != 0, c.edx & (1 << 25) != 0);
+        tile && int8 && permission()
+    })
+}
+
+#[cfg(target_os = "linux")]
+fn permission() -> bool {
+    const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
+    const XFEATURE_XTILEDATA: libc::c_long = 18;
+    // SAFETY: arch_prctl with these arguments only changes which state
+    // the kernel saves for this process.
+    unsafe { libc::syscall(libc::SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0 }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn permission() -> bool {
+    false
+}
+
+/// Whether the kernel takes this layout: 4- or 8-bit levels in groups of
+/// whole 64-column blocks whose sums fit in 32 bits.
+pub(crate) fn quant_supported(m: &QuantMat) -> bool {
+    matches!(m.bits, 4 | 8) && m.group_size.is_multiple_of(TK) && super::vnni::quant_supported(m)
+}
+
+/// x laid out as B tiles.
+pub(crate) struct Tiled {
+    n: usize,
+    blocks: usize,
+    groups: usize,
+    /// `[n/16, blocks, 2 (hi, lo), 16 (4 columns each), 64 (16 tokens × 4)]`.
+    b: Vec<u8>,
+    /// `[n/16, groups, 3, 16]`: per token, the group's scale of x, sum of x
+    /// and rounding residual.
+    lanes: Vec<f32>,
+}
+
+/// The tiles of x `[n, cols]` from its 16-bit levels `xq` (in
+/// `vnni::quantize_x`'s order) and group sums.
+pub(crate) fn tile_x(m: &QuantMat, xq: &QuantX, xsum: &[f32], n: usize) -> Tiled {
+    use rayon::prelude::*;
+    let (cols, groups) = (m.cols, m.groups());
+    let blocks = cols / TK;
+    let tiles = n.div_ceil(TT);
+    let mut b = vec![0u8; tiles * blocks * 2 * TK * TT];
+    let mut lanes = vec![0.0f32; tiles * groups * 3 * TT];
+    b.par_chunks_mut(blocks * 2 * TK * TT)
+        .zip(lanes.par_chunks_mut(groups * 3 * TT))
+        .enumerate()
+        .for_each(|(tt, (bt, lt))| {
+            for u in 0..TT.min(n - tt * TT) {
+                let t = tt * TT + u;
+                let q = &xq.q[t * cols..(t + 1) * cols];
+                for (kb, bb) in bt.chunks_exact_mut(2 * TK * TT).enumerate() {
+                    let (hi, lo) = bb.split_at_mut(TK * TT);
+                    for (p, &v) in q[kb * TK..(kb + 1) * TK].iter().enumerate() {
+                        let at = (p / 4) * 4 * TT + 4 * u + p % 4;
+                        hi[at] = (v >> 8) as u8;
+                        lo[at] = v as u8;
+                    }
+                }
+                for (g, lg) in lt.chunks_exact_mut(3 * TT).enumerate() {
+                    lg[u] = xq.scale[t * groups + g];
+                    lg[TT + u] = xsum[t * groups + g];
+                    lg[2 * TT + u] = xq.resid[t * groups + g];
+                }
+            }
+        });
+    Tiled {
+        n,
+        blocks,
+        groups,
+        b,
+        lanes,
+    }
+}
+
+/// The tile operations the kernel uses, on fixed tile registers.
+pub(crate) trait TileOps {
+    /// Configure the five tiles (16 rows of 64 bytes each).
+    unsafe fn config(&mut self);
+    /// C (hi and lo) = 0.
+    unsafe fn zero_c(&mut self);
+    /// A = 16 rows of 64 bytes at `p`, `stride` bytes apart.
+    unsafe fn load_a(&mut self, p: *const u8, stride: usize);
+    /// B hi and lo = 16 rows of 64 bytes at `hi` and `lo`.
+    unsafe fn load_b(&mut self, hi: *const u8, lo: *const u8);
+    /// C hi += A (unsigned) · B hi (signed); C lo += A · B lo (unsigned).
+    unsafe fn dot(&mut self);
+    /// C hi and lo to 16 rows of 16 i32 at `hi` and `lo`.
+    unsafe fn store_c(&mut self, hi: *mut i32, lo: *mut i32);
+    /// Give the tile state back.
+    unsafe fn release(&mut self);
+}
+
+/// The tile unit.
+pub(crate) struct Amx;
+
+#[repr(C, align(64))]
+struct Config([u8; 64]);
+
+/// Palette 1; tiles 0–4 of 16 rows × 64 bytes.
+static CONFIG: Config = {
+    let mut c = [0u8; 64];
+    c[0] = 1;
+    let mut t = 0;
+    while t < 5 {
+        c[16 + 2 * t] = 64;
+        c[48 + t] = 16;
+        t += 1;
+    }
+    Config(c)
+};
+
+impl TileOps for Amx {
+    #[inline(always)]
+    unsafe fn config(&mut self) {
+        std::arch::asm!("ldtilecfg [{}]", in(reg) CONFIG.0.as_ptr(), options(nostack, readonly));
+    }
+    #[inline(always)]
+    unsafe fn zero_c(&mut self) {
+        std::arch::asm!("tilezero tmm3", "tilezero tmm4", options(nomem, nostack));
+    }
+    #[inline(always)]
+    unsafe fn load_a(&mut self, p: *const u8, stride: usize) {
+        std::arch::asm!("tileloadd tmm0, [{p} + {s}*1]", p = in(reg) p, s = in(reg) stride, options(nostack, readonly));
+    }
+    #[inline(always)]
+    unsafe fn load_b(&mut self, hi: *const u8, lo: *const u8) {
+        std::arch::asm!(
+            "tileloadd tmm1, [{h} + {s}*1]",
+            "tileloadd tmm2, [{l} + {s}*1]",
+            h = in(reg) hi,
+            l = in(reg) lo,
+            s = in(reg) 64usize,
+            options(nostack, readonly)
+        );
+    }
+    #[inline(always)]
+    unsafe fn dot(&mut self) {
+        std::arch::asm!(
+            "tdpbusd tmm3, tmm0, tmm1",
+            "tdpbuud tmm4, tmm0, tmm2",
+            options(nomem, nostack)
+        );
+    }
+    #[inline(always)]
+    unsafe fn store_c(&mut self, hi: *mut i32, lo: *mut i32) {
+        std::arch::asm!(
+            "tilestored [{h} + {s}*1], tmm3",
+            "tilestored [{l} + {s}*1], tmm4",
+            h = in(reg) hi,
+            l = in(reg) lo,
+            s = in(reg) 64usize,
+            options(nostack)
+        );
+    }
+    #[inline(always)]
+    unsafe fn release(&mut self) {
+        std::arch::asm!("tilerelease", options(nomem, nostack));
+    }
+}
+
+/// A task's rows unpacked to one byte per level, `[rows, cols]`, and their
+/// scales, biases and middle-level terms, `[rows, groups, 3]`.
+#[derive(Default)]
+struct Scratch {
+    w: Vec<u8>,
+    sc: Vec<f32>,
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+}
+
+/// Rows `r0..` into `out` `[rows, n]` on the tile unit.
+///
+/// # Safety
+/// `available()` must hold, `m` must come from `Mat::new` (sizes
+/// checked) with `quant_supported(m)`, `xa` must be `tile_x` of `m`'s
+/// layout over `n` tokens, and `r0 + out.len()/n` must not pass `m`'s rows.
+pub(crate) unsafe fn quant_rows(m: &QuantMat, xa: &Tiled, r0: usize, out: &mut [f32]) {
+    quant_rows_on(&mut Amx, m, xa, r0, out)
+}
+
+/// [`quant_rows`] on the tile operations `ops`.
+///
+/// # Safety
+/// As for `quant_rows`, `available()` only where `ops` is the tile unit.
+pub(crate) unsafe fn quant_rows_on<O: TileOps>(ops: &mut O, m: &QuantMat, xa: &Tiled, r0: usize, out: &mut [f32]) {
+    let n = xa.n;
+    let rows = out.len() / n;
+    let padded = rows.div_ceil(TR) * TR;
+    let (cols, groups) = (m.cols, xa.groups);
+    SCRATCH.with(|s| {
+        let mut s = s.borrow_mut();
+        let Scratch { w, sc } = &mut *s;
+        w.resize(padded * cols, 0);
+        sc.resize(padded * groups * 3, 0.0);
+        unpack_rows(m, r0, rows, &mut w[..rows * cols], &mut sc[..rows * groups * 3]);
+        w[rows * cols..].fill(0);
+        sc[rows * groups * 3..].fill(0.0);
+        ops.config();
+        for tt in 0..n.div_ceil(TT) {
+            let tn = TT.min(n - tt * TT);
+            for rt in 0..padded / TR {
+                let mut acc = [[0.0f32; TT]; TR];
+                block_rows(
+                    ops,
+                    m,
+                    xa,
+                    tt,
+                    &w[rt * TR * cols..],
+                    &sc[rt * TR * groups * 3..],
+                    &mut acc,
+                );
+                for (r, a) in acc.iter().enumerate().take(rows.saturating_sub(rt * TR)) {
+                    out[(rt * TR + r) * n + tt * TT..][..tn].copy_from_slice(&a[..tn]);
+                }
+            }
+        }
+        ops.release();
+    });
+}
+
+/// Rows `r0..r0 + rows` of `m`: levels to bytes in `w` (`[rows, cols]`,
+/// a 4-bit block's even columns then its odd ones), and `[s, b, m·s]` per
+/// group in `sc`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn unpack_rows(m: &QuantMat, r0: usize, rows: usize, w: &mut [u8], sc: &mut [f32]) {
+    let (cols, groups) = (m.cols, m.groups());
+    let rb = m.row_bytes();
+    let mid = ((1u32 << m.bits) - 1) as f32 / 2.0;
+    let nib = _mm256_set1_epi8(0x0F);
+    let pf = super::simd512::prefetch_rows(rb);
+    for i in 0..rows {
+        let r = r0 + i;
+        let src = m.weight.as_ptr().add(r * rb);
+        super::simd512::prefetch_row(
+            src,
+            m.scales.as_ptr().add(2 * r * groups),
+            m.biases.as_ptr().add(2 * r * groups),
+            rb,
+            2 * groups,
+            pf,
+        );
+        let dst = w.as_mut_ptr().add(i * cols);
+        if m.bits == 8 {
+            std::ptr::copy_nonoverlapping(src, dst, cols);
+        } else {
+            for kb in 0..cols / TK {
+                let v = _mm256_loadu_si256(src.add(32 * kb) as *const __m256i);
+                let lo = _mm256_and_si256(v, nib);
+                let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), nib);
+                _mm256_storeu_si256(dst.add(TK * kb) as *mut __m256i, lo);
+                _mm256_storeu_si256(dst.add(TK * kb + 32) as *mut __m256i, hi);
+            }
+        }
+        for g in 0..groups {
+            let (s, b) = (m.scale(r, g), m.bias(r, g));
+            let at = (i * groups + g) * 3;
+            sc[at] = s;
+            sc[at + 1] = b;
+            sc[at + 2] = mid * s;
+        }
+    }
+}
+
+/// 16 rows (`w`, `sc` at their first) × token tile `tt` into `acc[row][token]`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn block_rows<O: TileOps>(
+    ops: &mut O,
+    m: &QuantMat,
+    xa: &Tiled,
+    tt: usize,
+    w: &[u8],
+    sc: &[f32],
+    acc: &mut [[f32; TT]; TR],
+) {
+    #[repr(C, align(64))]
+    struct C([[i32; TT]; TR]);
+    let (mut ch, mut cl) = (C([[0; TT]; TR]), C([[0; TT]; TR]));
+    let (cols, groups, blocks) = (m.cols, xa.groups, xa.blocks);
+    let per_group = m.group_size / TK;
+    let mut sums = [_mm512_setzero_ps(); TR];
+    let bt = xa.b.as_ptr().add(tt * blocks * 2 * TK * TT);
+    let lt = xa.lanes.as_ptr().add(tt * groups * 3 * TT);
+    for g in 0..groups {
+        ops.zero_c();
+        for kb in g * per_group..(g + 1) * per_group {
+            ops.load_a(w.as_ptr().add(kb * TK), cols);
+            let b = bt.add(kb * 2 * TK * TT);
+            ops.load_b(b, b.add(TK * TT));
+            ops.dot();
+        }
+        ops.store_c(ch.0.as_mut_ptr() as *mut i32, cl.0.as_mut_ptr() as *mut i32);
+        let lg = lt.add(g * 3 * TT);
+        let (xs, xsum, resid) = (
+            _mm512_loadu_ps(lg),
+            _mm512_loadu_ps(lg.add(TT)),
+            _mm512_loadu_ps(lg.add(2 * TT)),
+        );
+        for (r, sum) in sums.iter_mut().enumerate() {
+            let c = _mm512_add_epi32(
+                _mm512_slli_epi32::<8>(_mm512_loadu_si512(ch.0[r].as_ptr() as *const _)),
+                _mm512_loadu_si512(cl.0[r].as_ptr() as *const _),
+            );
+            let p = sc.as_ptr().add((r * groups + g) * 3);
+            let d = _mm512_mul_ps(_mm512_set1_ps(*p), xs);
+            let mut v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(c), d, *sum);
+            v = _mm512_fmadd_ps(_mm512_set1_ps(*p.add(1)), xsum, v);
+            *sum = _mm512_fmadd_ps(_mm512_set1_ps(*p.add(2)), resid, v);
+        }
+    }
+    for (a, s) in acc.iter_mut().zip(&sums) {
+        _mm512_storeu_ps(a.as_mut_ptr(), *s);
+    }
+}
+
+#[cfg(test)]
+mod tests;
