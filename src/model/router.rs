@@ -67,36 +67,49 @@ fn noaux_tc(
     (idx.into_iter().map(|i| i as u32).collect(), w)
 }
 
-/// Route `n` tokens from their router logits `[n, n_experts]`.
+/// Route `n` tokens from their router logits `[n, n_experts]`; the tokens
+/// of a prefill chunk in parallel (one after the other, a 256-token chunk
+/// spent milliseconds per layer here on the CPU).
 pub fn route(routing: &Routing, logits: &[f32], n: usize, k: usize, bias: Option<&[f32]>) -> Routes {
+    use rayon::prelude::*;
     let e = logits.len() / n;
+    let zeros = match (routing, bias) {
+        (Routing::NoauxTc { .. }, None) => vec![0.0; e],
+        _ => Vec::new(),
+    };
+    let one = |row: &[f32]| match *routing {
+        Routing::Softmax { norm_topk_prob } => softmax_topk(row, k, norm_topk_prob),
+        Routing::NoauxTc {
+            n_group,
+            topk_group,
+            routed_scaling_factor,
+            norm_topk_prob,
+        } => noaux_tc(
+            row,
+            bias.unwrap_or(&zeros),
+            k,
+            n_group,
+            topk_group,
+            routed_scaling_factor,
+            norm_topk_prob,
+        ),
+    };
+    let per_token: Vec<(Vec<u32>, Vec<f32>)> = if n >= PARALLEL_TOKENS {
+        logits.par_chunks_exact(e).map(one).collect()
+    } else {
+        logits.chunks_exact(e).map(one).collect()
+    };
     let mut ids = Vec::with_capacity(n * k);
     let mut weights = Vec::with_capacity(n * k);
-    for row in logits.chunks_exact(e) {
-        let (i, w) = match *routing {
-            Routing::Softmax { norm_topk_prob } => softmax_topk(row, k, norm_topk_prob),
-            Routing::NoauxTc {
-                n_group,
-                topk_group,
-                routed_scaling_factor,
-                norm_topk_prob,
-            } => {
-                let zeros;
-                let b = match bias {
-                    Some(b) => b,
-                    None => {
-                        zeros = vec![0.0; e];
-                        &zeros
-                    }
-                };
-                noaux_tc(row, b, k, n_group, topk_group, routed_scaling_factor, norm_topk_prob)
-            }
-        };
+    for (i, w) in per_token {
         ids.extend(i);
         weights.extend(w);
     }
     Routes { k, ids, weights }
 }
+
+/// Tokens from which `route` runs them in parallel.
+const PARALLEL_TOKENS: usize = 16;
 
 #[cfg(test)]
 mod tests {
