@@ -9,6 +9,7 @@
 //! register's lanes are 16 rows), for all the call's tokens — no
 //! horizontal sums, and the state leaves memory once per call.
 
+use super::lanes::{self, Lanes, LANES};
 use super::vector::dot;
 use super::CpuBackend;
 use super::{sigmoid, silu};
@@ -22,10 +23,6 @@ const CONV_CHANNELS: usize = 512;
 /// `CONV_CHANNELS`, about 20 µs of work, so that a decode step (one
 /// token's 8192 channels: 16 tasks) is split among the threads too.
 const CONV_TOKENS: usize = 16;
-
-/// Rows of the state per recurrence task in a prefill call: one AVX-512
-/// register (two AVX2 ones) holds one column of them.
-const LANES: usize = 16;
 
 /// Calls of at least this many tokens run the recurrence on transposed
 /// blocks; the transposes in and out cost about as much as a few tokens
@@ -484,8 +481,9 @@ fn transpose(rows: &mut [f32], dk: usize, blk: &mut [f32], back: bool) {
 /// The CPU runs `V`'s instructions.
 #[inline(always)]
 unsafe fn block_step<V: Lanes, const U: usize>(blk: &mut [f32], x: Step, o: &mut [f32; LANES]) {
-    // SAFETY (all loads and stores): whole LANES-float columns of blk,
-    // x.v and o.
+    // SAFETY: the CPU runs V's instructions (the caller's), and every
+    // load and store is of LANES floats: a column of blk, x.v (a block's
+    // LANES values), o.
     unsafe {
         let (mut sk, mut sq) = ([V::splat(0.0); U], [V::splat(0.0); U]);
         let cols = blk.chunks_exact(U * LANES);
@@ -514,156 +512,6 @@ unsafe fn block_step<V: Lanes, const U: usize>(blk: &mut [f32], x: Step, o: &mut
         for (c, k) in blk.chunks_exact_mut(LANES).zip(x.k) {
             let cv = V::mul(g, V::load(c.as_ptr()));
             V::madd(delta, V::splat(*k), cv).store(c.as_mut_ptr());
-        }
-    }
-}
-
-/// LANES floats in registers: the operations `block_step` needs.
-trait Lanes: Copy {
-    /// # Safety
-    /// `p` points to LANES floats; the CPU runs the type's instructions.
-    unsafe fn load(p: *const f32) -> Self;
-    /// # Safety
-    /// As `load`.
-    unsafe fn store(self, p: *mut f32);
-    fn splat(v: f32) -> Self;
-    /// `a·b + c`, fused where the instructions have it.
-    fn madd(a: Self, b: Self, c: Self) -> Self;
-    fn mul(a: Self, b: Self) -> Self;
-    fn add(a: Self, b: Self) -> Self;
-    fn sub(a: Self, b: Self) -> Self;
-}
-
-/// `Lanes` for each instruction set; the x86 ones only inlined into
-/// functions compiled for it (`scan_block_avx512`, `scan_block_avx2`).
-mod lanes {
-    use super::{Lanes, LANES};
-    #[cfg(target_arch = "x86_64")]
-    use std::arch::x86_64::*;
-
-    /// Plain arrays (the compiler's vectors, unfused).
-    #[derive(Clone, Copy)]
-    pub(super) struct Plain([f32; LANES]);
-
-    impl Plain {
-        #[inline(always)]
-        fn map(a: Self, b: Self, f: impl Fn(f32, f32) -> f32) -> Self {
-            Plain(std::array::from_fn(|l| f(a.0[l], b.0[l])))
-        }
-    }
-
-    impl Lanes for Plain {
-        #[inline(always)]
-        unsafe fn load(p: *const f32) -> Self {
-            // SAFETY: the caller's.
-            Plain(unsafe { p.cast::<[f32; LANES]>().read_unaligned() })
-        }
-        #[inline(always)]
-        unsafe fn store(self, p: *mut f32) {
-            // SAFETY: the caller's.
-            unsafe { p.cast::<[f32; LANES]>().write_unaligned(self.0) }
-        }
-        #[inline(always)]
-        fn splat(v: f32) -> Self {
-            Plain([v; LANES])
-        }
-        #[inline(always)]
-        fn madd(a: Self, b: Self, c: Self) -> Self {
-            Plain::add(Plain::mul(a, b), c)
-        }
-        #[inline(always)]
-        fn mul(a: Self, b: Self) -> Self {
-            Plain::map(a, b, |x, y| x * y)
-        }
-        #[inline(always)]
-        fn add(a: Self, b: Self) -> Self {
-            Plain::map(a, b, |x, y| x + y)
-        }
-        #[inline(always)]
-        fn sub(a: Self, b: Self) -> Self {
-            Plain::map(a, b, |x, y| x - y)
-        }
-    }
-
-    /// One AVX-512 register.
-    #[cfg(target_arch = "x86_64")]
-    #[derive(Clone, Copy)]
-    pub(super) struct Avx512(__m512);
-
-    // SAFETY (every method): only inlined into functions compiled for
-    // AVX-512 F, which run on CPUs that have it.
-    #[cfg(target_arch = "x86_64")]
-    impl Lanes for Avx512 {
-        #[inline(always)]
-        unsafe fn load(p: *const f32) -> Self {
-            Avx512(unsafe { _mm512_loadu_ps(p) })
-        }
-        #[inline(always)]
-        unsafe fn store(self, p: *mut f32) {
-            unsafe { _mm512_storeu_ps(p, self.0) }
-        }
-        #[inline(always)]
-        fn splat(v: f32) -> Self {
-            Avx512(unsafe { _mm512_set1_ps(v) })
-        }
-        #[inline(always)]
-        fn madd(a: Self, b: Self, c: Self) -> Self {
-            Avx512(unsafe { _mm512_fmadd_ps(a.0, b.0, c.0) })
-        }
-        #[inline(always)]
-        fn mul(a: Self, b: Self) -> Self {
-            Avx512(unsafe { _mm512_mul_ps(a.0, b.0) })
-        }
-        #[inline(always)]
-        fn add(a: Self, b: Self) -> Self {
-            Avx512(unsafe { _mm512_add_ps(a.0, b.0) })
-        }
-        #[inline(always)]
-        fn sub(a: Self, b: Self) -> Self {
-            Avx512(unsafe { _mm512_sub_ps(a.0, b.0) })
-        }
-    }
-
-    /// Two AVX2 registers.
-    #[cfg(target_arch = "x86_64")]
-    #[derive(Clone, Copy)]
-    pub(super) struct Avx2(__m256, __m256);
-
-    // SAFETY (every method): only inlined into functions compiled for
-    // AVX2 and FMA, which run on CPUs that have them.
-    #[cfg(target_arch = "x86_64")]
-    impl Lanes for Avx2 {
-        #[inline(always)]
-        unsafe fn load(p: *const f32) -> Self {
-            unsafe { Avx2(_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8))) }
-        }
-        #[inline(always)]
-        unsafe fn store(self, p: *mut f32) {
-            unsafe {
-                _mm256_storeu_ps(p, self.0);
-                _mm256_storeu_ps(p.add(8), self.1);
-            }
-        }
-        #[inline(always)]
-        fn splat(v: f32) -> Self {
-            let s = unsafe { _mm256_set1_ps(v) };
-            Avx2(s, s)
-        }
-        #[inline(always)]
-        fn madd(a: Self, b: Self, c: Self) -> Self {
-            unsafe { Avx2(_mm256_fmadd_ps(a.0, b.0, c.0), _mm256_fmadd_ps(a.1, b.1, c.1)) }
-        }
-        #[inline(always)]
-        fn mul(a: Self, b: Self) -> Self {
-            unsafe { Avx2(_mm256_mul_ps(a.0, b.0), _mm256_mul_ps(a.1, b.1)) }
-        }
-        #[inline(always)]
-        fn add(a: Self, b: Self) -> Self {
-            unsafe { Avx2(_mm256_add_ps(a.0, b.0), _mm256_add_ps(a.1, b.1)) }
-        }
-        #[inline(always)]
-        fn sub(a: Self, b: Self) -> Self {
-            unsafe { Avx2(_mm256_sub_ps(a.0, b.0), _mm256_sub_ps(a.1, b.1)) }
         }
     }
 }
