@@ -1,10 +1,65 @@
 //! The GatedDeltaNet conv + recurrence on the CPU (SPEC.md §5).
+//!
+//! Three parallel passes over a call's n tokens: the conv + SiLU,
+//! vectorized across channels (a token's channels are contiguous); the q/k
+//! norms and the gates of every token; the recurrence. A call of a few
+//! tokens (decode) runs the recurrence row by row on the state as it lies
+//! (`[Dv, Dk]`); a longer one (prefill) gives each task 16 rows of one
+//! head, transposed into a block that stays in L1 (`[Dk, 16]`: a
+//! register's lanes are 16 rows), for all the call's tokens — no
+//! horizontal sums, and the state leaves memory once per call.
 
+use super::lanes::{self, Lanes, LANES};
 use super::vector::dot;
 use super::CpuBackend;
 use super::{sigmoid, silu};
 use crate::backend::{DeltaArgs, DeltaState, DeltaWeights};
 use rayon::prelude::*;
+
+/// Channels per conv task: a few rows of 2 KiB per token, in L1.
+const CONV_CHANNELS: usize = 512;
+
+/// Tokens per conv task (at least kernel − 1, see `conv`): with
+/// `CONV_CHANNELS`, about 20 µs of work, so that a decode step (one
+/// token's 8192 channels: 16 tasks) is split among the threads too.
+const CONV_TOKENS: usize = 16;
+
+/// Calls of at least this many tokens run the recurrence on transposed
+/// blocks; the transposes in and out cost about as much as a few tokens
+/// of the row-by-row recurrence.
+const BLOCK_MIN_TOKENS: usize = 4;
+
+/// The instruction set the kernels are compiled for, chosen per call.
+#[derive(Clone, Copy)]
+enum Isa {
+    Avx512,
+    Avx2,
+    Plain,
+}
+
+fn isa() -> Isa {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if super::simd512::available() {
+            return Isa::Avx512;
+        }
+        if super::simd::available() {
+            return Isa::Avx2;
+        }
+    }
+    Isa::Plain
+}
+
+/// `a·b + c`, fused where the kernel is compiled with FMA (a call to a
+/// software fma elsewhere).
+#[inline(always)]
+fn madd<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
+    if FMA {
+        a.mul_add(b, c)
+    } else {
+        a * b + c
+    }
+}
 
 fn softplus(x: f32) -> f32 {
     if x > 20.0 {
@@ -14,50 +69,10 @@ fn softplus(x: f32) -> f32 {
     }
 }
 
-/// Channel steps (channels × tokens) of the conv per parallel task. A
-/// channel step is scalar work (taps, SiLU, the window's shift), tens of
-/// nanoseconds: one token's 8192 channels on one thread took 0.6 ms per
-/// layer on the 16-core device host, so even a decode step is split.
-const CONV_TASK: usize = 1 << 10;
-
 /// A pointer that parallel tasks write through, each to its own elements.
 struct SharedMut(*mut f32);
 // SAFETY: the tasks that share it write disjoint elements (see its uses).
 unsafe impl Sync for SharedMut {}
-
-/// One token of one value head: state `s` [Dv, Dk], row i = value channel
-/// i, S ← g·S; δ = β(v − S k); S ← S + δ kᵀ; o = S q — computed from two
-/// dot products of the old row and one update, all vectorized:
-/// `sk = g·(S_i·k)`, `o_i = g·(S_i·q) + δ·(k·q)`, `S_i ← g·S_i + δ·k`.
-fn step(s: &mut [f32], q: &[f32], k: &[f32], v: &[f32], g: f32, beta: f32, o: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if super::simd::available() {
-        // SAFETY: the CPU has AVX2 and FMA.
-        return unsafe { step_avx2(s, q, k, v, g, beta, o) };
-    }
-    step_body(s, q, k, v, g, beta, o)
-}
-
-/// `step` compiled for AVX2 (eight lanes where the baseline has four).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn step_avx2(s: &mut [f32], q: &[f32], k: &[f32], v: &[f32], g: f32, beta: f32, o: &mut [f32]) {
-    step_body(s, q, k, v, g, beta, o)
-}
-
-#[inline(always)]
-fn step_body(s: &mut [f32], q: &[f32], k: &[f32], v: &[f32], g: f32, beta: f32, o: &mut [f32]) {
-    let dk = k.len();
-    let kq = dot(k, q);
-    for (i, row) in s.chunks_exact_mut(dk).enumerate() {
-        let sk = g * dot(row, k);
-        let delta = beta * (v[i] - sk);
-        o[i] = g * dot(row, q) + delta * kq;
-        for (sv, kv) in row.iter_mut().zip(k) {
-            *sv = g * *sv + delta * kv;
-        }
-    }
-}
 
 pub fn gated_delta(
     qkv: &[f32],
@@ -68,79 +83,539 @@ pub fn gated_delta(
     a: DeltaArgs,
     out: &mut [f32],
 ) {
-    let (hk, hv, dk, dv, kern) = (a.k_heads, a.v_heads, a.k_dim, a.v_dim, a.kernel);
-    let conv_dim = 2 * hk * dk + hv * dv;
-    let ratio = hv / hk;
-    let q_scale = 1.0 / (dk as f32).sqrt();
-    // 1. Conv + SiLU, channels in parallel blocks (a channel's window of
-    //    the last kernel−1 inputs carries from one token to the next), then
-    //    q/k normalization per token: xs [n, conv_dim].
-    let mut xs = vec![0.0f32; a.n * conv_dim];
-    let (xs_p, conv_p) = (SharedMut(xs.as_mut_ptr()), SharedMut(st.conv.as_mut_ptr()));
-    let block = (CONV_TASK / a.n.max(1)).clamp(64, conv_dim.max(64));
-    (0..conv_dim.div_ceil(block)).into_par_iter().for_each(|blk| {
-        let (xs_p, conv_p) = (&xs_p, &conv_p);
-        let mut win = vec![0.0f32; kern - 1];
-        for c in blk * block..((blk + 1) * block).min(conv_dim) {
-            let wc = &w.conv_w[c * kern..(c + 1) * kern];
-            // SAFETY: this task alone touches channel c: column c of the
-            // state [kernel−1, conv_dim] and of xs [n, conv_dim], both
-            // sized for it above; nothing else uses them meanwhile.
-            unsafe {
-                for (j, v) in win.iter_mut().enumerate() {
-                    *v = *conv_p.0.add(j * conv_dim + c);
-                }
-                for t in 0..a.n {
-                    let cur = qkv[t * conv_dim + c];
-                    let mut acc = wc[kern - 1] * cur;
-                    for (wj, v) in wc.iter().zip(&win) {
-                        acc += wj * v;
-                    }
-                    *xs_p.0.add(t * conv_dim + c) = silu(acc);
-                    if kern > 1 {
-                        win.copy_within(1.., 0);
-                        win[kern - 2] = cur;
-                    }
-                }
-                for (j, v) in win.iter().enumerate() {
-                    *conv_p.0.add(j * conv_dim + c) = *v;
-                }
+    let conv_dim = 2 * a.k_heads * a.k_dim + a.v_heads * a.v_dim;
+    let isa = isa();
+    let mut xs = vec![0.0f32; a.n * conv_dim]; // [n, conv_dim]
+    conv(qkv, w.conv_w, st.conv, a, isa, &mut xs);
+    let (gates, kq) = prepare(&mut xs, a_in, b_in, &w, a);
+    let x = Inputs {
+        xs: &xs,
+        gates: &gates,
+        kq: &kq,
+        a,
+    };
+    if a.n >= BLOCK_MIN_TOKENS {
+        scan_blocks(&x, st.ssm, isa, out);
+    } else {
+        scan_rows(&x, st.ssm, out);
+    }
+}
+
+/// Conv + SiLU of every channel (SPEC §5): xs `[n, conv_dim]` from qkv
+/// `[n, conv_dim]` and the state `[kernel−1, conv_dim]` (the last inputs,
+/// oldest first), which it then advances by n tokens. Tasks are channel
+/// blocks × token chunks; a chunk's outputs read only inputs, so chunks
+/// are independent. Only the first chunk of a block reads the state
+/// (its tokens t < kernel−1 look back before the call), and it alone
+/// writes the block's new state, after its outputs.
+fn conv(qkv: &[f32], conv_w: &[f32], state: &mut [f32], a: DeltaArgs, isa: Isa, xs: &mut [f32]) {
+    let cd = 2 * a.k_heads * a.k_dim + a.v_heads * a.v_dim;
+    let chunk = CONV_TOKENS.max(a.kernel - 1);
+    let (blocks, chunks) = (cd.div_ceil(CONV_CHANNELS), a.n.div_ceil(chunk));
+    let (xs_p, st_p) = (SharedMut(xs.as_mut_ptr()), SharedMut(state.as_mut_ptr()));
+    (0..blocks * chunks).into_par_iter().for_each(|task| {
+        let (blk, ch) = (task % blocks, task / blocks);
+        let c0 = blk * CONV_CHANNELS;
+        let task = ConvTask {
+            qkv,
+            conv_w,
+            state: &st_p,
+            xs: &xs_p,
+            a,
+            c0,
+            c1: (c0 + CONV_CHANNELS).min(cd),
+            t0: ch * chunk,
+            t1: ((ch + 1) * chunk).min(a.n),
+        };
+        // SAFETY: tasks cover disjoint (channel block, token chunk)
+        // rectangles of xs, and only the first chunk of a block touches
+        // the block's columns of the state (see `conv`); the buffers are
+        // sized for `a` (checked by the caller of the op).
+        unsafe {
+            match isa {
+                #[cfg(target_arch = "x86_64")]
+                Isa::Avx512 => conv_task_avx512(&task),
+                #[cfg(target_arch = "x86_64")]
+                Isa::Avx2 => conv_task_avx2(&task),
+                _ => conv_task::<false>(&task),
             }
         }
     });
-    xs.par_chunks_mut(conv_dim).for_each(|x| {
-        let (q_all, rest) = x.split_at_mut(hk * dk);
-        let k_all = &mut rest[..hk * dk];
-        for (qh, kh) in q_all.chunks_exact_mut(dk).zip(k_all.chunks_exact_mut(dk)) {
-            let qn = 1.0 / (dot(qh, qh) + 1e-6).sqrt();
-            let kn = 1.0 / (dot(kh, kh) + 1e-6).sqrt();
-            qh.iter_mut().for_each(|v| *v *= qn * q_scale);
-            kh.iter_mut().for_each(|v| *v *= kn);
+}
+
+/// One conv task: channels `c0..c1` of tokens `t0..t1`.
+struct ConvTask<'a> {
+    qkv: &'a [f32],
+    conv_w: &'a [f32],
+    state: &'a SharedMut,
+    xs: &'a SharedMut,
+    a: DeltaArgs,
+    c0: usize,
+    c1: usize,
+    t0: usize,
+    t1: usize,
+}
+
+/// `conv_task` compiled for AVX-512.
+///
+/// # Safety
+/// As `conv_task`; the CPU has AVX-512 F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn conv_task_avx512(task: &ConvTask) {
+    conv_task::<true>(task)
+}
+
+/// `conv_task` compiled for AVX2.
+///
+/// # Safety
+/// As `conv_task`; the CPU has AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn conv_task_avx2(task: &ConvTask) {
+    conv_task::<true>(task)
+}
+
+/// # Safety
+/// No other task touches xs's rectangle of this task, nor (when
+/// `t0 == 0`) the state's columns `c0..c1`; xs and the state are sized
+/// for `a`.
+#[inline(always)]
+unsafe fn conv_task<const FMA: bool>(task: &ConvTask) {
+    let (a, kern) = (task.a, task.a.kernel);
+    let cd = 2 * a.k_heads * a.k_dim + a.v_heads * a.v_dim;
+    let (c0, wb) = (task.c0, task.c1 - task.c0);
+    // The block's weights by tap: wt [kernel, wb].
+    let mut wt = vec![0.0f32; kern * wb];
+    for (c, wc) in task.conv_w[c0 * kern..task.c1 * kern].chunks_exact(kern).enumerate() {
+        for (j, &v) in wc.iter().enumerate() {
+            wt[j * wb + c] = v;
         }
-    });
-    // 2. The recurrence: value heads are independent, so each head runs all
-    //    the tokens on one thread with its state [Dv, Dk] kept hot.
-    let mut o_heads = vec![0.0f32; hv * a.n * dv]; // [Hv, n, Dv]
-    st.ssm
-        .par_chunks_mut(dv * dk)
-        .zip(o_heads.par_chunks_mut(a.n * dv))
+    }
+    // Input τ − (kernel−1), τ = t + j for tap j: a qkv row, or before
+    // the call a state row.
+    let input = |tau: usize| -> &[f32] {
+        match tau.checked_sub(kern - 1) {
+            Some(t) => &task.qkv[t * cd + c0..t * cd + c0 + wb],
+            // SAFETY: row τ < kernel−1 of the state, columns c0..c1,
+            // which only this task touches and writes only below.
+            None => unsafe { std::slice::from_raw_parts(task.state.0.add(tau * cd + c0), wb) },
+        }
+    };
+    for t in task.t0..task.t1 {
+        // SAFETY: xs row t, columns c0..c1: this task's alone.
+        let o = unsafe { std::slice::from_raw_parts_mut(task.xs.0.add(t * cd + c0), wb) };
+        for ((o, w), x) in o.iter_mut().zip(&wt[(kern - 1) * wb..]).zip(input(t + kern - 1)) {
+            *o = w * x;
+        }
+        for j in 0..kern - 1 {
+            for ((o, w), x) in o.iter_mut().zip(&wt[j * wb..]).zip(input(t + j)) {
+                *o = madd::<FMA>(*w, *x, *o);
+            }
+        }
+        o.iter_mut().for_each(|v| *v = silu(*v));
+    }
+    if task.t0 > 0 {
+        return;
+    }
+    // The new state: row j is input n + j − (kernel−1), rows in
+    // increasing order (a row read from the old state lies below none
+    // written before it: n + j > j).
+    for j in 0..kern - 1 {
+        let src = input(a.n + j).as_ptr();
+        // SAFETY: state row j, columns c0..c1 (this task's); `src` is a
+        // row of qkv or a later row of the state, `ptr::copy` allows
+        // overlap.
+        unsafe { std::ptr::copy(src, task.state.0.add(j * cd + c0), wb) };
+    }
+}
+
+/// q/k normalization of every token (SPEC §5), in place in xs, and per
+/// token the gates `(g, β)` of each value head `[n, Hv]` and `k·q` of each
+/// key head `[n, Hk]` (after the norms and q's scale).
+fn prepare(
+    xs: &mut [f32],
+    a_in: &[f32],
+    b_in: &[f32],
+    w: &DeltaWeights<'_, CpuBackend>,
+    a: DeltaArgs,
+) -> (Vec<(f32, f32)>, Vec<f32>) {
+    let (hk, hv, dk) = (a.k_heads, a.v_heads, a.k_dim);
+    let conv_dim = 2 * hk * dk + hv * a.v_dim;
+    let q_scale = 1.0 / (dk as f32).sqrt();
+    let mut gates = vec![(0.0f32, 0.0f32); a.n * hv];
+    let mut kq = vec![0.0f32; a.n * hk];
+    xs.par_chunks_mut(conv_dim)
+        .zip(gates.par_chunks_mut(hv))
+        .zip(kq.par_chunks_mut(hk))
         .enumerate()
-        .for_each(|(h, (s, oh))| {
-            let kh = h / ratio;
-            for (t, o) in oh.chunks_exact_mut(dv).enumerate() {
-                let x = &xs[t * conv_dim..(t + 1) * conv_dim];
-                let q = &x[kh * dk..(kh + 1) * dk];
-                let k = &x[hk * dk + kh * dk..hk * dk + (kh + 1) * dk];
-                let v = &x[2 * hk * dk + h * dv..2 * hk * dk + (h + 1) * dv];
-                let g = (-(w.a_log[h].exp()) * softplus(a_in[t * hv + h] + w.dt_bias[h])).exp();
-                let beta = sigmoid(b_in[t * hv + h]);
-                step(s, q, k, v, g, beta, o);
+        .for_each(|(t, ((x, gt), kqt))| {
+            let (q_all, rest) = x.split_at_mut(hk * dk);
+            let k_all = &mut rest[..hk * dk];
+            for ((qh, kh), kq) in q_all.chunks_exact_mut(dk).zip(k_all.chunks_exact_mut(dk)).zip(kqt) {
+                let qn = 1.0 / (dot(qh, qh) + 1e-6).sqrt();
+                let kn = 1.0 / (dot(kh, kh) + 1e-6).sqrt();
+                qh.iter_mut().for_each(|v| *v *= qn * q_scale);
+                kh.iter_mut().for_each(|v| *v *= kn);
+                *kq = dot(kh, qh);
+            }
+            for (h, g) in gt.iter_mut().enumerate() {
+                let decay = (-(w.a_log[h].exp()) * softplus(a_in[t * hv + h] + w.dt_bias[h])).exp();
+                *g = (decay, sigmoid(b_in[t * hv + h]));
             }
         });
-    // [Hv, n, Dv] → out [n, Hv·Dv]
-    for (h, oh) in o_heads.chunks_exact(a.n * dv).enumerate() {
-        for (t, o) in oh.chunks_exact(dv).enumerate() {
-            out[(t * hv + h) * dv..(t * hv + h + 1) * dv].copy_from_slice(o);
+    (gates, kq)
+}
+
+/// The recurrence's inputs for all tokens, after `prepare`.
+struct Inputs<'a> {
+    xs: &'a [f32],
+    gates: &'a [(f32, f32)],
+    kq: &'a [f32],
+    a: DeltaArgs,
+}
+
+impl Inputs<'_> {
+    /// q and k of token t for value head h (key head h / (Hv/Hk)).
+    fn qk(&self, t: usize, h: usize) -> (&[f32], &[f32]) {
+        let (hk, dk) = (self.a.k_heads, self.a.k_dim);
+        let kh = h / (self.a.v_heads / hk);
+        let x = &self.xs[t * self.conv_dim()..];
+        (&x[kh * dk..(kh + 1) * dk], &x[(hk + kh) * dk..(hk + kh + 1) * dk])
+    }
+
+    /// v of token t, value head h.
+    fn v(&self, t: usize, h: usize) -> &[f32] {
+        let off = t * self.conv_dim() + 2 * self.a.k_heads * self.a.k_dim + h * self.a.v_dim;
+        &self.xs[off..off + self.a.v_dim]
+    }
+
+    /// `(g, β, k·q)` of token t, value head h.
+    fn gate(&self, t: usize, h: usize) -> (f32, f32, f32) {
+        let (hk, hv) = (self.a.k_heads, self.a.v_heads);
+        let (g, beta) = self.gates[t * hv + h];
+        (g, beta, self.kq[t * hk + h / (hv / hk)])
+    }
+
+    fn conv_dim(&self) -> usize {
+        2 * self.a.k_heads * self.a.k_dim + self.a.v_heads * self.a.v_dim
+    }
+}
+
+/// The recurrence of a short call: each value head on one task, token by
+/// token, row by row on the state `[Hv, Dv, Dk]`, into out `[n, Hv·Dv]`.
+fn scan_rows(x: &Inputs, ssm: &mut [f32], out: &mut [f32]) {
+    let (hv, dk, dv) = (x.a.v_heads, x.a.k_dim, x.a.v_dim);
+    let out_p = SharedMut(out.as_mut_ptr());
+    ssm.par_chunks_mut(dv * dk).enumerate().for_each(|(h, s)| {
+        let out_p = &out_p;
+        for t in 0..x.a.n {
+            let (q, k) = x.qk(t, h);
+            let (g, beta, kq) = x.gate(t, h);
+            // SAFETY: out [n, Hv·Dv] row t, head h: this task's alone.
+            let o = unsafe { std::slice::from_raw_parts_mut(out_p.0.add((t * hv + h) * dv), dv) };
+            step(
+                s,
+                Step {
+                    q,
+                    k,
+                    v: x.v(t, h),
+                    g,
+                    beta,
+                    kq,
+                },
+                o,
+            );
+        }
+    });
+}
+
+/// One token's inputs to a head's recurrence.
+struct Step<'a> {
+    q: &'a [f32],
+    k: &'a [f32],
+    v: &'a [f32],
+    g: f32,
+    beta: f32,
+    kq: f32,
+}
+
+/// One token of one value head: state `s` [Dv, Dk], row i = value channel
+/// i, S ← g·S; δ = β(v − S k); S ← S + δ kᵀ; o = S q — computed from two
+/// dot products of the old row and one update, all vectorized:
+/// `sk = g·(S_i·k)`, `o_i = g·(S_i·q) + δ·(k·q)`, `S_i ← g·S_i + δ·k`.
+fn step(s: &mut [f32], x: Step, o: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if super::simd::available() {
+        // SAFETY: the CPU has AVX2 and FMA.
+        return unsafe { step_avx2(s, x, o) };
+    }
+    step_body(s, x, o)
+}
+
+/// `step` compiled for AVX2 (eight lanes where the baseline has four).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn step_avx2(s: &mut [f32], x: Step, o: &mut [f32]) {
+    step_body(s, x, o)
+}
+
+#[inline(always)]
+fn step_body(s: &mut [f32], x: Step, o: &mut [f32]) {
+    let (k, g) = (x.k, x.g);
+    for (i, row) in s.chunks_exact_mut(k.len()).enumerate() {
+        let sk = g * dot(row, k);
+        let delta = x.beta * (x.v[i] - sk);
+        o[i] = g * dot(row, x.q) + delta * x.kq;
+        for (sv, kv) in row.iter_mut().zip(k) {
+            *sv = g * *sv + delta * kv;
+        }
+    }
+}
+
+/// The recurrence of a long call: tasks of `LANES` rows of one head (fewer
+/// at the end of a head), each transposed into a block `[Dk, LANES]` and
+/// run through all the tokens, into out `[n, Hv·Dv]`.
+fn scan_blocks(x: &Inputs, ssm: &mut [f32], isa: Isa, out: &mut [f32]) {
+    let (dk, dv) = (x.a.k_dim, x.a.v_dim);
+    let out_p = SharedMut(out.as_mut_ptr());
+    ssm.par_chunks_mut(dv * dk).enumerate().for_each(|(h, s)| {
+        let out_p = &out_p;
+        s.par_chunks_mut(LANES * dk).enumerate().for_each(|(rb, rows)| {
+            // SAFETY: the task's rows r0.. of head h are its alone, in
+            // out as in the state.
+            unsafe {
+                match isa {
+                    #[cfg(target_arch = "x86_64")]
+                    Isa::Avx512 => scan_block_avx512(x, h, rb * LANES, rows, out_p),
+                    #[cfg(target_arch = "x86_64")]
+                    Isa::Avx2 => scan_block_avx2(x, h, rb * LANES, rows, out_p),
+                    _ => scan_block::<lanes::Plain, 1>(x, h, rb * LANES, rows, out_p),
+                }
+            }
+        });
+    });
+}
+
+/// `scan_block` on AVX-512 registers.
+///
+/// # Safety
+/// As `scan_block`; the CPU has AVX-512 F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn scan_block_avx512(x: &Inputs, h: usize, r0: usize, rows: &mut [f32], out: &SharedMut) {
+    scan_block::<lanes::Avx512, 4>(x, h, r0, rows, out)
+}
+
+/// `scan_block` on pairs of AVX2 registers: two pairs of sums in flight,
+/// within AVX2's sixteen registers.
+///
+/// # Safety
+/// As `scan_block`; the CPU has AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn scan_block_avx2(x: &Inputs, h: usize, r0: usize, rows: &mut [f32], out: &SharedMut) {
+    scan_block::<lanes::Avx2, 2>(x, h, r0, rows, out)
+}
+
+/// Rows `r0..` of head h (`rows` [m, Dk], m ≤ LANES) through all the
+/// tokens; a block's missing lanes are zero rows, which stay zero.
+///
+/// # Safety
+/// No other task writes out's columns of these rows; out is `[n, Hv·Dv]`;
+/// the CPU runs `V`'s instructions.
+#[inline(always)]
+unsafe fn scan_block<V: Lanes, const U: usize>(x: &Inputs, h: usize, r0: usize, rows: &mut [f32], out: &SharedMut) {
+    let (hv, dk, dv) = (x.a.v_heads, x.a.k_dim, x.a.v_dim);
+    let m = rows.len() / dk;
+    let mut blk = vec![0.0f32; dk * LANES]; // [Dk, LANES]
+    transpose(rows, dk, &mut blk, false);
+    let (mut v, mut o) = ([0.0f32; LANES], [0.0f32; LANES]);
+    for t in 0..x.a.n {
+        let (q, k) = x.qk(t, h);
+        let (g, beta, kq) = x.gate(t, h);
+        v[..m].copy_from_slice(&x.v(t, h)[r0..r0 + m]);
+        // SAFETY: the caller's.
+        unsafe {
+            block_step::<V, U>(
+                &mut blk,
+                Step {
+                    q,
+                    k,
+                    v: &v,
+                    g,
+                    beta,
+                    kq,
+                },
+                &mut o,
+            )
+        };
+        // SAFETY: out row t, head h, channels r0..r0 + m: this task's.
+        let dst = unsafe { std::slice::from_raw_parts_mut(out.0.add((t * hv + h) * dv + r0), m) };
+        dst.copy_from_slice(&o[..m]);
+    }
+    transpose(rows, dk, &mut blk, true);
+}
+
+/// Rows `[m, Dk]` into the block `[Dk, LANES]`, or back (`back`). Not
+/// inlined into the AVX-512 kernels, where it became scatters and gathers
+/// (slow on Zen 4).
+#[inline(never)]
+fn transpose(rows: &mut [f32], dk: usize, blk: &mut [f32], back: bool) {
+    for (i, row) in rows.chunks_exact_mut(dk).enumerate() {
+        for (j, v) in row.iter_mut().enumerate() {
+            if back {
+                *v = blk[j * LANES + i];
+            } else {
+                blk[j * LANES + i] = *v;
+            }
+        }
+    }
+}
+
+/// One token through a transposed block `[Dk, LANES]` (column j = S[·, j]
+/// of LANES rows), as `step`: both sums of each lane over the columns in
+/// U interleaved partial sums, then the update column by column.
+///
+/// # Safety
+/// The CPU runs `V`'s instructions.
+#[inline(always)]
+unsafe fn block_step<V: Lanes, const U: usize>(blk: &mut [f32], x: Step, o: &mut [f32; LANES]) {
+    // SAFETY: the CPU runs V's instructions (the caller's), and every
+    // load and store is of LANES floats: a column of blk, x.v (a block's
+    // LANES values), o.
+    unsafe {
+        let (mut sk, mut sq) = ([V::splat(0.0); U], [V::splat(0.0); U]);
+        let cols = blk.chunks_exact(U * LANES);
+        let tail = cols.remainder();
+        for ((c, k), q) in cols.zip(x.k.chunks_exact(U)).zip(x.q.chunks_exact(U)) {
+            for u in 0..U {
+                let cu = V::load(c[u * LANES..].as_ptr());
+                sk[u] = V::madd(cu, V::splat(k[u]), sk[u]);
+                sq[u] = V::madd(cu, V::splat(q[u]), sq[u]);
+            }
+        }
+        let j0 = x.k.len() - tail.len() / LANES;
+        for ((c, k), q) in tail.chunks_exact(LANES).zip(&x.k[j0..]).zip(&x.q[j0..]) {
+            let c = V::load(c.as_ptr());
+            sk[0] = V::madd(c, V::splat(*k), sk[0]);
+            sq[0] = V::madd(c, V::splat(*q), sq[0]);
+        }
+        for u in 1..U {
+            sk[0] = V::add(sk[0], sk[u]);
+            sq[0] = V::add(sq[0], sq[u]);
+        }
+        // δ = β·(v − g·(S k)), o = g·(S q) + δ·(k·q)
+        let g = V::splat(x.g);
+        let delta = V::mul(V::splat(x.beta), V::sub(V::load(x.v.as_ptr()), V::mul(g, sk[0])));
+        V::madd(delta, V::splat(x.kq), V::mul(g, sq[0])).store(o.as_mut_ptr());
+        for (c, k) in blk.chunks_exact_mut(LANES).zip(x.k) {
+            let cv = V::mul(g, V::load(c.as_ptr()));
+            V::madd(delta, V::splat(*k), cv).store(c.as_mut_ptr());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The block recurrence against the row one on shapes the op tests
+    /// do not reach: Dk not a multiple of the sums in flight, Dv not a
+    /// multiple of LANES (a partial block).
+    #[test]
+    fn blocks_match_rows() {
+        for (hk, hv, dk, dv, n) in [(1, 2, 7, 20, 9), (2, 2, 13, 37, 5)] {
+            let a = DeltaArgs {
+                n,
+                k_heads: hk,
+                v_heads: hv,
+                k_dim: dk,
+                v_dim: dv,
+                kernel: 4,
+            };
+            let xs = rnd(n * (2 * hk * dk + hv * dv), 1);
+            let gates: Vec<(f32, f32)> = rnd(n * hv, 2).iter().map(|&g| (0.6 + g, 0.5 - g)).collect();
+            let kq = rnd(n * hk, 3);
+            let x = Inputs {
+                xs: &xs,
+                gates: &gates,
+                kq: &kq,
+                a,
+            };
+            let ssm0 = rnd(hv * dv * dk, 4);
+            let mut s_rows = ssm0.clone();
+            let mut o_rows = vec![0.0; n * hv * dv];
+            scan_rows(&x, &mut s_rows, &mut o_rows);
+            for isa in isas() {
+                let mut s_blocks = ssm0.clone();
+                let mut o_blocks = vec![0.0; n * hv * dv];
+                scan_blocks(&x, &mut s_blocks, isa, &mut o_blocks);
+                close(&o_rows, &o_blocks, 1e-5);
+                close(&s_rows, &s_blocks, 1e-5);
+            }
+        }
+    }
+
+    /// The conv compiled for each instruction set this CPU has, against
+    /// the plain one, over several token chunks and calls shorter than
+    /// the kernel.
+    #[test]
+    fn conv_isas_agree() {
+        let a = |n| DeltaArgs {
+            n,
+            k_heads: 2,
+            v_heads: 3,
+            k_dim: 100,
+            v_dim: 120,
+            kernel: 4,
+        };
+        let cd = 2 * 2 * 100 + 3 * 120;
+        let w = rnd(cd * 4, 1);
+        let state0 = rnd(3 * cd, 2);
+        let mut want_state = state0.clone();
+        let mut states: Vec<Vec<f32>> = isas().iter().map(|_| state0.clone()).collect();
+        for (call, n) in [2, 37, 1].into_iter().enumerate() {
+            let qkv = rnd(n * cd, 3 + call as u32);
+            let mut want = vec![0.0; n * cd];
+            conv(&qkv, &w, &mut want_state, a(n), Isa::Plain, &mut want);
+            for (isa, state) in isas().into_iter().zip(&mut states) {
+                let mut got = vec![0.0; n * cd];
+                conv(&qkv, &w, state, a(n), isa, &mut got);
+                close(&want, &got, 1e-6);
+                assert_eq!(state, &want_state);
+            }
+        }
+    }
+
+    fn isas() -> Vec<Isa> {
+        let mut all = vec![Isa::Plain];
+        #[cfg(target_arch = "x86_64")]
+        {
+            if super::super::simd::available() {
+                all.push(Isa::Avx2);
+            }
+            if super::super::simd512::available() {
+                all.push(Isa::Avx512);
+            }
+        }
+        all
+    }
+
+    fn rnd(len: usize, seed: u32) -> Vec<f32> {
+        let mut s = seed;
+        (0..len)
+            .map(|_| {
+                s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                (s >> 8) as f32 / (1u32 << 24) as f32 - 0.5
+            })
+            .collect()
+    }
+
+    fn close(want: &[f32], got: &[f32], tol: f32) {
+        assert_eq!(want.len(), got.len());
+        for (w, g) in want.iter().zip(got) {
+            assert!((w - g).abs() <= tol * (1.0 + w.abs()), "{w} vs {g}");
         }
     }
 }
