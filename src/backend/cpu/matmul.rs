@@ -140,6 +140,9 @@ pub fn linear(w: &MatrixView, x: &[f32], n: usize, y: &mut [f32]) -> Result<()> 
 /// Weight bytes a rayon task should get: enough to hide the cost of a task.
 const TASK_BYTES: usize = 32 << 10;
 
+/// The fewest rows of an AMX task.
+const AMX_TASK_ROWS: usize = 64;
+
 /// `y[n, rows] = x[n, cols] · Wᵀ` with the given kernel (tests and
 /// benchmarks compare kernels with this).
 pub fn linear_with(kernel: Kernel, w: &MatrixView, x: &[f32], n: usize, y: &mut [f32]) -> Result<()> {
@@ -228,8 +231,10 @@ pub fn linear_set_with(kernel: Kernel, ps: &mut [Product]) -> Result<()> {
         let row_cost = mats[i].row_bytes() * n.div_ceil(4);
         let mut block = (task_bytes / row_cost.max(1)).clamp(1, rows);
         if kernels[i] == Kernel::Amx {
-            // Whole tiles of 16 rows.
-            block = block.next_multiple_of(16).min(rows);
+            // Whole tiles of 16 rows, and at least four of them: a task
+            // reads each token tile's activations (64 KiB at 2048 columns)
+            // once for all its row tiles, from L2 instead of L3.
+            block = block.max(AMX_TASK_ROWS).next_multiple_of(16).min(rows);
         }
         tasks.extend(out.chunks_mut(block * n).enumerate().map(|(bi, o)| (i, bi * block, o)));
     }
