@@ -193,7 +193,7 @@ pub fn linear_set_with(kernel: Kernel, ps: &mut [Product]) -> Result<()> {
     // The kernel of each product, and the activations, prepared once per
     // distinct input and kernel.
     let kernels: Vec<Kernel> = ps.iter().zip(&mats).map(|(p, m)| kernel.for_product(m, p.n)).collect();
-    let mut acts: Vec<(ActsKey, Acts)> = Vec::new();
+    let mut acts: Vec<(ActsKey, Prepared)> = Vec::new();
     let mut act_of = Vec::with_capacity(ps.len());
     for ((p, mat), &k) in ps.iter().zip(&mats).zip(&kernels) {
         let x: &[f32] = p.x;
@@ -285,28 +285,52 @@ impl ActsKey {
     }
 }
 
+/// The activations of a product as its kernel wants them: `Acts`, and for
+/// the fast path over several tokens, x laid out for the repacked VNNI
+/// kernel or as AMX tiles.
+struct Prepared<'a> {
+    acts: Acts<'a>,
+    #[cfg(target_arch = "x86_64")]
+    tiles: Tiles,
+}
+
+#[cfg(target_arch = "x86_64")]
+enum Tiles {
+    None,
+    Vnni(super::vnni_gemm::Tiled),
+    Amx(super::amx::Tiled),
+}
+
 /// The activations as `kernel` wants them for `mat`.
-fn prepare<'a>(kernel: Kernel, mat: &Mat, x: &'a [f32], n: usize, cols: usize) -> Acts<'a> {
-    let Mat::Quant(q) = mat else {
-        return Acts::new(x, n, cols, None);
-    };
-    let mut acts = Acts::new(x, n, cols, Some(q.group_size));
-    match kernel {
-        #[cfg(target_arch = "x86_64")]
-        Kernel::Avx512Vnni => {
-            acts.xq = super::vnni::quantize_x(acts.x, &acts.xsum, q.group_size, q.bits);
-            if n >= super::vnni_gemm::MIN_TOKENS {
-                acts.xt = super::vnni_gemm::tile_x(q, &acts.xq, &acts.xsum, n);
+fn prepare<'a>(kernel: Kernel, mat: &Mat, x: &'a [f32], n: usize, cols: usize) -> Prepared<'a> {
+    #[cfg(target_arch = "x86_64")]
+    let mut tiles = Tiles::None;
+    let acts = match mat {
+        Mat::Float(_) => Acts::new(x, n, cols, None),
+        Mat::Quant(q) => {
+            let mut acts = Acts::new(x, n, cols, Some(q.group_size));
+            match kernel {
+                #[cfg(target_arch = "x86_64")]
+                Kernel::Avx512Vnni | Kernel::Amx => {
+                    acts.xq = super::vnni::quantize_x(acts.x, &acts.xsum, q.group_size, q.bits);
+                    if kernel == Kernel::Amx {
+                        tiles = Tiles::Amx(super::amx::tile_x(q, &acts.xq, &acts.xsum, n));
+                    } else if n >= super::vnni_gemm::MIN_TOKENS {
+                        if let Some(t) = super::vnni_gemm::tile_x(q, &acts.xq, &acts.xsum, n) {
+                            tiles = Tiles::Vnni(t);
+                        }
+                    }
+                }
+                _ => acts.xp = permuted(kernel, q, acts.x),
             }
+            acts
         }
+    };
+    Prepared {
+        acts,
         #[cfg(target_arch = "x86_64")]
-        Kernel::Amx => {
-            acts.xq = super::vnni::quantize_x(acts.x, &acts.xsum, q.group_size, q.bits);
-            acts.xa = Some(super::amx::tile_x(q, &acts.xq, &acts.xsum, n));
-        }
-        _ => acts.xp = permuted(kernel, q, acts.x),
+        tiles,
     }
-    acts
 }
 
 /// x in the column order in which `kernel` unpacks `q` (empty when the
@@ -324,21 +348,20 @@ fn permuted(kernel: Kernel, q: &qmatvec::QuantMat, x: &[f32]) -> Vec<f32> {
 
 /// Rows `r0..r0 + out.len()/n` into `out` `[rows, n]` with `kernel`, as
 /// chosen by `Kernel::for_product`.
-fn rows_into(kernel: Kernel, mat: &Mat, a: &Acts, r0: usize, out: &mut [f32]) {
+fn rows_into(kernel: Kernel, mat: &Mat, p: &Prepared, r0: usize, out: &mut [f32]) {
+    let a = &p.acts;
     match (kernel, mat) {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as below; `for_product` chose this kernel for a layout
-        // it takes, and `prepare` laid x out for it.
-        (Kernel::Amx, Mat::Quant(q)) => unsafe {
-            match &a.xa {
-                Some(xa) => super::amx::quant_rows(q, xa, r0, out),
-                None => super::vnni::quant_rows(q, a, r0, out),
+        // it takes, and `prepare` quantized x for it (and laid it out as
+        // the tiles it made).
+        (Kernel::Amx | Kernel::Avx512Vnni, Mat::Quant(q)) => unsafe {
+            match &p.tiles {
+                Tiles::Amx(xa) => super::amx::quant_rows(q, xa, r0, out),
+                Tiles::Vnni(xt) => super::vnni_gemm::quant_rows(q, xt, a.n, r0, out),
+                Tiles::None => super::vnni::quant_rows(q, a, r0, out),
             }
         },
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: as below; `for_product` chose this kernel for a layout
-        // it takes, and `prepare` quantized x for it.
-        (Kernel::Avx512Vnni, Mat::Quant(q)) => unsafe { super::vnni::quant_rows(q, a, r0, out) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `linear_set_with` checked that the CPU has the features,
         // `Mat::new` checked every byte size, `for_product` checked the

@@ -204,12 +204,6 @@ pub(crate) struct Acts<'a> {
     pub xp: Vec<f32>,
     /// x rounded to integers per group (the fast path), or empty.
     pub xq: QuantX,
-    /// `xq` laid out for `vnni_gemm` (the fast path over several tokens).
-    #[cfg(target_arch = "x86_64")]
-    pub xt: Option<super::vnni_gemm::Tiled>,
-    /// x as AMX B tiles (the fast path on AMX), or none.
-    #[cfg(target_arch = "x86_64")]
-    pub xa: Option<super::amx::Tiled>,
 }
 
 impl<'a> Acts<'a> {
@@ -232,10 +226,6 @@ impl<'a> Acts<'a> {
             xsum,
             xp: Vec::new(),
             xq: QuantX::default(),
-            #[cfg(target_arch = "x86_64")]
-            xt: None,
-            #[cfg(target_arch = "x86_64")]
-            xa: None,
         }
     }
 

@@ -132,9 +132,6 @@ unsafe fn quantize_avx512(
 /// `available()` and `quant_supported(m)` must hold, `m` must come from
 /// `Mat::new` (sizes checked), and `a` must be built for it.
 pub(crate) unsafe fn quant_rows(m: &QuantMat, a: &Acts, r0: usize, out: &mut [f32]) {
-    if let Some(xt) = &a.xt {
-        return super::vnni_gemm::quant_rows(m, xt, a.n, r0, out);
-    }
     if a.n > 1 {
         return match m.bits {
             2 => quant_tokens::<2>(m, a, r0, out),
