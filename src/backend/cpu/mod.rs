@@ -5,6 +5,7 @@
 mod amx;
 mod attn;
 mod delta;
+mod delta_conv;
 mod lanes;
 pub mod matmul;
 pub(crate) mod moe;
