@@ -1,5 +1,5 @@
 //! CPU kernel benchmark: memory bandwidth of this machine, then `linear`
-//! on an 8192×2048 matrix (4/8/2-bit, bf16; 1, 8 and 32 tokens).
+//! on an 8192×2048 matrix (4/8/2-bit, bf16; 1, 8, 32 and, at 4 and 8 bits, 128 tokens).
 //!
 //! `cargo run --release --example kernel_bench`
 //!

@@ -6,6 +6,8 @@ mod amx;
 mod attn;
 mod delta;
 mod delta_conv;
+#[cfg(all(test, target_arch = "x86_64"))]
+mod fast_tests;
 mod lanes;
 pub mod matmul;
 pub(crate) mod moe;

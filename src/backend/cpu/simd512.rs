@@ -135,7 +135,7 @@ unsafe fn quant_tile<const BITS: u32, const T: usize>(m: &QuantMat, a: &Acts, r:
 /// Up to 16 bf16 (or f16) values at `p` as f32 lanes (missing lanes 0).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
 #[inline]
-unsafe fn halves16(p: *const u8, len: usize, f16: bool) -> __m512 {
+pub(crate) unsafe fn halves16(p: *const u8, len: usize, f16: bool) -> __m512 {
     let mask: __mmask16 = if len >= 16 { 0xFFFF } else { (1u16 << len) - 1 };
     let h = _mm256_maskz_loadu_epi16(mask, p as *const i16);
     if f16 {

@@ -146,19 +146,6 @@ pub(crate) unsafe fn quant_rows(m: &QuantMat, a: &Acts, r0: usize, out: &mut [f3
     }
 }
 
-/// Up to 16 bf16 (or f16) values at `p` as f32 lanes (missing lanes 0).
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-#[inline]
-unsafe fn halves16(p: *const u8, len: usize, f16: bool) -> __m512 {
-    let mask: __mmask16 = if len >= 16 { 0xFFFF } else { (1u16 << len) - 1 };
-    let h = _mm256_maskz_loadu_epi16(mask, p as *const i16);
-    if f16 {
-        _mm512_cvtph_ps(h)
-    } else {
-        _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)))
-    }
-}
-
 /// `out[i] = Σ_g (s_g·xs_g)·Σ q·xq + Σ_g b_g·Σ x + m·Σ_g s_g·resid_g` for
 /// row `r0 + i`.
 // Index loops with constant bounds: the accumulators stay in registers.
@@ -188,13 +175,13 @@ unsafe fn quant_matvec<const BITS: u32>(m: &QuantMat, a: &Acts, r0: usize, out: 
         for g0 in (0..groups).step_by(16) {
             let gn = (groups - g0).min(16);
             let lanes: __mmask16 = if gn >= 16 { 0xFFFF } else { (1u16 << gn) - 1 };
-            let s = halves16(sp.add(2 * g0), gn, m.f16_scales);
+            let s = super::simd512::halves16(sp.add(2 * g0), gn, m.f16_scales);
             ctot = _mm512_fmadd_ps(s, _mm512_maskz_loadu_ps(lanes, resid.add(g0)), ctot);
             _mm512_storeu_ps(
                 d16.as_mut_ptr(),
                 _mm512_mul_ps(s, _mm512_maskz_loadu_ps(lanes, xs.add(g0))),
             );
-            let b = halves16(bp.add(2 * g0), gn, m.f16_scales);
+            let b = super::simd512::halves16(bp.add(2 * g0), gn, m.f16_scales);
             btot = _mm512_fmadd_ps(b, _mm512_maskz_loadu_ps(lanes, xsum.add(g0)), btot);
             for gi in 0..gn {
                 let g = g0 + gi;
@@ -288,8 +275,8 @@ unsafe fn quant_tile<const BITS: u32, const T: usize>(m: &QuantMat, a: &Acts, r:
     for g0 in (0..groups).step_by(16) {
         let gn = (groups - g0).min(16);
         let lanes: __mmask16 = if gn >= 16 { 0xFFFF } else { (1u16 << gn) - 1 };
-        let s = halves16(sp.add(2 * g0), gn, m.f16_scales);
-        let b = halves16(bp.add(2 * g0), gn, m.f16_scales);
+        let s = super::simd512::halves16(sp.add(2 * g0), gn, m.f16_scales);
+        let b = super::simd512::halves16(bp.add(2 * g0), gn, m.f16_scales);
         for t in 0..T {
             let at = t * groups + g0;
             _mm512_storeu_ps(

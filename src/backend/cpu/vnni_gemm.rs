@@ -290,8 +290,8 @@ unsafe fn repack_row(m: &QuantMat, plan: &Plan, r: usize, w: &mut [i32], wl: &mu
         // The chunk's scales and biases, group l/h in lane l; the bias
         // terms in each group's first lane only.
         let ng = 16 / c.h;
-        let s = halves16(sp.add(2 * c.g0), ng, m.f16_scales);
-        let b = halves16(bp.add(2 * c.g0), ng, m.f16_scales);
+        let s = super::simd512::halves16(sp.add(2 * c.g0), ng, m.f16_scales);
+        let b = super::simd512::halves16(bp.add(2 * c.g0), ng, m.f16_scales);
         let shift = c.h.trailing_zeros() as i32;
         let idx = _mm512_srlv_epi32(
             _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
@@ -308,19 +308,6 @@ unsafe fn repack_row(m: &QuantMat, plan: &Plan, r: usize, w: &mut [i32], wl: &mu
 
 /// The lanes that begin a group, for 1, 2, 4, 8 and 16 lanes per group.
 const FIRST_LANES: [__mmask16; 5] = [0xFFFF, 0x5555, 0x1111, 0x0101, 0x0001];
-
-/// Up to 16 bf16 (or f16) values at `p` as f32 lanes (missing lanes 0).
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-#[inline]
-unsafe fn halves16(p: *const u8, len: usize, f16: bool) -> __m512 {
-    let mask: __mmask16 = if len >= 16 { 0xFFFF } else { (1u16 << len) - 1 };
-    let h = _mm256_maskz_loadu_epi16(mask, p as *const i16);
-    if f16 {
-        _mm512_cvtph_ps(h)
-    } else {
-        _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)))
-    }
-}
 
 /// One chunk (16 lanes of `DP` packed dwords each, contiguous at `src`)
 /// into `16·DP·16/bits` dwords at `dst`: step `k·16/bits + j` holds pair
@@ -422,29 +409,7 @@ unsafe fn tile<const TN: usize>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::cpu::qmatvec::Acts;
-
-    struct Lcg(u32);
-    impl Lcg {
-        fn next(&mut self) -> u32 {
-            self.0 = self.0.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-            self.0
-        }
-        fn f32(&mut self) -> f32 {
-            (self.next() >> 8) as f32 / (1 << 24) as f32 - 0.5
-        }
-    }
-
-    /// Random bytes, bf16 scales and biases for a `[rows, cols]` layout.
-    fn parts(rng: &mut Lcg, rows: usize, cols: usize, bits: usize, gs: usize) -> [Vec<u8>; 3] {
-        let w = (0..rows * cols * bits / 8).map(|_| rng.next() as u8).collect();
-        let mut half = || -> Vec<u8> {
-            (0..rows * cols / gs)
-                .flat_map(|_| half::bf16::from_f32(0.02 * rng.f32()).to_le_bytes())
-                .collect()
-        };
-        [w, half(), half()]
-    }
+    use crate::backend::cpu::fast_tests::check_against_vnni_tiles;
 
     /// The repacked kernel gives `vnni`'s tiles' results (the same integer
     /// sums; f32 additions in another order), for full and partial chunks,
@@ -452,53 +417,20 @@ mod tests {
     /// counts that are not a multiple of 3.
     #[test]
     fn repacked_products_match_the_tiles() {
-        if !crate::backend::cpu::vnni::available() {
-            eprintln!("no AVX-512 VNNI here: nothing to compare");
-            return;
-        }
-        let mut rng = Lcg(5);
-        for (bits, gs, cols) in [
-            (4, 64, 2048),
-            (4, 64, 512),
-            (4, 64, 1536),
-            (8, 64, 1280),
-            (4, 128, 640),
-            (8, 32, 256),
-        ] {
-            let rows = 9;
-            let [w, s, b] = parts(&mut rng, rows, cols, bits, gs);
-            let m = QuantMat {
-                bits,
-                group_size: gs,
-                cols,
-                weight: &w,
-                scales: &s,
-                biases: &b,
-                f16_scales: false,
-            };
-            assert!(crate::backend::cpu::vnni::quant_supported(&m));
-            for n in [4, 5, 7, 16] {
-                let x: Vec<f32> = (0..n * cols).map(|_| rng.f32()).collect();
-                let mut a = Acts::new(&x, n, cols, Some(gs));
-                a.xq = crate::backend::cpu::vnni::quantize_x(&x, &a.xsum, gs, bits);
-                let (r0, rn) = (2, rows - 2);
-                let mut want = vec![0.0f32; rn * n];
-                // SAFETY: VNNI is available, the layout is supported and
-                // the sizes match; `a` has no tiles, so this is the old path.
-                unsafe { crate::backend::cpu::vnni::quant_rows(&m, &a, r0, &mut want) };
-                let xt = tile_x(&m, &a.xq, &a.xsum, n).expect("a plan for this layout");
-                let mut got = vec![f32::NAN; rn * n];
-                // SAFETY: as above, with the tiles of x for this layout.
-                unsafe { quant_rows(&m, &xt, n, r0, &mut got) };
-                let norm = want.iter().map(|v| v * v).sum::<f32>().sqrt() / (want.len() as f32).sqrt();
-                for (i, (g, e)) in got.iter().zip(&want).enumerate() {
-                    assert!(
-                        (g - e).abs() <= 1e-5 * norm,
-                        "{bits}-bit g{gs} [{rows}, {cols}] n={n}: element {i}: {g} against {e}"
-                    );
-                }
-            }
-        }
+        let layouts = [
+            (4, 64, 2048, false),
+            (4, 64, 512, false),
+            (4, 64, 1536, false),
+            (8, 64, 1280, false),
+            (4, 128, 640, true),
+            (8, 32, 256, false),
+        ];
+        check_against_vnni_tiles(5, &layouts, 9, 2, &[4, 5, 7, 16], |m, a, r0, out| {
+            let xt = tile_x(m, &a.xq, &a.xsum, a.n).expect("a plan for this layout");
+            // SAFETY: VNNI is available (checked by the caller), the sizes
+            // match, and `xt` is x laid out for this layout.
+            unsafe { quant_rows(m, &xt, a.n, r0, out) };
+        });
     }
 
     /// Layouts whose last groups cannot spread over 16 lanes have no plan;

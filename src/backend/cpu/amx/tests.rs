@@ -3,8 +3,7 @@
 //! kernel; on a machine with AMX, the op tests run the tiles themselves.
 
 use super::*;
-use crate::backend::cpu::qmatvec::Acts;
-use crate::backend::cpu::vnni;
+use crate::backend::cpu::fast_tests::check_against_vnni_tiles;
 
 /// The tiles as the instruction set reference defines them.
 struct Emu {
@@ -76,80 +75,25 @@ impl TileOps for Emu {
     }
 }
 
-struct Lcg(u32);
-impl Lcg {
-    fn next(&mut self) -> u32 {
-        self.0 = self.0.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-        self.0
-    }
-    fn f32(&mut self) -> f32 {
-        (self.next() >> 8) as f32 / (1 << 24) as f32 - 0.5
-    }
-}
-
 /// The kernel (on emulated tiles) gives the VNNI tiles' results: the
 /// same integer group sums, f32 additions in another order. Row counts
 /// and token counts that are not multiples of 16, groups of one and two
 /// blocks, 4 and 8 bits, f16 and bf16 scales.
 #[test]
 fn tile_products_match_the_vnni_kernel() {
-    if !vnni::available() {
-        eprintln!("no AVX-512 VNNI here: nothing to compare");
-        return;
-    }
-    let mut rng = Lcg(9);
-    for (bits, gs, cols, f16) in [
+    let layouts = [
         (4, 64, 2048, false),
         (4, 64, 512, true),
         (8, 64, 1280, false),
         (4, 128, 640, false),
-    ] {
-        let rows = 21;
-        let w: Vec<u8> = (0..rows * cols * bits / 8).map(|_| rng.next() as u8).collect();
-        let mut half = || -> Vec<u8> {
-            (0..rows * cols / gs)
-                .flat_map(|_| {
-                    let v = 0.02 * rng.f32();
-                    match f16 {
-                        true => half::f16::from_f32(v).to_le_bytes(),
-                        false => half::bf16::from_f32(v).to_le_bytes(),
-                    }
-                })
-                .collect()
-        };
-        let (s, b) = (half(), half());
-        let m = QuantMat {
-            bits,
-            group_size: gs,
-            cols,
-            weight: &w,
-            scales: &s,
-            biases: &b,
-            f16_scales: f16,
-        };
-        assert!(quant_supported(&m));
-        for n in [4, 16, 19, 35] {
-            let x: Vec<f32> = (0..n * cols).map(|_| rng.f32()).collect();
-            let mut a = Acts::new(&x, n, cols, Some(gs));
-            a.xq = vnni::quantize_x(&x, &a.xsum, gs, bits);
-            let (r0, rn) = (3, rows - 3);
-            let mut want = vec![0.0f32; rn * n];
-            // SAFETY: VNNI is available, the layout is supported and the
-            // sizes match; `a` has no tiles of either kind.
-            unsafe { vnni::quant_rows(&m, &a, r0, &mut want) };
-            let xa = tile_x(&m, &a.xq, &a.xsum, n);
-            let mut got = vec![f32::NAN; rn * n];
-            // SAFETY: as above; the tiles are emulated.
-            unsafe { quant_rows_on(&mut Emu::new(), &m, &xa, r0, &mut got) };
-            let norm = (want.iter().map(|v| v * v).sum::<f32>() / want.len() as f32).sqrt();
-            for (i, (g, e)) in got.iter().zip(&want).enumerate() {
-                assert!(
-                    (g - e).abs() <= 1e-5 * norm,
-                    "{bits}-bit g{gs} [{rows}, {cols}] n={n}: element {i}: {g} against {e}"
-                );
-            }
-        }
-    }
+    ];
+    check_against_vnni_tiles(9, &layouts, 21, 3, &[4, 16, 19, 35], |m, a, r0, out| {
+        assert!(quant_supported(m));
+        let xa = tile_x(m, &a.xq, &a.xsum, a.n);
+        // SAFETY: the sizes match and `xa` is x laid out for this layout;
+        // the tiles are emulated.
+        unsafe { quant_rows_on(&mut Emu::new(), m, &xa, r0, out) };
+    });
 }
 
 /// The tile configuration: palette 1, five tiles of 16 rows × 64 bytes.
