@@ -565,6 +565,10 @@ fn main() {
     all.push(trials::cuda("cuda::linear_many_tc", || {
         fused::check_linear_many_with(cuda_tc(), &[2, 8, 17, 70], 1e-5)
     }));
+    all.push(trials::cuda("cuda::token_tiles", || {
+        fused::check_token_tiles(cuda(), &[2, 3, 4, 5, 7, 8]);
+        fused::check_token_tiles(cuda_tc(), &[2, 8]);
+    }));
     all.extend(cpu_kernels::trials());
     trials::run(all)
 }

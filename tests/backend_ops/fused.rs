@@ -170,3 +170,69 @@ pub fn check_add_rms_norm<B: Backend>(b: &B) {
         same_bits(&format!("{what} vs add + rms_norm"), &got, &run(b, &want, len));
     }
 }
+
+/// Products of several tokens (a batched decode step) against each token
+/// alone, bit for bit, where a backend promises it (CUDA's `matvec_qt`
+/// for 2 to 8 tokens, against `matvec_q`): the quantized formats, a short
+/// wide matrix (split columns), a tall one (blocks striding over rows),
+/// wide rows (large tiles of shared memory), odd token counts (a tile
+/// half used); `linear` and `swiglu_linear`; each also against the
+/// reference.
+pub fn check_token_tiles<B: Backend>(b: &B, ns: &[usize]) {
+    let mut rng = Rng::new(23);
+    let cases: [(Spec, usize); 7] = [
+        ((4, 64, 300, false), 2048),
+        ((8, 64, 37, true), 512),
+        ((2, 64, 130, false), 256),
+        ((4, 32, 45, false), 4096),
+        ((8, 128, 9000, false), 1024),
+        ((4, 64, 64, true), 6144),
+        ((2, 128, 33, false), 10240),
+    ];
+    for (spec, cols) in cases {
+        let (view, dense) = make(&mut rng, spec, cols);
+        let m = b.matrix(&view).expect("matrix");
+        let rows = spec.2;
+        for &n in ns {
+            let x = rng.vec(n * cols, 1.0);
+            let u = rng.vec(n * cols, 2.0);
+            let (xb, ub) = (up(b, &x), up(b, &u));
+            let mut y = b.alloc(n * rows).expect("alloc");
+            b.linear(&m, &xb, n, &mut y).expect("linear");
+            let mut z = b.alloc(n * rows).expect("alloc");
+            b.swiglu_linear(&m, &xb, &ub, n, cols, &mut z).expect("swiglu_linear");
+            let what = format!("{spec:?} [{rows}, {cols}] n={n}");
+            let (got, gotz) = (run(b, &y, n * rows), run(b, &z, n * rows));
+            close(
+                &format!("linear {what}"),
+                &got,
+                &reference::linear(&dense, rows, cols, &x, n),
+                2e-6,
+            );
+            close(
+                &format!("swiglu_linear {what}"),
+                &gotz,
+                &reference::swiglu_linear(&dense, rows, cols, &x, &u, n),
+                2e-6,
+            );
+            for t in 0..n {
+                let xt = up(b, &x[t * cols..(t + 1) * cols]);
+                let ut = up(b, &u[t * cols..(t + 1) * cols]);
+                let mut one = b.alloc(rows).expect("alloc");
+                b.linear(&m, &xt, 1, &mut one).expect("linear");
+                let row = t * rows..(t + 1) * rows;
+                same_bits(
+                    &format!("linear {what} token {t} vs alone"),
+                    &got[row.clone()],
+                    &run(b, &one, rows),
+                );
+                b.swiglu_linear(&m, &xt, &ut, 1, cols, &mut one).expect("swiglu_linear");
+                same_bits(
+                    &format!("swiglu_linear {what} token {t} vs alone"),
+                    &gotz[row],
+                    &run(b, &one, rows),
+                );
+            }
+        }
+    }
+}

@@ -19,9 +19,10 @@ use std::ffi::{c_char, CStr, CString};
 use std::path::PathBuf;
 
 /// The sources of the base module, in the order they are concatenated.
-const SOURCES: [&str; 8] = [
+const SOURCES: [&str; 9] = [
     include_str!("kernels/common.cuh"),
     include_str!("kernels/matvec.cu"),
+    include_str!("kernels/matvec_q.cu"),
     include_str!("kernels/elementwise.cu"),
     include_str!("kernels/attention.cu"),
     include_str!("kernels/delta.cu"),
@@ -32,9 +33,10 @@ const SOURCES: [&str; 8] = [
 
 /// The sources of a format module: the files that hold `FOR_FMT` kernels.
 /// (`elementwise.cu`, `attention.cu`, `delta.cu` and `prep.cu` hold none.)
-const FORMAT_SOURCES: [&str; 4] = [
+const FORMAT_SOURCES: [&str; 5] = [
     include_str!("kernels/common.cuh"),
     include_str!("kernels/matvec.cu"),
+    include_str!("kernels/matvec_q.cu"),
     include_str!("kernels/moe.cu"),
     include_str!("kernels/tensor.cu"),
 ];
@@ -43,9 +45,9 @@ const FORMAT_SOURCES: [&str; 4] = [
 /// scales).
 pub const FORMAT_CODES: [i32; 9] = [0, 1, 2, 3, 4, 5, 3 + 8, 4 + 8, 5 + 8];
 
-/// The format-dependent kernel groups (`FG_MATVEC` … `FG_TC` in
+/// The format-dependent kernel groups (`FG_MATVEC` … `FG_MATVEC_Q` in
 /// `kernels/common.cuh`), each compiled as one module per format.
-const FORMAT_GROUPS: std::ops::Range<i32> = 0..6;
+const FORMAT_GROUPS: std::ops::Range<i32> = 0..7;
 
 /// One compiled module.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

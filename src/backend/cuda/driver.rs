@@ -93,6 +93,9 @@ pub(crate) struct Gpu {
     pub cc: (i32, i32),
     /// Streaming multiprocessors (queried).
     pub sms: usize,
+    /// Most dynamic shared memory a block may be allowed (queried: the
+    /// opt-in limit, 227 KiB on an H100).
+    pub smem_optin: usize,
     /// Prefill products run on tensor cores (`CudaOptions::tensor_cores`
     /// and compute capability 8.0 or later; see `tensor.rs`).
     pub tensor_cores: bool,
@@ -135,6 +138,10 @@ impl Gpu {
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(|e| cuda_err("multiprocessor count", e))?
             .max(1) as usize;
+        let smem_optin = ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+            .map_err(|e| cuda_err("shared memory per block", e))?
+            .max(0) as usize;
         let mut modules = Vec::with_capacity(images.len());
         for (_, image) in &images {
             let mut module = std::ptr::null_mut();
@@ -202,6 +209,7 @@ impl Gpu {
             tensor_cores,
             cc,
             sms,
+            smem_optin,
             opts: opts.clone(),
         }))
     }

@@ -68,6 +68,7 @@ kernels!(
         moe_up_tc16,
         moe_down_tc,
         moe_down_tc16,
+        matvec_qt,
     }
 );
 

@@ -34,31 +34,50 @@ fn split_of(m: &CudaMatrix) -> usize {
     }
 }
 
-/// `matvec_q` launches, one per token of `n`: `y_t = W·v_t` for each
-/// (matrix, output address) of `set` (1 to MQ_SET matrices that
-/// `staged_matvec` takes, all of the same cols; output `[n, rows]`), with
-/// v = x, or silu(x) ⊙ u when `u` is not 0 (x, u `[n, cols]`). Each
-/// token's row sums are the ones it gets alone.
-fn launch_matvec_q(gpu: &Gpu, set: &[(&CudaMatrix, u64)], x: u64, u: u64, n: usize) -> Result<()> {
-    let Some((first, _)) = set.first() else {
-        return Ok(());
-    };
-    // 4 rows a warp. At least 32 rows per SM in all: 8 warps a block and
-    // for each matrix at most 2 blocks per SM striding over its rows, so x
-    // is staged into few blocks; fewer: 2 warps a block, to spread the
-    // rows over the SMs. A short wide matrix (`split_of`) has 4 warps share
-    // each row group's columns, in blocks of 8 warps.
+/// Bytes of dynamic shared memory of a `matvec_q`/`matvec_qt` tile of `t`
+/// tokens of `cols` (`mq_smem` in kernels/matvec_q.cu): the vectors, and
+/// each token's sums per 16-byte chunk (16 elements a chunk at most).
+const fn qt_smem(t: usize, cols: usize) -> usize {
+    t * cols * 4 + t * (cols / 16) * 4
+}
+
+/// Shared memory `matvec_qt` keeps for its own (the split sums of 8
+/// warps × QT_TILE tokens × 4 rows): what a tile's vectors may take is
+/// the device's opt-in limit less this.
+const QT_STATIC_SMEM: usize = 8 * QT_TILE * 4 * 4;
+
+/// Tokens of a `matvec_qt` tile (`QT_TILE` in kernels/matvec_q.cu): the
+/// tiles of a product run side by side in one grid. In one H100 lease,
+/// 8 streams of a resident decode (`bench -p 0 -n 64 -r 2 --parallel 8`,
+/// two rounds) ran 689 and 496 tok/s with tiles of 2, 541 and 508 with
+/// tiles of 4, 440 and 428 with one tile of 8; 4 streams 589–610 with
+/// tiles of 2 or 4 (BENCHMARKS.md, issue 13).
+const QT_TILE: usize = 2;
+
+/// Most tokens a product takes through `matvec_qt` (a batched decode
+/// step of up to 8 sequences); more take the tensor cores or
+/// `matvec_tok8`.
+pub(crate) const QT_TOKENS: usize = 8;
+
+/// The blocks of each matrix of a `matvec_q`/`matvec_qt` launch and the
+/// warps of a block. 4 rows a warp. At least 32 rows per SM in all: 8
+/// warps a block and for each matrix at most as many blocks as fit on
+/// the SMs at once (`per_sm` a SM; the blocks stride over its rows), so x
+/// is staged into few blocks; fewer: 2 warps a block, to spread the rows
+/// over the SMs. A short wide matrix (`split_of`) has 4 warps share each
+/// row group's columns, in blocks of 8 warps.
+fn mq_blocks(gpu: &Gpu, set: &[(&CudaMatrix, u64)], per_sm: usize) -> (Vec<(MatArg, u64, usize)>, u32) {
     let big = set.iter().map(|(m, _)| m.rows).sum::<usize>() >= 32 * gpu.sms;
     let split = set.iter().any(|(m, _)| split_of(m) > 1);
     let warps = if big || split { 8 } else { 2 };
-    let parts: Vec<(MatArg, u64, usize)> = set
+    let parts = set
         .iter()
         .map(|&(m, y)| {
             let ks = split_of(m);
             // Rows per block: 4 per row group of `ks` warps.
-            let per_block = 4 * warps as usize / ks;
+            let per_block = 4 * warps / ks;
             let blocks = match big {
-                true => m.rows.div_ceil(per_block).min(2 * gpu.sms),
+                true => m.rows.div_ceil(per_block).min(per_sm * gpu.sms),
                 false => m.rows.div_ceil(per_block),
             };
             let arg = MatArg {
@@ -68,23 +87,62 @@ fn launch_matvec_q(gpu: &Gpu, set: &[(&CudaMatrix, u64)], x: u64, u: u64, n: usi
             (arg, y, blocks)
         })
         .collect();
-    let cols = first.cols;
-    let smem = (cols * 4) as u32;
-    for t in 0..n {
-        let token: Vec<(MatArg, u64, usize)> = parts
-            .iter()
-            .map(|&(a, y, b)| (a, y + 4 * (t * a.rows as usize) as u64, b))
-            .collect();
-        let (arg, blocks) = MatSet::new("matvec_q", &token)?;
-        let off = 4 * (t * cols) as u64;
-        let (xt, ut) = (x + off, if u == 0 { 0 } else { u + off });
-        gpu.launch(
-            gpu.k.matvec_q,
-            (blocks as u32, 1, 1),
-            32 * warps,
-            smem,
-            cuda_args![arg, xt, ut],
-        )?;
+    (parts, 32 * warps as u32)
+}
+
+/// One `matvec_q` launch: `y = W·v` for each (matrix, output address) of
+/// `set` (1 to MQ_SET matrices that `staged_matvec` takes, all of the same
+/// cols), with v = x, or silu(x) ⊙ u when `u` is not 0 (x, u `[cols]`).
+fn launch_matvec_q(gpu: &Gpu, set: &[(&CudaMatrix, u64)], x: u64, u: u64) -> Result<()> {
+    let Some((first, _)) = set.first() else {
+        return Ok(());
+    };
+    let (parts, threads) = mq_blocks(gpu, set, 2);
+    let (arg, blocks) = MatSet::new("matvec_q", &parts)?;
+    let smem = qt_smem(1, first.cols) as u32;
+    gpu.launch(
+        gpu.k.matvec_q,
+        (blocks as u32, 1, 1),
+        threads,
+        smem,
+        cuda_args![arg, x, u],
+    )
+}
+
+/// Whether `matvec_qt` takes products of `cols` columns: a tile's
+/// vectors fit in a block's shared memory.
+fn qt_fits(gpu: &Gpu, cols: usize) -> bool {
+    qt_smem(QT_TILE, cols) <= qt_smem_max(gpu)
+}
+
+/// One `matvec_qt` launch for `n` tokens (2 to QT_TOKENS) in tiles of
+/// QT_TILE: `y[n, rows] = v[n, cols]·Wᵀ` for each (matrix, output
+/// address) of `set` (1 to MQ_SET matrices of one format code that
+/// `staged` takes, all of the same cols), v = x or silu(x) ⊙ u. Each
+/// token's row sums are the ones `matvec_q` gives it alone.
+fn launch_matvec_qt(gpu: &Gpu, set: &[(&CudaMatrix, u64)], x: u64, u: u64, n: usize) -> Result<()> {
+    let Some((first, _)) = set.first() else {
+        return Ok(());
+    };
+    let smem = qt_smem(QT_TILE, first.cols);
+    let (parts, threads) = mq_blocks(gpu, set, (qt_smem_max(gpu) / smem).max(1));
+    let (arg, blocks) = MatSet::new("matvec_qt", &parts)?;
+    let f = gpu.k.fmt(first.arg.fmt)?.matvec_qt;
+    let grid = (blocks as u32, n.div_ceil(QT_TILE) as u32, 1);
+    let nn = n as i32;
+    gpu.launch(f, grid, threads, smem as u32, cuda_args![arg, x, u, nn])
+}
+
+/// The most dynamic shared memory a `matvec_qt` block is given.
+fn qt_smem_max(gpu: &Gpu) -> usize {
+    gpu.smem_optin.max(48 * 1024) - QT_STATIC_SMEM
+}
+
+/// Let `matvec_qt` take all the shared memory a block may have (once,
+/// after the kernels are loaded).
+pub(crate) fn allow_shared_memory(gpu: &Gpu) -> Result<()> {
+    for (_, k) in &gpu.k.formats {
+        gpu.allow_shared_memory(k.matvec_qt, qt_smem_max(gpu))?;
     }
     Ok(())
 }
@@ -187,10 +245,9 @@ impl CudaMatrix {
         })
     }
 
-    /// Whether `matvec_q` takes this matrix: quantized, rows of whole
-    /// 16-byte chunks each inside one group, x small enough for the 48 KiB
-    /// of shared memory (less the kernel's 1 KiB of its own).
-    fn staged_matvec(&self) -> bool {
+    /// Whether `matvec_q` and `matvec_qt` take this matrix: quantized,
+    /// rows of whole 16-byte chunks each inside one group.
+    fn quant_chunks(&self) -> bool {
         let a = &self.arg;
         let bits = match a.fmt & 7 {
             f if f == Format::Q2 as i32 => 2,
@@ -199,15 +256,28 @@ impl CudaMatrix {
             _ => return false,
         };
         // Elements per 16-byte chunk: 128 / bits.
-        a.vec == 1 && (1usize << a.gs_shift) >= 128 / bits && self.cols * 4 <= 47 * 1024
+        a.vec == 1 && (1usize << a.gs_shift) >= 128 / bits && self.rows > 0 && self.cols > 0
     }
 
-    /// Whether `n` tokens through this matrix go to `matvec_q`, one launch
-    /// per token: one token, and the 2–4 of a small batched decode step
-    /// (each token's row sums then are the ones it gets alone, and a
-    /// 2-token step through `matvec_tok4` took 2.3× a 1-token step).
-    fn staged_tokens(&self, n: usize) -> bool {
-        (1..super::tensor::STEP_MIN_TOKENS).contains(&n) && self.rows > 0 && self.cols > 0 && self.staged_matvec()
+    /// Whether `n` tokens through this matrix go to `matvec_q` (one
+    /// token, x in the 48 KiB of shared memory any block has, less the
+    /// kernel's 1 KiB of its own) or `matvec_qt` (2 to QT_TOKENS tokens in
+    /// one tile): each token's row sums then are the ones it gets alone.
+    fn staged(&self, gpu: &Gpu, n: usize) -> bool {
+        let fits = match n {
+            1 => qt_smem(1, self.cols) <= 47 * 1024,
+            2..=QT_TOKENS => qt_fits(gpu, self.cols),
+            _ => false,
+        };
+        fits && self.quant_chunks()
+    }
+
+    /// The `matvec_q` (one token) or `matvec_qt` launch of `set`.
+    fn launch_staged(gpu: &Gpu, set: &[(&CudaMatrix, u64)], x: u64, u: u64, n: usize) -> Result<()> {
+        match n {
+            1 => launch_matvec_q(gpu, set, x, u),
+            _ => launch_matvec_qt(gpu, set, x, u, n),
+        }
     }
 
     /// `y[n, rows] = x[n, cols] · Wᵀ`.
@@ -223,8 +293,8 @@ impl CudaMatrix {
             return gpu.memset_zero(yp, n * rows * 4);
         }
         let (arg, xp, yp) = (self.arg, x.read(gpu)?, y.write(gpu, n * rows)?);
-        if self.staged_tokens(n) {
-            launch_matvec_q(gpu, &[(self, yp)], xp, 0, n)
+        if self.staged(gpu, n) {
+            CudaMatrix::launch_staged(gpu, &[(self, yp)], xp, 0, n)
         } else if n == 1 {
             // 2 warps of 4 rows per block: small blocks spread a matrix of
             // few rows over every SM.
@@ -265,12 +335,13 @@ impl CudaMatrix {
         tokens && self.rows > 0 && super::tensor::takes(gpu, a.fmt, a.gs_shift, self.cols, a.vec == 1)
     }
 
-    /// `ys[i][n, rows_i] = x[n, cols] · W_iᵀ`. For 1 to 4 tokens, the matrices
-    /// of `ws` that `matvec_q` takes and that have the first one's cols run
-    /// MQ_SET to a launch, token by token (each row's arithmetic is the one
-    /// `linear` does); for more tokens, those on tensor cores of one format
-    /// and group size run MQ_SET to a launch from one split of x; the
-    /// others run one `linear` each.
+    /// `ys[i][n, rows_i] = x[n, cols] · W_iᵀ`. For 1 to QT_TOKENS tokens,
+    /// the matrices of `ws` that `matvec_q`/`matvec_qt` take and that have
+    /// the first one's cols run MQ_SET to a launch (`matvec_qt`: of one
+    /// format code; each row's arithmetic is the one `linear` does); for
+    /// more tokens, those on tensor cores of one format and group size run
+    /// MQ_SET to a launch from one split of x; the others run one `linear`
+    /// each.
     pub(crate) fn linear_many(
         gpu: &Arc<Gpu>,
         ws: &[&CudaMatrix],
@@ -286,7 +357,7 @@ impl CudaMatrix {
             )));
         }
         let cols = ws.first().map_or(0, |w| w.cols);
-        if n >= super::tensor::STEP_MIN_TOKENS {
+        if n > QT_TOKENS {
             // Sets of matrices the tensor cores take, by (format, group).
             let mut sets: Vec<TcSet> = Vec::new();
             for (w, y) in ws.iter().zip(ys.iter_mut()) {
@@ -310,31 +381,35 @@ impl CudaMatrix {
             }
             return Ok(());
         }
-        // 1 to 4 tokens: the matrices matvec_q takes, MQ_SET to a launch.
-        let mut staged: Vec<(&CudaMatrix, u64)> = Vec::with_capacity(ws.len());
+        // 1 to QT_TOKENS tokens: the matrices matvec_q/matvec_qt take,
+        // MQ_SET to a launch (matvec_qt: of one format code).
+        let mut sets: Vec<(i32, Vec<(&CudaMatrix, u64)>)> = Vec::new();
         for (w, y) in ws.iter().zip(ys.iter_mut()) {
-            if !(w.staged_tokens(n) && w.cols == cols) {
+            if !(w.staged(gpu, n) && w.cols == cols) {
                 w.linear(gpu, x, n, y)?;
                 continue;
             }
             x.want(&format!("linear [{}, {cols}] input", w.rows), n * cols)?;
             y.want(&format!("linear [{}, {cols}] output", w.rows), n * w.rows)?;
-            staged.push((w, y.write(gpu, n * w.rows)?));
+            let key = if n == 1 { 0 } else { w.arg.fmt };
+            let yp = y.write(gpu, n * w.rows)?;
+            match sets.iter_mut().find(|(k, _)| *k == key) {
+                Some((_, s)) => s.push((w, yp)),
+                None => sets.push((key, vec![(w, yp)])),
+            }
         }
-        if staged.is_empty() {
-            return Ok(());
-        }
-        let xp = x.read(gpu)?;
-        for chunk in staged.chunks(MQ_SET) {
-            launch_matvec_q(gpu, chunk, xp, 0, n)?;
+        for (_, set) in &sets {
+            for chunk in set.chunks(MQ_SET) {
+                CudaMatrix::launch_staged(gpu, chunk, x.read(gpu)?, 0, n)?;
+            }
         }
         Ok(())
     }
 
     /// `y[n, rows] = (silu(gate) ⊙ up) · Wᵀ` with gate, up `[n, cols]`: for
-    /// 1 to 4 tokens through a matrix `matvec_q` takes, a launch per token that stages
-    /// silu(gate) ⊙ up (the `swiglu` kernel's values) as its x; otherwise
-    /// `swiglu`, then `linear`.
+    /// 1 to QT_TOKENS tokens through a matrix `matvec_q`/`matvec_qt` take,
+    /// one launch that stages silu(gate) ⊙ up (the `swiglu` kernel's
+    /// values) as its vectors; otherwise `swiglu`, then `linear`.
     pub(crate) fn swiglu_linear(
         &self,
         gpu: &Arc<Gpu>,
@@ -347,13 +422,13 @@ impl CudaMatrix {
         gate.want(&format!("swiglu_linear [{rows}, {cols}] gate"), n * cols)?;
         up.want(&format!("swiglu_linear [{rows}, {cols}] up"), n * cols)?;
         y.want(&format!("swiglu_linear [{rows}, {cols}] output"), n * rows)?;
-        if !self.staged_tokens(n) {
+        if !self.staged(gpu, n) {
             let mut h = CudaBuf::zeroed(gpu, n * cols)?; // [n, cols]
             super::ops::swiglu(gpu, gate, up, n * cols, &mut h)?;
             return self.linear(gpu, &h, n, y);
         }
         let (gp, upp, yp) = (gate.read(gpu)?, up.read(gpu)?, y.write(gpu, n * rows)?);
-        launch_matvec_q(gpu, &[(self, yp)], gp, upp, n)
+        CudaMatrix::launch_staged(gpu, &[(self, yp)], gp, upp, n)
     }
 
     /// `y[t] = row tokens[t]`, dequantized.

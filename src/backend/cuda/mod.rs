@@ -215,6 +215,7 @@ impl CudaBackend {
         let gpu = Gpu::open(ordinal, codes, opts, notify)?;
         tensor::allow_shared_memory(&gpu)?;
         mixers::allow_shared_memory(&gpu)?;
+        matrix::allow_shared_memory(&gpu)?;
         Ok(CudaBackend {
             gpu,
             cache: OnceLock::new(),

@@ -27,7 +27,8 @@ pub(crate) const TC_THREADS: u32 = 128;
 /// batched decode step.
 pub(crate) const MIN_TOKENS: usize = super::driver::PDL_MAX_TOKENS + 1;
 
-/// A batched decode step (5 to 16 tokens) takes the tensor cores, in one
+/// A batched decode step (5 to 16 tokens; quantized matrices, 9 to 16:
+/// up to 8 take `matvec_qt`, see matrix.rs) takes the tensor cores, in one
 /// 16-token tile (`gemm_tc16`) with the columns split so that the tiles
 /// fill the GPU, for matrices of at least this many rows: `matvec_tok4/8`
 /// re-read every token's x for each 4 rows of a warp and were bound by
