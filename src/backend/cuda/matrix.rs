@@ -54,6 +54,31 @@ const QT_STATIC_SMEM: usize = 8 * QT_TILE * 4 * 4;
 /// tiles of 2 or 4 (BENCHMARKS.md, issue 13).
 const QT_TILE: usize = 2;
 
+/// Whether `matvec_q`'s arithmetic takes rows of weight format code
+/// `fmt` (log2 group size `gs_shift`, rows 16-byte aligned: `vec`):
+/// quantized, each 16-byte chunk inside one group.
+fn chunks_in_groups(fmt: i32, gs_shift: i32, vec: bool) -> bool {
+    let bits = match fmt & 7 {
+        f if f == Format::Q2 as i32 => 2,
+        f if f == Format::Q4 as i32 => 4,
+        f if f == Format::Q8 as i32 => 8,
+        _ => return false,
+    };
+    // Elements per 16-byte chunk: 128 / bits.
+    vec && (1usize << gs_shift) >= 128 / bits
+}
+
+/// Bytes of shared memory of one staged vector of `cols` (`matvec_q`).
+const fn one_smem(cols: usize) -> usize {
+    qt_smem(1, cols)
+}
+
+/// Whether one staged vector of `cols` fits in the 48 KiB of shared
+/// memory any block has, less the kernel's 1 KiB of its own.
+const fn one_fits(cols: usize) -> bool {
+    one_smem(cols) <= 47 * 1024
+}
+
 /// Most tokens a product takes through `matvec_qt` (a batched decode
 /// step of up to 8 sequences); more take the tensor cores or
 /// `matvec_tok8`.
@@ -245,18 +270,10 @@ impl CudaMatrix {
         })
     }
 
-    /// Whether `matvec_q` and `matvec_qt` take this matrix: quantized,
-    /// rows of whole 16-byte chunks each inside one group.
+    /// Whether `matvec_q` and `matvec_qt` take this matrix.
     fn quant_chunks(&self) -> bool {
         let a = &self.arg;
-        let bits = match a.fmt & 7 {
-            f if f == Format::Q2 as i32 => 2,
-            f if f == Format::Q4 as i32 => 4,
-            f if f == Format::Q8 as i32 => 8,
-            _ => return false,
-        };
-        // Elements per 16-byte chunk: 128 / bits.
-        a.vec == 1 && (1usize << a.gs_shift) >= 128 / bits && self.rows > 0 && self.cols > 0
+        chunks_in_groups(a.fmt, a.gs_shift, a.vec == 1) && self.rows > 0 && self.cols > 0
     }
 
     /// Whether `n` tokens through this matrix go to `matvec_q` (one
@@ -265,7 +282,7 @@ impl CudaMatrix {
     /// one tile): each token's row sums then are the ones it gets alone.
     fn staged(&self, gpu: &Gpu, n: usize) -> bool {
         let fits = match n {
-            1 => qt_smem(1, self.cols) <= 47 * 1024,
+            1 => one_fits(self.cols),
             2..=QT_TOKENS => qt_fits(gpu, self.cols),
             _ => false,
         };

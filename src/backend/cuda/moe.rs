@@ -29,6 +29,22 @@ const DEVICE_ROUTE_TOKENS: usize = 16;
 /// Experts per launch while streaming: the GPU computes one chunk while
 /// the next is read and copied.
 pub(crate) const STREAM_CHUNK: usize = 32;
+/// Most rows of a token per `moe_down_combine` block (`DC_ROWS` in
+/// kernels/moe.cu).
+const DC_ROWS: usize = 32;
+
+/// Rows of a token per `moe_down_combine` block for `n` tokens: the most
+/// (4, 8, 16 or DC_ROWS) that still make two blocks per SM. With DC_ROWS
+/// for one token the 64 blocks of a 2048-row layer left half the H100's
+/// SMs idle and one stream's decode fell from 293 to 257 tok/s; with 4
+/// for 8 tokens, 4,096 blocks did little each and the kernel took 69 µs
+/// (ncu) where 32 rows take 41.
+fn dc_rows(gpu: &Gpu, n: usize, hidden: usize) -> usize {
+    [DC_ROWS, 16, 8, 4]
+        .into_iter()
+        .find(|&r| hidden.div_ceil(r) * n >= 2 * gpu.sms)
+        .unwrap_or(4)
+}
 /// Most experts per token the router kernel takes.
 const MAX_K: usize = 64;
 /// Softmax routing over at most 32 × this many experts (and k ≤ 32) runs
@@ -182,14 +198,17 @@ pub(crate) fn moe(gpu: &Arc<Gpu>, cache: Option<&ExpertCache>, io: MoeIo, a: Moe
                 cuda_args![el, xp, hw, ip, t, kk, hid, inter],
             )?;
             let (hp, wp) = (h.read(gpu)?, wts.read(gpu)?);
-            // One block per 4 rows of a token; its warps split the pairs.
-            let grid = (a.hidden.div_ceil(4) as u32, n as u32, 1);
+            // One block per `rpb` rows of a token; its warps' lane sets
+            // split the (pair, 4 rows) items.
+            let rpb = dc_rows(gpu, n, a.hidden);
+            let grid = (a.hidden.div_ceil(rpb) as u32, n as u32, 1);
+            let rpb = rpb as i32;
             gpu.launch(
                 gpu.k.fmt(el.fmt)?.moe_down_combine,
                 grid,
                 256,
                 0,
-                cuda_args![el, hp, op, wp, ip, t, kk, hid, inter, assign],
+                cuda_args![el, hp, op, wp, ip, t, kk, hid, inter, assign, rpb],
             )
         }
         _ => {

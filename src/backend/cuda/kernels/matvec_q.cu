@@ -32,36 +32,19 @@ __device__ __forceinline__ float byte_f(u32 w, int k) {
     return __uint_as_float(r) - 8388608.0f;
 }
 
-// y[t0 + t][rows] = W·v_t for the T tokens t0 .. t0 + T − 1 of x [n,
-// cols] (tokens past n repeat the last one and store nothing), W
-// quantized, every row 16-byte aligned and each lane's 16-byte chunk
-// inside one group; v_t = x_t, or silu(x_t) ⊙ u_t when `u` is not null
-// (the `swiglu` kernel's values). y is [n, rows]. The vectors are staged
-// once per block in shared memory, with the sum of each chunk of each
-// token (summed in element order, as a chunk's loop would); this block
-// is block `blk` of the `nblk` that share W. The block's warps form row
-// groups of `m.split` warps; each group takes MQ_R rows at a time
-// (striding over the rows with the other groups), its warps the chunks i
-// ≡ part (mod split) of each 32 (`split` > 1 for short wide matrices:
-// more warps on fewer rows), each lane one 16-byte chunk of each row per
-// step. Per chunk, row and token: Σ(q·s + b)·x = s·Σq·x + b·Σx; each
-// weight is dequantized once and applied to the T tokens in turn, each
-// token's Σq·x in element order. The lanes' sums are reduced by a fixed
-// shuffle tree, and the parts of a row added in part order, so a token's
-// result is the same in every run, tile and block. Dynamic shared
-// memory (`qt_smem` in cuda/matrix.rs): x [T, cols] as float4s, then the
-// sums [T, chunks].
-template <int BITS, bool F16S, int T>
-__device__ __forceinline__ void matvec_q_t(const Mat& m, const float* x, const float* u, float* y, float4* xs,
-                                           int blk, int nblk, int t0, int n) {
-    const int EPW = 32 / BITS;  // elements per word
-    const int EPC = 4 * EPW;    // elements per 16-byte chunk
-    const int F4 = EPC / 4;     // float4s of x per chunk
-    const int SUB = 8 / BITS;   // elements per byte
-    const u32 MASK = BITS == 8 ? 0xffffffffu : BITS == 4 ? 0x0f0f0f0fu : 0x03030303u;
-    const int n4 = m.cols >> 2;
-    const int chunks = m.cols / EPC;
-    float* sxs = (float*)(xs + T * n4);  // [T, chunks]
+// Stages the vectors v_t (t0 .. t0 + T − 1 of [n, cols]; past n, the
+// last again) in xs [T, cols/4] (float4 p of a vector at xswz<F4>(p)), v
+// = x, or silu(x) ⊙ u when `u` is not null, and each one's sum per
+// 16-byte chunk of weights in sxs [T, chunks] (summed in element order,
+// as a chunk's loop would). Every thread of the block runs it; it ends
+// with a barrier.
+template <int BITS, int T>
+__device__ __forceinline__ void mq_stage(const float* x, const float* u, float4* xs, float* sxs, int cols, int t0,
+                                         int n) {
+    const int EPC = 128 / BITS;  // elements per 16-byte chunk
+    const int F4 = EPC / 4;      // float4s of x per chunk
+    const int n4 = cols >> 2;
+    const int chunks = cols / EPC;
     if (!u) {
         // Straight copies, all in flight at once.
 #pragma unroll
@@ -116,6 +99,101 @@ __device__ __forceinline__ void matvec_q_t(const Mat& m, const float* x, const f
         sxs[q] = s;
     }
     __syncthreads();
+}
+
+// acc[t][r] += this lane's share of Σ_c W_r[c]·v_t[c] for the MQ_R rows,
+// over chunks i0, i0 + step, ... < chunks (the vectors as mq_stage left
+// them). Per chunk, row and token: Σ(q·s + b)·v = s·Σq·v + b·Σv; each
+// weight is dequantized once and applied to the T tokens in turn, each
+// token's Σq·v in element order.
+template <int BITS, bool F16S, int T>
+__device__ __forceinline__ void mq_rows(const Row (&rows)[MQ_R], int i0, int step, int chunks, int gs_shift,
+                                        const float4* xs, const float* sxs, float (&acc)[T][MQ_R]) {
+    const int EPW = 32 / BITS;  // elements per word
+    const int EPC = 4 * EPW;    // elements per 16-byte chunk
+    const int F4 = EPC / 4;     // float4s of x per chunk
+    const int SUB = 8 / BITS;   // elements per byte
+    const u32 MASK = BITS == 8 ? 0xffffffffu : BITS == 4 ? 0x0f0f0f0fu : 0x03030303u;
+    const int n4 = chunks * F4;
+    for (int i = i0; i < chunks; i += step) {
+        const int g = (i * EPC) >> gs_shift;
+        uint4 wv[MQ_R];
+        float sc[MQ_R], bi[MQ_R];
+#pragma unroll
+        for (int r = 0; r < MQ_R; r++) {
+            wv[r] = __ldg((const uint4*)rows[r].w + i);
+            sc[r] = scale_of(rows[r].s, g, F16S);
+            bi[r] = scale_of(rows[r].b, g, F16S);
+        }
+        float qx[T][MQ_R];
+#pragma unroll
+        for (int t = 0; t < T; t++)
+#pragma unroll
+            for (int r = 0; r < MQ_R; r++) qx[t][r] = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            u32 ms[MQ_R][SUB];
+#pragma unroll
+            for (int r = 0; r < MQ_R; r++) {
+                const u32 w = j == 0 ? wv[r].x : j == 1 ? wv[r].y : j == 2 ? wv[r].z : wv[r].w;
+#pragma unroll
+                for (int s = 0; s < SUB; s++) ms[r][s] = (w >> (BITS * s)) & MASK;
+            }
+#pragma unroll
+            for (int f = 0; f < EPW / 4; f++) {
+                // Elements 4f .. 4f + 3 of word j, dequantized once.
+                float wf[MQ_R][4];
+#pragma unroll
+                for (int r = 0; r < MQ_R; r++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) wf[r][e] = byte_f(ms[r][(4 * f + e) % SUB], (4 * f + e) / SUB);
+#pragma unroll
+                for (int t = 0; t < T; t++) {
+                    const float4 v = xs[t * n4 + xswz<F4>(i * F4 + j * (EPW / 4) + f)];
+#pragma unroll
+                    for (int r = 0; r < MQ_R; r++) {
+                        float a = qx[t][r];
+                        a = fmaf(wf[r][0], v.x, a);
+                        a = fmaf(wf[r][1], v.y, a);
+                        a = fmaf(wf[r][2], v.z, a);
+                        a = fmaf(wf[r][3], v.w, a);
+                        qx[t][r] = a;
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int t = 0; t < T; t++) {
+            const float sx = sxs[t * chunks + i];
+#pragma unroll
+            for (int r = 0; r < MQ_R; r++) acc[t][r] = fmaf(sc[r], qx[t][r], fmaf(bi[r], sx, acc[t][r]));
+        }
+    }
+}
+
+// y[t0 + t][rows] = W·v_t for the T tokens t0 .. t0 + T − 1 of x [n,
+// cols] (tokens past n repeat the last one and store nothing), W
+// quantized, every row 16-byte aligned and each lane's 16-byte chunk
+// inside one group; v_t = x_t, or silu(x_t) ⊙ u_t when `u` is not null
+// (the `swiglu` kernel's values). y is [n, rows]. The vectors are staged
+// once per block in shared memory, with the sum of each chunk of each
+// token (summed in element order, as a chunk's loop would); this block
+// is block `blk` of the `nblk` that share W. The block's warps form row
+// groups of `m.split` warps; each group takes MQ_R rows at a time
+// (striding over the rows with the other groups), its warps the chunks i
+// ≡ part (mod split) of each 32 (`split` > 1 for short wide matrices:
+// more warps on fewer rows), each lane one 16-byte chunk of each row per
+// step (mq_rows). The lanes' sums are reduced by a fixed
+// shuffle tree, and the parts of a row added in part order, so a token's
+// result is the same in every run, tile and block. Dynamic shared
+// memory (`qt_smem` in cuda/matrix.rs): x [T, cols] as float4s, then the
+// sums [T, chunks].
+template <int BITS, bool F16S, int T>
+__device__ __forceinline__ void matvec_q_t(const Mat& m, const float* x, const float* u, float* y, float4* xs,
+                                           int blk, int nblk, int t0, int n) {
+    const int chunks = m.cols / (128 / BITS);
+    float* sxs = (float*)(xs + T * (m.cols >> 2));  // [T, chunks]
+    mq_stage<BITS, T>(x, u, xs, sxs, m.cols, t0, n);
     __shared__ float part_sum[8][T][MQ_R];
     const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
     const int split = m.split;
@@ -134,60 +212,8 @@ __device__ __forceinline__ void matvec_q_t(const Mat& m, const float* x, const f
 #pragma unroll
             for (int t = 0; t < T; t++) acc[t][r] = 0.0f;
         }
-        for (int i = r0 < m.rows ? lane + 32 * part : chunks; i < chunks; i += 32 * split) {
-            const int g = (i * EPC) >> m.gs_shift;
-            uint4 wv[MQ_R];
-            float sc[MQ_R], bi[MQ_R];
-#pragma unroll
-            for (int r = 0; r < MQ_R; r++) {
-                wv[r] = __ldg((const uint4*)rows[r].w + i);
-                sc[r] = scale_of(rows[r].s, g, F16S);
-                bi[r] = scale_of(rows[r].b, g, F16S);
-            }
-            float qx[T][MQ_R];
-#pragma unroll
-            for (int t = 0; t < T; t++)
-#pragma unroll
-                for (int r = 0; r < MQ_R; r++) qx[t][r] = 0.0f;
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                u32 ms[MQ_R][SUB];
-#pragma unroll
-                for (int r = 0; r < MQ_R; r++) {
-                    const u32 w = j == 0 ? wv[r].x : j == 1 ? wv[r].y : j == 2 ? wv[r].z : wv[r].w;
-#pragma unroll
-                    for (int s = 0; s < SUB; s++) ms[r][s] = (w >> (BITS * s)) & MASK;
-                }
-#pragma unroll
-                for (int f = 0; f < EPW / 4; f++) {
-                    // Elements 4f .. 4f + 3 of word j, dequantized once.
-                    float wf[MQ_R][4];
-#pragma unroll
-                    for (int r = 0; r < MQ_R; r++)
-#pragma unroll
-                        for (int e = 0; e < 4; e++) wf[r][e] = byte_f(ms[r][(4 * f + e) % SUB], (4 * f + e) / SUB);
-#pragma unroll
-                    for (int t = 0; t < T; t++) {
-                        const float4 v = xs[t * n4 + xswz<F4>(i * F4 + j * (EPW / 4) + f)];
-#pragma unroll
-                        for (int r = 0; r < MQ_R; r++) {
-                            float a = qx[t][r];
-                            a = fmaf(wf[r][0], v.x, a);
-                            a = fmaf(wf[r][1], v.y, a);
-                            a = fmaf(wf[r][2], v.z, a);
-                            a = fmaf(wf[r][3], v.w, a);
-                            qx[t][r] = a;
-                        }
-                    }
-                }
-            }
-#pragma unroll
-            for (int t = 0; t < T; t++) {
-                const float sx = sxs[t * chunks + i];
-#pragma unroll
-                for (int r = 0; r < MQ_R; r++) acc[t][r] = fmaf(sc[r], qx[t][r], fmaf(bi[r], sx, acc[t][r]));
-            }
-        }
+        mq_rows<BITS, F16S, T>(rows, r0 < m.rows ? lane + 32 * part : chunks, 32 * split, chunks, m.gs_shift, xs, sxs,
+                               acc);
         if (split == 1) {
 #pragma unroll
             for (int t = 0; t < T; t++)

@@ -524,45 +524,65 @@ extern "C" __global__ void moe_combine(float* out, const float* d, const float* 
 #endif
 
 // moe_down and moe_combine in one launch, for device routing: block
-// (blockIdx.x, blockIdx.y) takes MV_R rows of token blockIdx.y; warp w runs
-// pairs j = w, w + 8, ... through down (as moe_down does), and one thread
-// per row adds them up in j order (as moe_combine does): the same
-// arithmetic as the two kernels. Grid (hidden/MV_R, n), 256 threads.
+// (blockIdx.x, blockIdx.y) takes `rpb` rows of token blockIdx.y (a
+// multiple of MV_R, at most DC_ROWS: fewer when there are few tokens, so
+// that the blocks fill the GPU). The
+// work items are (pair j, MV_R rows): each lane set of each warp (sets of
+// 8 or 16 lanes when a row has few 16-byte chunks, see lane_sets) takes
+// one item at a time and runs it through down as moe_down does (the lane
+// at place v of its set takes the chunks a lane v takes in a whole warp;
+// set_sum is warp_sum bit for bit); then one thread per row adds the
+// pairs up in j order, as moe_combine does: the same arithmetic as the
+// two kernels. The pairs' expert addresses are read once per block.
+// Grid (hidden/rpb, n), 256 threads.
 #define DC_MAXK 64
+#define DC_ROWS 32
 template <int FMT, bool F16S>
 __device__ __forceinline__ void moe_down_combine_t(const ELayout& L, const float* h, float* out, const float* wts,
                                                    const u32* ids, const u64* table, int k, int hidden, int inter,
-                                                   int assign) {
-    __shared__ float dots[DC_MAXK][MV_R];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+                                                   int assign, int rpb) {
+    __shared__ float dots[DC_MAXK][DC_ROWS];
+    __shared__ const char* bases[DC_MAXK];
     const int t = blockIdx.y;
-    const int r0 = blockIdx.x * MV_R;
-    bool live[MV_R];
-#pragma unroll
-    for (int r = 0; r < MV_R; r++) live[r] = r0 + r < hidden;
-    for (int j = warp; j < k && j < DC_MAXK; j += warps) {
-        const int p = t * k + j;
-        const char* base = (const char*)table[ids[p]];
+    const int row0 = blockIdx.x * rpb;
+    const int kk = min(k, DC_MAXK);
+    if (threadIdx.x < kk) bases[threadIdx.x] = (const char*)table[ids[t * k + threadIdx.x]];
+    __syncthreads();
+    const LaneSets ls = lane_sets<FMT>(L.vec, inter);
+    const int warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    const int groups = rpb / MV_R;  // row groups of a block
+    // Item q: pair q / groups, rows (q % groups)·MV_R ...; the warps' sets
+    // take items set-major, every lane runs every round (set_sum's
+    // shuffles).
+    const int stride = warps * ls.n;
+    for (int q0 = 0; q0 < kk * groups; q0 += stride) {
+        const int q = q0 + warp * ls.n + ls.set;
+        const bool on = q < kk * groups;
+        const int j = on ? q / groups : 0;
+        const int r0 = row0 + (on ? q % groups : 0) * MV_R;
         Row rows[MV_R];
-        float acc[MV_R];
+        bool live[MV_R];
+        float acc[1][MV_R];
 #pragma unroll
         for (int r = 0; r < MV_R; r++) {
-            rows[r] = expert_row(base, L, 2, live[r] ? r0 + r : r0, inter);
-            acc[r] = 0.0f;
+            live[r] = on && r0 + r < hidden;
+            rows[r] = expert_row(bases[j], L, 2, live[r] ? r0 + r : row0, inter);
+            acc[0][r] = 0.0f;
         }
-        rows_dot<FMT, F16S>(rows, live, inter, L.gs_shift, L.vec, h + (i64)p * inter, acc);
+        const float* xs[1] = {h + (i64)(t * k + j) * inter};
+        rows_dot_tok<FMT, F16S, 1>(rows, live, inter, L.gs_shift, L.vec, ls.vlane, xs, acc);
 #pragma unroll
         for (int r = 0; r < MV_R; r++) {
-            const float v = warp_sum(acc[r]);
-            if (lane == 0) dots[j][r] = v;
+            const float v = set_sum(acc[0][r], ls.size);
+            if (ls.vlane == 0 && on) dots[j][r0 - row0 + r] = v;
         }
     }
     __syncthreads();
     const int r = threadIdx.x;
-    if (r < MV_R && r0 + r < hidden) {
+    if (r < rpb && row0 + r < hidden) {
         float comb = 0.0f;
-        for (int j = 0; j < k && j < DC_MAXK; j++) comb = fmaf(wts[t * k + j], dots[j][r], comb);
-        float* o = out + (i64)t * hidden + r0 + r;
+        for (int j = 0; j < kk; j++) comb = fmaf(wts[t * k + j], dots[j][r], comb);
+        float* o = out + (i64)t * hidden + row0 + r;
         *o = assign ? comb : *o + comb;
     }
 }
@@ -570,9 +590,9 @@ __device__ __forceinline__ void moe_down_combine_t(const ELayout& L, const float
 #if FMT_GROUP_ON(FG_MOE_DOWN_COMBINE)
 extern "C" __global__ void __launch_bounds__(256)
     moe_down_combine(ELayout L, const float* h, float* out, const float* wts, const u32* ids, const u64* table, int k,
-                     int hidden, int inter, int assign) {
+                     int hidden, int inter, int assign, int rpb) {
     GRID_DEP();
-    FOR_FMT(L.fmt, (moe_down_combine_t<F, S>(L, h, out, wts, ids, table, k, hidden, inter, assign)));
+    FOR_FMT(L.fmt, (moe_down_combine_t<F, S>(L, h, out, wts, ids, table, k, hidden, inter, assign, rpb)));
 }
 #endif
 
