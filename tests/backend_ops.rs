@@ -507,6 +507,37 @@ pub fn moe_case<B: Backend>(
     (got, err)
 }
 
+/// `download_parts` against `download` of each part: small parts and
+/// parts of a megabyte (CUDA fetches those in one transfer), in order and
+/// not, with gaps and overlaps.
+pub fn check_download_parts<B: Backend>(b: &B) {
+    let mut rng = Rng::new(24);
+    let big = 248_320;
+    let data = rng.vec(8 * big + 100, 1.0);
+    let buf = up(b, &data);
+    let cases: [Vec<(usize, usize)>; 4] = [
+        vec![(0, 10), (10, 5)],
+        (0..8).map(|i| (i * big, big)).collect(),
+        vec![(3 * big + 7, big), (50, big), (big / 2, 2 * big)],
+        vec![(0, 0), (8 * big, 100)],
+    ];
+    for parts in &cases {
+        let got = b.download_parts(&buf, parts).expect("download_parts");
+        assert_eq!(got.len(), parts.len(), "download_parts {parts:?}: vectors");
+        for (&(off, len), v) in parts.iter().zip(&got) {
+            assert_eq!(
+                v.as_slice(),
+                &data[off..off + len],
+                "download_parts part ({off}, {len})"
+            );
+        }
+    }
+    assert!(
+        b.download_parts(&buf, &[(0, 10), (8 * big, 101)]).is_err(),
+        "download_parts read past the end of the buffer"
+    );
+}
+
 /// One op's check on a backend.
 type Check<B> = fn(&B);
 
@@ -527,6 +558,7 @@ fn checks<B: Backend>() -> Vec<(&'static str, Check<B>)> {
         ("attention_seqs", seqs::check_attention_seqs::<B>),
         ("gated_delta_seqs", seqs::check_gated_delta_seqs::<B>),
         ("moe", check_moe::<B>),
+        ("download_parts", check_download_parts::<B>),
     ]
 }
 

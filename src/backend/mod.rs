@@ -191,6 +191,19 @@ pub trait Backend: Send + Sync + Sized + 'static {
     fn upload(&self, data: &[f32]) -> Result<Self::Buf>;
     /// Copy `out.len()` elements starting at `off` back to the host.
     fn download(&self, buf: &Self::Buf, off: usize, out: &mut [f32]) -> Result<()>;
+    /// The elements `[off, off + len)` of `buf` for each `(off, len)` of
+    /// `parts`, each in a vector of its own (the logits of each sequence
+    /// of a pass). A backend may fetch them in one transfer.
+    fn download_parts(&self, buf: &Self::Buf, parts: &[(usize, usize)]) -> Result<Vec<Vec<f32>>> {
+        parts
+            .iter()
+            .map(|&(off, len)| {
+                let mut v = vec![0.0f32; len];
+                self.download(buf, off, &mut v)?;
+                Ok(v)
+            })
+            .collect()
+    }
     /// Make a weight matrix resident.
     fn matrix(&self, m: &MatrixView) -> Result<Self::Matrix>;
 

@@ -403,16 +403,16 @@ impl<B: Backend> Net<B> {
         b.rms_norm(&last, &self.final_norm, rows, hid, cfg.rms_norm_eps, &mut normed)?;
         let mut logits = b.alloc(rows * vocab)?; // [rows, vocab]
         b.linear(self.lm_head.as_ref().unwrap_or(&self.embed), &normed, rows, &mut logits)?;
-        // Each sequence's rows straight into its own vector.
-        let mut at = 0;
-        want.iter()
-            .map(|&(_, r)| {
-                let mut host = vec![0.0f32; r * vocab];
-                b.download(&logits, at * vocab, &mut host)?;
-                at += r;
-                Ok(host)
+        // Each sequence's rows into its own vector.
+        let parts: Vec<(usize, usize)> = want
+            .iter()
+            .scan(0, |at, &(_, r)| {
+                let part = (*at * vocab, r * vocab);
+                *at += r;
+                Some(part)
             })
-            .collect()
+            .collect();
+        b.download_parts(&logits, &parts)
     }
 
     pub fn arch(&self) -> Arch {

@@ -25,7 +25,7 @@ mod vnni;
 mod vnni_gemm;
 
 use super::{AttnArgs, Backend, DeltaArgs, DeltaState, DeltaWeights, MlaArgs, MoeArgs, MoeInputs, RopeArgs, Strided};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::format::MatrixView;
 use matmul::{CpuMatrix, Kernel};
 pub use pool::PoolInfo;
@@ -145,7 +145,17 @@ impl Backend for CpuBackend {
         Ok(data.to_vec())
     }
     fn download(&self, buf: &Vec<f32>, off: usize, out: &mut [f32]) -> Result<()> {
-        out.copy_from_slice(&buf[off..off + out.len()]);
+        let src = off
+            .checked_add(out.len())
+            .and_then(|end| buf.get(off..end))
+            .ok_or_else(|| {
+                Error::Invalid(format!(
+                    "download of {} elements from {off} of a buffer of {}",
+                    out.len(),
+                    buf.len()
+                ))
+            })?;
+        out.copy_from_slice(src);
         Ok(())
     }
     fn matrix(&self, m: &MatrixView) -> Result<CpuMatrix> {
