@@ -24,6 +24,7 @@ mod vnni;
 #[cfg(target_arch = "x86_64")]
 mod vnni_gemm;
 
+use super::seqs::{check_segs, Seg, StatePair};
 use super::{AttnArgs, Backend, DeltaArgs, DeltaState, DeltaWeights, MlaArgs, MoeArgs, MoeInputs, RopeArgs, Strided};
 use crate::error::{Error, Result};
 use crate::format::MatrixView;
@@ -326,6 +327,76 @@ impl Backend for CpuBackend {
     ) -> Result<()> {
         self.prof.time(Op::Recurrence, || {
             delta::gated_delta(qkv, a, b, w, state, args, out);
+            Ok(())
+        })
+    }
+
+    /// The sequences side by side (each one's recurrence is parallel over
+    /// its heads only: one token of 32 heads leaves most threads idle, and
+    /// 8 sequences one after another took 8× one's time), on their rows of
+    /// the inputs in place: the arithmetic of `gated_delta` on each.
+    fn gated_delta_seqs(
+        &self,
+        qkv: &mut Vec<f32>,
+        a: &mut Vec<f32>,
+        b: &mut Vec<f32>,
+        w: DeltaWeights<'_, Self>,
+        states: &mut [StatePair<'_, Self>],
+        segs: &[Seg],
+        args: DeltaArgs,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
+        check_segs(segs, states.len(), args.n)?;
+        let hv = args.v_heads;
+        let conv_dim = 2 * args.k_heads * args.k_dim + hv * args.v_dim;
+        let ow = hv * args.v_dim;
+        let n = args.n;
+        for (what, len, want) in [
+            ("qkv", qkv.len(), n * conv_dim),
+            ("a", a.len(), n * hv),
+            ("b", b.len(), n * hv),
+            ("output", out.len(), n * ow),
+        ] {
+            if len < want {
+                return Err(Error::Invalid(format!(
+                    "gated_delta_seqs: {what} holds {len} values, {n} rows need {want}"
+                )));
+            }
+        }
+        // Each sequence's rows of the output.
+        let mut outs: Vec<&mut [f32]> = Vec::with_capacity(segs.len());
+        let mut rest = &mut out[..n * ow];
+        for s in segs {
+            let (mine, tail) = rest.split_at_mut(s.n * ow);
+            outs.push(mine);
+            rest = tail;
+        }
+        let (qkv, a, b) = (&qkv[..], &a[..], &b[..]);
+        self.prof.time(Op::Recurrence, || {
+            segs.par_iter()
+                .zip(states.par_iter_mut())
+                .zip(outs.into_par_iter())
+                .for_each(|((s, (conv, ssm)), o)| {
+                    let w = DeltaWeights {
+                        conv_w: w.conv_w,
+                        a_log: w.a_log,
+                        dt_bias: w.dt_bias,
+                    };
+                    let st = DeltaState {
+                        conv: &mut **conv,
+                        ssm: &mut **ssm,
+                    };
+                    let rows = s.off..s.off + s.n;
+                    delta::gated_delta(
+                        &qkv[rows.start * conv_dim..rows.end * conv_dim],
+                        &a[rows.start * hv..rows.end * hv],
+                        &b[rows.start * hv..rows.end * hv],
+                        w,
+                        st,
+                        DeltaArgs { n: s.n, ..args },
+                        o,
+                    );
+                });
             Ok(())
         })
     }
