@@ -13,7 +13,8 @@ typedef long long i64;
 // (compute capability 9.0+, cuda/driver.rs) a kernel may start while the
 // one before it on the stream is finishing: wait here until that one is
 // complete and its writes visible, then let the next kernel launch early
-// in turn. Nothing may touch global memory before this line.
+// in turn. Nothing may touch global memory before this line, except to
+// read weights (written once, at load, before any kernel runs).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define GRID_DEP() asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory")
 #else

@@ -13,11 +13,20 @@
 extern "C" __global__ void __launch_bounds__(256)
     rms_norm(float* __restrict__ x, const float* __restrict__ res, const float* __restrict__ w,
              const float* __restrict__ z, float* __restrict__ y, int dim, float eps) {
-    GRID_DEP();
     __shared__ float sh[32];
     const i64 base = (i64)blockIdx.x * dim;
     const int tid = threadIdx.x, nt = blockDim.x;
-    if (dim <= NORM_PER * nt) {
+    const bool short_row = dim <= NORM_PER * nt;
+    // The weights (no kernel writes them) load while the kernel before
+    // this one finishes.
+    float wv[NORM_PER];
+#pragma unroll
+    for (int j = 0; j < NORM_PER; j++) {
+        const int i = tid + j * nt;
+        wv[j] = short_row && i < dim ? w[i] : 0.0f;
+    }
+    GRID_DEP();
+    if (short_row) {
         x += base;
         y += base;
         if (res) res += base;
@@ -48,7 +57,7 @@ extern "C" __global__ void __launch_bounds__(256)
         for (int j = 0; j < NORM_PER; j++) {
             const int i = tid + j * nt;
             if (i < dim) {
-                float o = v[j] * inv * w[i];
+                float o = v[j] * inv * wv[j];
                 if (z) o *= silu_f(z[i]);
                 y[i] = o;
             }
