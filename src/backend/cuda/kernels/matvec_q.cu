@@ -101,14 +101,36 @@ __device__ __forceinline__ void mq_stage(const float* x, const float* u, float4*
     __syncthreads();
 }
 
+// One lane's 16-byte chunk of each of MQ_R rows with its scales.
+struct MqChunk {
+    uint4 wv[MQ_R];
+    float sc[MQ_R], bi[MQ_R];
+};
+
+// Chunk i of the rows (EPC elements a chunk: group of its first element).
+template <int BITS, bool F16S>
+__device__ __forceinline__ MqChunk mq_load(const Row (&rows)[MQ_R], int i, int gs_shift) {
+    const int g = (i * (128 / BITS)) >> gs_shift;
+    MqChunk c;
+#pragma unroll
+    for (int r = 0; r < MQ_R; r++) {
+        c.wv[r] = __ldg((const uint4*)rows[r].w + i);
+        c.sc[r] = scale_of(rows[r].s, g, F16S);
+        c.bi[r] = scale_of(rows[r].b, g, F16S);
+    }
+    return c;
+}
+
 // acc[t][r] += this lane's share of Σ_c W_r[c]·v_t[c] for the MQ_R rows,
 // over chunks i0, i0 + step, ... < chunks (the vectors as mq_stage left
 // them). Per chunk, row and token: Σ(q·s + b)·v = s·Σq·v + b·Σv; each
 // weight is dequantized once and applied to the T tokens in turn, each
-// token's Σq·v in element order.
+// token's Σq·v in element order. With `pre`, `first` holds chunk i0
+// already (mq_load).
 template <int BITS, bool F16S, int T>
 __device__ __forceinline__ void mq_rows(const Row (&rows)[MQ_R], int i0, int step, int chunks, int gs_shift,
-                                        const float4* xs, const float* sxs, float (&acc)[T][MQ_R]) {
+                                        const float4* xs, const float* sxs, const MqChunk& first, bool pre,
+                                        float (&acc)[T][MQ_R]) {
     const int EPW = 32 / BITS;  // elements per word
     const int EPC = 4 * EPW;    // elements per 16-byte chunk
     const int F4 = EPC / 4;     // float4s of x per chunk
@@ -116,15 +138,10 @@ __device__ __forceinline__ void mq_rows(const Row (&rows)[MQ_R], int i0, int ste
     const u32 MASK = BITS == 8 ? 0xffffffffu : BITS == 4 ? 0x0f0f0f0fu : 0x03030303u;
     const int n4 = chunks * F4;
     for (int i = i0; i < chunks; i += step) {
-        const int g = (i * EPC) >> gs_shift;
-        uint4 wv[MQ_R];
-        float sc[MQ_R], bi[MQ_R];
-#pragma unroll
-        for (int r = 0; r < MQ_R; r++) {
-            wv[r] = __ldg((const uint4*)rows[r].w + i);
-            sc[r] = scale_of(rows[r].s, g, F16S);
-            bi[r] = scale_of(rows[r].b, g, F16S);
-        }
+        const MqChunk c = pre && i == i0 ? first : mq_load<BITS, F16S>(rows, i, gs_shift);
+        const uint4(&wv)[MQ_R] = c.wv;
+        const float(&sc)[MQ_R] = c.sc;
+        const float(&bi)[MQ_R] = c.bi;
         float qx[T][MQ_R];
 #pragma unroll
         for (int t = 0; t < T; t++)
@@ -193,12 +210,24 @@ __device__ __forceinline__ void matvec_q_t(const Mat& m, const float* x, const f
                                            int blk, int nblk, int t0, int n) {
     const int chunks = m.cols / (128 / BITS);
     float* sxs = (float*)(xs + T * (m.cols >> 2));  // [T, chunks]
-    mq_stage<BITS, T>(x, u, xs, sxs, m.cols, t0, n);
     __shared__ float part_sum[8][T][MQ_R];
     const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
     const int split = m.split;
     const int gpb = (blockDim.x >> 5) / split;  // row groups per block
     const int rg = wid / split, part = wid % split;
+    // The first chunk of the warp's first rows (weights: no kernel writes
+    // them) loads while the kernel before this one finishes.
+    MqChunk first;
+    const int r_first = blk * gpb * MQ_R + rg * MQ_R;
+    const bool pre = r_first < m.rows && lane + 32 * part < chunks;
+    if (pre) {
+        Row rows[MQ_R];
+#pragma unroll
+        for (int r = 0; r < MQ_R; r++) rows[r] = mat_row(m, r_first + r < m.rows ? r_first + r : m.rows - 1);
+        first = mq_load<BITS, F16S>(rows, lane + 32 * part, m.gs_shift);
+    }
+    GRID_DEP();
+    mq_stage<BITS, T>(x, u, xs, sxs, m.cols, t0, n);
     // Every warp of the block runs the same iterations (the barriers of the
     // split sums); a row group past the end computes nothing.
     for (int base = blk * gpb * MQ_R; base < m.rows; base += nblk * gpb * MQ_R) {
@@ -213,7 +242,7 @@ __device__ __forceinline__ void matvec_q_t(const Mat& m, const float* x, const f
             for (int t = 0; t < T; t++) acc[t][r] = 0.0f;
         }
         mq_rows<BITS, F16S, T>(rows, r0 < m.rows ? lane + 32 * part : chunks, 32 * split, chunks, m.gs_shift, xs, sxs,
-                               acc);
+                               first, pre && base == blk * gpb * MQ_R, acc);
         if (split == 1) {
 #pragma unroll
             for (int t = 0; t < T; t++)
@@ -282,7 +311,6 @@ __device__ __forceinline__ void set_pick(const MatSet& s, int b, Mat& m, float*&
 // threads, grid first[count] blocks.
 #if FMT_GROUP_ON(FG_BASE)
 extern "C" __global__ void __launch_bounds__(256) matvec_q(MatSet s, const float* x, const float* u) {
-    GRID_DEP();
     extern __shared__ float4 xs[];
     Mat m;
     float* y;
@@ -323,7 +351,6 @@ __device__ __forceinline__ void matvec_qt_any(const MatSet& s, const float* x, c
 
 #if FMT_GROUP_ON(FG_MATVEC_Q)
 extern "C" __global__ void __launch_bounds__(256) matvec_qt(MatSet s, const float* x, const float* u, int n) {
-    GRID_DEP();
     matvec_qt_any<QT_TILE>(s, x, u, n);
 }
 #endif
