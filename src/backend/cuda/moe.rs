@@ -30,7 +30,7 @@ const DEVICE_ROUTE_TOKENS: usize = 16;
 /// the next is read and copied.
 pub(crate) const STREAM_CHUNK: usize = 32;
 /// Most rows of a token per `moe_down_combine` block (`DC_ROWS` in
-/// kernels/moe.cu).
+/// kernels/moe_routed.cu).
 const DC_ROWS: usize = 32;
 
 /// Rows of a token per `moe_down_combine` block for `n` tokens: the most

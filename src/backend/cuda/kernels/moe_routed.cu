@@ -8,13 +8,13 @@
 // (blockIdx.x, blockIdx.y) takes `rpb` rows of token blockIdx.y (a
 // multiple of MV_R, at most DC_ROWS: fewer when there are few tokens, so
 // that the blocks fill the GPU). The work items are (pair j, MV_R rows):
-// each lane set of each warp (sets of
-// 8 or 16 lanes when a row has few 16-byte chunks, see lane_sets) takes
-// one item at a time and runs it through down as moe_down does (the lane
-// at place v of its set takes the chunks a lane v takes in a whole warp;
-// set_sum is warp_sum bit for bit); then one thread per row adds the
-// pairs up in j order, as moe_combine does: the same arithmetic as the
-// two kernels. The pairs' expert addresses are read once per block.
+// each lane set of each warp (sets of 8 or 16 lanes when a row has few
+// 16-byte chunks, see lane_sets) takes one item at a time and runs it
+// through down as moe_down does (the lane at place v of its set takes the
+// chunks a lane v takes in a whole warp; set_sum is warp_sum bit for
+// bit); then one thread per row adds the pairs up in j order, as
+// moe_combine does: the same arithmetic as the two kernels. The pairs'
+// expert addresses are read once per block.
 // Grid (hidden/rpb, n), 256 threads.
 #define DC_MAXK 64
 #define DC_ROWS 32
