@@ -35,8 +35,9 @@ fn split_of(m: &CudaMatrix) -> usize {
 }
 
 /// Bytes of dynamic shared memory of a `matvec_q`/`matvec_qt` tile of `t`
-/// tokens of `cols` (`mq_smem` in kernels/matvec_q.cu): the vectors, and
-/// each token's sums per 16-byte chunk (16 elements a chunk at most).
+/// tokens of `cols` (what `mq_stage` in kernels/matvec_q.cu fills): the
+/// vectors, and each token's sums per 16-byte chunk (16 elements a chunk
+/// at most).
 const fn qt_smem(t: usize, cols: usize) -> usize {
     t * cols * 4 + t * (cols / 16) * 4
 }
@@ -116,15 +117,16 @@ fn mq_blocks(gpu: &Gpu, set: &[(&CudaMatrix, u64)], per_sm: usize) -> (Vec<(MatA
 }
 
 /// One `matvec_q` launch: `y = W·v` for each (matrix, output address) of
-/// `set` (1 to MQ_SET matrices that `staged_matvec` takes, all of the same
-/// cols), with v = x, or silu(x) ⊙ u when `u` is not 0 (x, u `[cols]`).
+/// `set` (1 to MQ_SET matrices that `staged` takes for one token, all of
+/// the same cols), with v = x, or silu(x) ⊙ u when `u` is not 0 (x, u
+/// `[cols]`).
 fn launch_matvec_q(gpu: &Gpu, set: &[(&CudaMatrix, u64)], x: u64, u: u64) -> Result<()> {
     let Some((first, _)) = set.first() else {
         return Ok(());
     };
     let (parts, threads) = mq_blocks(gpu, set, 2);
     let (arg, blocks) = MatSet::new("matvec_q", &parts)?;
-    let smem = qt_smem(1, first.cols) as u32;
+    let smem = one_smem(first.cols) as u32;
     gpu.launch(
         gpu.k.matvec_q,
         (blocks as u32, 1, 1),

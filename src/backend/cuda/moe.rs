@@ -45,6 +45,7 @@ fn dc_rows(gpu: &Gpu, n: usize, hidden: usize) -> usize {
         .find(|&r| hidden.div_ceil(r) * n >= 2 * gpu.sms)
         .unwrap_or(4)
 }
+
 /// Most experts per token the router kernel takes.
 const MAX_K: usize = 64;
 /// Softmax routing over at most 32 × this many experts (and k ≤ 32) runs
