@@ -168,6 +168,22 @@ pub struct MoeInputs<'a, Buf> {
     pub hint: Option<MoeHint<'a, Buf>>,
 }
 
+/// Each `(off, len)` of `parts` in a vector of its own, filled by
+/// `download(off, out)`: [`Backend::download_parts`] one part at a time.
+pub fn download_each(
+    parts: &[(usize, usize)],
+    mut download: impl FnMut(usize, &mut [f32]) -> Result<()>,
+) -> Result<Vec<Vec<f32>>> {
+    parts
+        .iter()
+        .map(|&(off, len)| {
+            let mut v = vec![0.0f32; len];
+            download(off, &mut v)?;
+            Ok(v)
+        })
+        .collect()
+}
+
 pub trait Backend: Send + Sync + Sized + 'static {
     /// An f32 buffer in the backend's memory.
     type Buf: Send + Sync;
@@ -195,14 +211,7 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// `parts`, each in a vector of its own (the logits of each sequence
     /// of a pass). A backend may fetch them in one transfer.
     fn download_parts(&self, buf: &Self::Buf, parts: &[(usize, usize)]) -> Result<Vec<Vec<f32>>> {
-        parts
-            .iter()
-            .map(|&(off, len)| {
-                let mut v = vec![0.0f32; len];
-                self.download(buf, off, &mut v)?;
-                Ok(v)
-            })
-            .collect()
+        download_each(parts, |off, out| self.download(buf, off, out))
     }
     /// Make a weight matrix resident.
     fn matrix(&self, m: &MatrixView) -> Result<Self::Matrix>;

@@ -10,6 +10,7 @@ mod buf;
 mod cache;
 mod check;
 mod compile;
+mod download;
 mod driver;
 mod format;
 mod functions;
@@ -41,7 +42,7 @@ use crate::format::MatrixView;
 use crate::notify::Notifier;
 use cache::ExpertCache;
 use driver::{Check, Gpu};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 
 /// Whether CUDA is usable here: the number of devices, or why not.
 pub fn probe() -> std::result::Result<usize, String> {
@@ -51,14 +52,9 @@ pub fn probe() -> std::result::Result<usize, String> {
 pub struct CudaBackend {
     gpu: Arc<Gpu>,
     cache: OnceLock<ExpertCache>,
-    /// Page-locked staging for large downloads (the logits): from
-    /// pageable memory a copy to the host ran at about 2 GB/s on the lent
-    /// H100 VM, which cost a decode step ~0.4 ms for one sequence's logits.
-    stage: Mutex<Option<buf::Pinned>>,
+    /// Page-locked staging for large downloads (`download.rs`).
+    stage: download::Stage,
 }
-
-/// Downloads of at least this many bytes go through the pinned stage.
-const STAGE_MIN_BYTES: usize = 64 << 10;
 
 /// A GatedDeltaNet call's inputs as the launchers take them.
 fn delta_bufs<'a>(
@@ -219,7 +215,7 @@ impl CudaBackend {
         Ok(CudaBackend {
             gpu,
             cache: OnceLock::new(),
-            stage: Mutex::new(None),
+            stage: download::Stage::default(),
         })
     }
 
@@ -368,71 +364,10 @@ impl Backend for CudaBackend {
         CudaBuf::from_host(&self.gpu, data)
     }
     fn download(&self, buf: &CudaBuf, off: usize, out: &mut [f32]) -> Result<()> {
-        self.gpu.bind()?;
-        buf.want("download", off + out.len())?;
-        let p = buf.read(&self.gpu)? + 4 * off as u64;
-        let bytes = 4 * out.len();
-        if bytes < STAGE_MIN_BYTES {
-            return self.gpu.dtoh(bytemuck::cast_slice_mut(out), p);
-        }
-        let mut stage = self.stage.lock().map_err(|_| Error::Backend {
-            backend: "cuda",
-            msg: "the download stage's lock was poisoned".into(),
-        })?;
-        let s = match stage.take() {
-            Some(s) if s.len() >= bytes => stage.insert(s),
-            _ => stage.insert(buf::Pinned::new(&self.gpu, bytes.next_power_of_two())?),
-        };
-        // SAFETY: the stage is ours while the lock is held, no copy into
-        // it is in flight (dtoh waits for its copy), and it holds `bytes`.
-        let host = unsafe { s.range_mut(0, bytes) };
-        self.gpu.dtoh(host, p)?;
-        bytemuck::cast_slice_mut::<f32, u8>(out).copy_from_slice(host);
-        Ok(())
+        download::download(&self.gpu, &self.stage, buf, off, out)
     }
-    /// One transfer of the range that covers the parts through the pinned
-    /// stage, then each part copied into its vector on the threads of the
-    /// pool: fresh vectors of a megabyte fault their pages in as they are
-    /// written, and eight of them a step (the logits of 8 sequences) took
-    /// 3.6 ms of host time on one thread on the lent H100 VM.
     fn download_parts(&self, buf: &CudaBuf, parts: &[(usize, usize)]) -> Result<Vec<Vec<f32>>> {
-        use rayon::prelude::*;
-        let lo = parts.iter().map(|p| p.0).min().unwrap_or(0);
-        let hi = parts.iter().map(|p| p.0 + p.1).max().unwrap_or(0);
-        if parts.len() < 2 || 4 * (hi - lo) < STAGE_MIN_BYTES {
-            return parts
-                .iter()
-                .map(|&(off, len)| {
-                    let mut v = vec![0.0f32; len];
-                    self.download(buf, off, &mut v)?;
-                    Ok(v)
-                })
-                .collect();
-        }
-        self.gpu.bind()?;
-        buf.want("download", hi)?;
-        let p = buf.read(&self.gpu)? + 4 * lo as u64;
-        let bytes = 4 * (hi - lo);
-        let mut stage = self.stage.lock().map_err(|_| Error::Backend {
-            backend: "cuda",
-            msg: "the download stage's lock was poisoned".into(),
-        })?;
-        let s = match stage.take() {
-            Some(s) if s.len() >= bytes => stage.insert(s),
-            _ => stage.insert(buf::Pinned::new(&self.gpu, bytes.next_power_of_two())?),
-        };
-        // SAFETY: as in `download`: the stage is ours while the lock is
-        // held, no copy into it is in flight, and it holds `bytes`.
-        let host = unsafe { s.range_mut(0, bytes) };
-        self.gpu.dtoh(host, p)?;
-        let all: &[f32] = bytemuck::try_cast_slice(&host[..]).map_err(|e| Error::Backend {
-            backend: "cuda",
-            msg: format!("the download stage is not a run of f32s: {e}"),
-        })?;
-        Ok(parts
-            .par_iter()
-            .map(|&(off, len)| all[off - lo..off - lo + len].to_vec())
-            .collect())
+        download::download_parts(&self.gpu, &self.stage, buf, parts)
     }
     fn matrix(&self, m: &MatrixView) -> Result<CudaMatrix> {
         self.gpu.bind()?;
