@@ -4,6 +4,8 @@
 //! with one loop in `main` over `checks::<B>()` (a `libtest-mimic` harness:
 //! on a machine without a GPU the CUDA trials are counted as ignored).
 
+#[path = "backend_ops/flash.rs"]
+mod flash;
 #[path = "backend_ops/fused.rs"]
 mod fused;
 #[path = "backend_ops/reference.rs"]
@@ -594,6 +596,9 @@ fn main() {
         tensor::check_linear_tc(cuda_tc(), cuda())
     }));
     all.push(trials::cuda("cuda::moe_tc", || tensor::check_moe_tc(cuda_tc(), cuda())));
+    all.push(trials::cuda("cuda::attention_tc", || {
+        flash::check_attention_tc(cuda_tc(), cuda())
+    }));
     all.push(trials::cuda("cuda::linear_many_tc", || {
         fused::check_linear_many_with(cuda_tc(), &[2, 8, 17, 70], 1e-5)
     }));

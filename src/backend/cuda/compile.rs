@@ -19,7 +19,7 @@ use std::ffi::{c_char, CStr, CString};
 use std::path::PathBuf;
 
 /// The sources of the base module, in the order they are concatenated.
-const SOURCES: [&str; 10] = [
+const SOURCES: [&str; 11] = [
     include_str!("kernels/common.cuh"),
     include_str!("kernels/matvec.cu"),
     include_str!("kernels/matvec_q.cu"),
@@ -29,11 +29,13 @@ const SOURCES: [&str; 10] = [
     include_str!("kernels/moe.cu"),
     include_str!("kernels/moe_routed.cu"),
     include_str!("kernels/tensor.cu"),
+    include_str!("kernels/flash.cu"),
     include_str!("kernels/prep.cu"),
 ];
 
 /// The sources of a format module: the files that hold `FOR_FMT` kernels.
-/// (`elementwise.cu`, `attention.cu`, `delta.cu` and `prep.cu` hold none.)
+/// (`elementwise.cu`, `attention.cu`, `delta.cu`, `flash.cu` and `prep.cu`
+/// hold none.)
 const FORMAT_SOURCES: [&str; 6] = [
     include_str!("kernels/common.cuh"),
     include_str!("kernels/matvec.cu"),

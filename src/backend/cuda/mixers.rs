@@ -7,6 +7,7 @@
 
 use super::buf::CudaBuf;
 use super::driver::{Gpu, MAX_GRID_Y, PDL_MAX_TOKENS};
+use super::flash;
 use super::ops::{grid_for, limit, ATT_MAX_DIM, ATT_THREADS};
 use crate::backend::seqs::check_segs;
 use crate::backend::{AttnArgs, DeltaArgs, RopeArgs, Rotary, Seg};
@@ -55,6 +56,32 @@ impl Seqs {
     fn most_rows(&self) -> usize {
         self.n.iter().copied().max().unwrap_or(0).max(0) as usize
     }
+
+    /// The sequences of at least `rows` rows, and the others (rows still
+    /// counted from the same base).
+    fn split(&self, rows: usize) -> (Seqs, Seqs) {
+        let (mut big, mut small) = (Seqs::default(), Seqs::default());
+        for i in 0..self.count as usize {
+            let to = if self.n[i] as usize >= rows {
+                &mut big
+            } else {
+                &mut small
+            };
+            let j = to.count as usize;
+            (to.a[j], to.b[j], to.off[j], to.n[j], to.pos0[j]) =
+                (self.a[i], self.b[i], self.off[i], self.n[i], self.pos0[i]);
+            to.count += 1;
+        }
+        (big, small)
+    }
+
+    /// Tiles of `rows` rows, sequence after sequence.
+    pub(crate) fn tiles(&self, rows: usize) -> usize {
+        self.n[..self.count as usize]
+            .iter()
+            .map(|&n| (n as usize).div_ceil(rows))
+            .sum()
+    }
 }
 
 pub(crate) fn rope(gpu: &Gpu, x: &mut CudaBuf, inv_freq: &CudaBuf, a: RopeArgs) -> Result<()> {
@@ -102,9 +129,21 @@ fn check_heads(a: &AttnArgs) -> Result<()> {
     Ok(())
 }
 
-/// The attention kernel over `rows` rows from q `q0` and out `o0` (the
-/// rows of the sequences of `t`), in grids of at most MAX_GRID_Y rows.
+/// The attention of `rows` rows from q `q0` and out `o0` (the rows of the
+/// sequences of `t`): the sequences of a prefill chunk on tensor cores
+/// (`flash.rs`) where it takes them, the others through the `attention`
+/// kernel in grids of at most MAX_GRID_Y rows.
 fn attend(gpu: &Gpu, q0: u64, o0: u64, t: &Seqs, rows: usize, a: &AttnArgs) -> Result<()> {
+    let mut t = *t;
+    if flash::takes(gpu, a) {
+        let (big, small) = t.split(flash::MIN_ROWS);
+        if big.count > 0 && flash::attend(gpu, q0, o0, &big, a)? {
+            if small.count == 0 {
+                return Ok(());
+            }
+            t = small;
+        }
+    }
     let (h, hkv, hd, vd, sc) = (
         a.n_heads as i32,
         a.n_kv_heads as i32,
@@ -120,7 +159,7 @@ fn attend(gpu: &Gpu, q0: u64, o0: u64, t: &Seqs, rows: usize, a: &AttnArgs) -> R
             (a.n_heads as u32, nr as u32, 1),
             ATT_THREADS,
             0,
-            cuda_args![q0, o0, *t, y0, h, hkv, hd, vd, sc],
+            cuda_args![q0, o0, t, y0, h, hkv, hd, vd, sc],
         )?;
     }
     Ok(())

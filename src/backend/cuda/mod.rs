@@ -12,6 +12,7 @@ mod check;
 mod compile;
 mod download;
 mod driver;
+mod flash;
 mod format;
 mod functions;
 mod graph;
@@ -211,6 +212,7 @@ impl CudaBackend {
         let gpu = Gpu::open(ordinal, codes, opts, notify)?;
         tensor::allow_shared_memory(&gpu)?;
         mixers::allow_shared_memory(&gpu)?;
+        flash::allow_shared_memory(&gpu)?;
         matrix::allow_shared_memory(&gpu)?;
         Ok(CudaBackend {
             gpu,
