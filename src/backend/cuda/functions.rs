@@ -26,6 +26,7 @@ kernels!(
     BaseKernels {
         matvec_q,
         rms_norm,
+        rms_norm_rows,
         add,
         add_scaled_rows,
         swiglu,

@@ -23,6 +23,12 @@ pub(crate) fn limit(what: &str, value: usize, max: usize) -> Result<()> {
     Ok(())
 }
 
+/// Rows per block of `rms_norm_rows` (`NORM_ROWS` in kernels/elementwise.cu).
+const NORM_ROWS: usize = 8;
+/// The longest row `rms_norm_rows` takes (`NORM_ROW_MAX`: 32 lanes ×
+/// `NORM_PER` values).
+const NORM_ROW_MAX: usize = 32 * 16;
+
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn rms_norm(
     gpu: &Gpu,
@@ -86,10 +92,21 @@ fn launch_norm(
     eps: f32,
     y: &mut CudaBuf,
 ) -> Result<()> {
-    // The block size sets the reduction order: one rule for every variant.
-    let block = (dim.div_ceil(32) * 32).clamp(32, 256) as u32;
     let [xp, rp, zp] = xrz;
     let (wp, yp, d) = (w.read(gpu)?, y.write(gpu, rows * dim)?, dim as i32);
+    // The kernel and block size set the reduction order: one rule for
+    // every number of rows.
+    if dim <= NORM_ROW_MAX {
+        let r = rows as i32;
+        return gpu.launch(
+            gpu.k.rms_norm_rows,
+            (rows.div_ceil(NORM_ROWS) as u32, 1, 1),
+            32 * NORM_ROWS as u32,
+            0,
+            cuda_args![xp, rp, wp, zp, yp, r, d, eps],
+        );
+    }
+    let block = (dim.div_ceil(32) * 32).clamp(32, 256) as u32;
     gpu.launch(
         gpu.k.rms_norm,
         (rows as u32, 1, 1),

@@ -82,6 +82,51 @@ extern "C" __global__ void __launch_bounds__(256)
     }
 }
 
+// rms_norm for rows of at most NORM_ROW_MAX values (the heads of q and k,
+// the GatedDeltaNet's gated heads): one warp per row, NORM_ROWS rows per
+// block of 32·NORM_ROWS threads; lane l holds values l + 32j, sums its
+// squares in order, and the warp adds the lanes' sums. A prefill chunk's
+// tens of thousands of such rows take that many fewer blocks.
+#define NORM_ROWS 8
+#define NORM_ROW_MAX (32 * NORM_PER)
+extern "C" __global__ void __launch_bounds__(32 * NORM_ROWS)
+    rms_norm_rows(float* __restrict__ x, const float* __restrict__ res, const float* __restrict__ w,
+                  const float* __restrict__ z, float* __restrict__ y, int rows, int dim, float eps) {
+    const int lane = threadIdx.x & 31;
+    const i64 r = (i64)blockIdx.x * NORM_ROWS + (threadIdx.x >> 5);
+    float wv[NORM_PER];
+#pragma unroll
+    for (int j = 0; j < NORM_PER; j++) {
+        const int i = lane + 32 * j;
+        wv[j] = i < dim ? w[i] : 0.0f;
+    }
+    GRID_DEP();
+    if (r >= rows) return;
+    const i64 base = r * dim;
+    float v[NORM_PER];
+    float ss = 0.0f;
+#pragma unroll
+    for (int j = 0; j < NORM_PER; j++) {
+        const int i = lane + 32 * j;
+        v[j] = i < dim ? x[base + i] : 0.0f;
+        if (res && i < dim) {
+            v[j] += res[base + i];
+            x[base + i] = v[j];
+        }
+        ss = fmaf(v[j], v[j], ss);
+    }
+    const float inv = 1.0f / sqrtf(warp_sum(ss) / (float)dim + eps);
+#pragma unroll
+    for (int j = 0; j < NORM_PER; j++) {
+        const int i = lane + 32 * j;
+        if (i < dim) {
+            float o = v[j] * inv * wv[j];
+            if (z) o *= silu_f(z[base + i]);
+            y[base + i] = o;
+        }
+    }
+}
+
 extern "C" __global__ void add(float* y, const float* x, i64 len) {
     GRID_DEP();
     GRID_LOOP(i, len) y[i] += x[i];
