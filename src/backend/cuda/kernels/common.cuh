@@ -101,6 +101,19 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
 #endif
 }
 
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+// cp_async16 to a shared-window address (smem_addr), for callers that form
+// their addresses as 32-bit offsets.
+__device__ __forceinline__ void cp_async16s(u32 d, const void* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
+}
+
+// 16 zero bytes at a shared-window address.
+__device__ __forceinline__ void st_zero16(u32 d) {
+    asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};" ::"r"(d), "r"(0) : "memory");
+}
+#endif
+
 __device__ __forceinline__ void cp_async4(void* dst, const void* src) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     const u32 d = smem_addr(dst);

@@ -44,10 +44,11 @@ __device__ __forceinline__ void split_bf2(float a, float b, u32& hi, u32& lo) {
     asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(lo) : "f"(rb), "f"(ra));
 }
 
-// The shared address of chunk c (8 values) of row r of a [*, D] array.
+// The shared-window address of chunk c (8 values) of row r of a [*, D]
+// array at `base` (32-bit arithmetic: no generic pointer per ldmatrix).
 template <int D>
-__device__ __forceinline__ u32 fa_at(const u16* base, int r, int c) {
-    return smem_addr(base + r * D + ((c ^ (r & 7)) << 3));
+__device__ __forceinline__ u32 fa_at(u32 base, int r, int c) {
+    return base + ((r * D + ((c ^ (r & 7)) << 3)) << 1);
 }
 
 // Rows 0..R−1 of an f32 array (row j at src + j·stride; D columns) times
@@ -106,6 +107,8 @@ __device__ __forceinline__ void flash_t(const float* q, float* out, const Seqs& 
     const float* kc = s.a[z] + (i64)kvh * D;
     const float* vc = s.b[z] + (i64)kvh * D;
     fa_stage<D, FA_BQ>(q + ((i64)t0 * H + h) * D, (i64)H * D, rows, scale * FA_LOG2E, qh, ql);
+    const u32 sqh = smem_addr(qh), sql = smem_addr(ql), skh = smem_addr(kh), skl = smem_addr(kl);
+    const u32 svh = smem_addr(vh), svl = smem_addr(vl);
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int pos = p0 + warp * 16 + (lane >> 2);  // this thread's rows: pos and pos + 8
@@ -128,14 +131,14 @@ __device__ __forceinline__ void flash_t(const float* q, float* out, const Seqs& 
         for (int kk = 0; kk < D / 16; kk++) {
             u32 ah[4], al[4];
             const int ar = warp * 16 + (lane & 15), ac = 2 * kk + (lane >> 4);
-            ldsm4(fa_at<D>(qh, ar, ac), ah[0], ah[1], ah[2], ah[3]);
-            ldsm4(fa_at<D>(ql, ar, ac), al[0], al[1], al[2], al[3]);
+            ldsm4(fa_at<D>(sqh, ar, ac), ah[0], ah[1], ah[2], ah[3]);
+            ldsm4(fa_at<D>(sql, ar, ac), al[0], al[1], al[2], al[3]);
 #pragma unroll
             for (int np = 0; np < KT / 16; np++) {
                 const int kr = np * 16 + (lane & 7) + ((lane >> 4) << 3), kc2 = 2 * kk + ((lane >> 3) & 1);
                 u32 b0, b1, b2, b3, c0, c1, c2, c3;
-                ldsm4(fa_at<D>(kh, kr, kc2), b0, b1, b2, b3);
-                ldsm4(fa_at<D>(kl, kr, kc2), c0, c1, c2, c3);
+                ldsm4(fa_at<D>(skh, kr, kc2), b0, b1, b2, b3);
+                ldsm4(fa_at<D>(skl, kr, kc2), c0, c1, c2, c3);
                 mma3(sc[2 * np], ah, al, b0, b1, c0, c1);
                 mma3(sc[2 * np + 1], ah, al, b2, b3, c2, c3);
             }
@@ -190,8 +193,8 @@ __device__ __forceinline__ void flash_t(const float* q, float* out, const Seqs& 
             for (int np = 0; np < D / 16; np++) {
                 const int vc2 = 2 * np + (lane >> 4);
                 u32 b0, b1, b2, b3, c0, c1, c2, c3;
-                ldsm4t(fa_at<D>(vh, vr, vc2), b0, b1, b2, b3);
-                ldsm4t(fa_at<D>(vl, vr, vc2), c0, c1, c2, c3);
+                ldsm4t(fa_at<D>(svh, vr, vc2), b0, b1, b2, b3);
+                ldsm4t(fa_at<D>(svl, vr, vc2), c0, c1, c2, c3);
                 mma3(o[2 * np], ph, pl, b0, b1, c0, c1);
                 mma3(o[2 * np + 1], ph, pl, b2, b3, c2, c3);
             }

@@ -200,24 +200,26 @@ __device__ __forceinline__ void tc_store_w(const TcW<FMT>& w, TcSmem<BN>& sm, in
 
 // This thread's activation chunks of a step into buffer `buf` by
 // cp.async: hi and lo parts of tokens t/8 + 16·i (16 bytes each, column
-// part t % 8), zeros for a token past the tile's end (xr[i] < 0); threads
-// 0..BN−1 copy their token's group sums (quantized weights).
+// part t % 8; xo[i]: the chunk's element offset in hx at column 0, −1 for
+// a token past the tile's end, whose chunks are zeroed); threads 0..BN−1
+// copy their token's group sums (quantized weights). The tokens t/8 +
+// 16·i share their row's swizzle (16 rows apart), so one shared address
+// per part serves them all.
 template <int BN>
-__device__ __forceinline__ void tc_load_x(const HalfRows& hx, const i64 (&xr)[BN / 16], int tsum, int k0, int cols,
+__device__ __forceinline__ void tc_load_x(const HalfRows& hx, const i64 (&xo)[BN / 16], int tsum, int k0, int cols,
                                           int gs_shift, bool quant, TcSmem<BN>& sm, int buf) {
-    const int part = threadIdx.x & 7;
+    const int part = threadIdx.x & 7, j0 = threadIdx.x >> 3;
+    const u32 ROWS16 = 16 * TC_LD * 2;
+    const u32 dh = smem_addr(sm.in.bh[buf][j0]) + (swz(j0, part) << 4);
+    const u32 dl = smem_addr(sm.in.bl[buf][j0]) + (swz(j0, part) << 4);
 #pragma unroll
     for (int i = 0; i < BN / 16; i++) {
-        const int j = (threadIdx.x >> 3) + 16 * i;
-        uint4* dh = (uint4*)sm.in.bh[buf][j] + swz(j, part);
-        uint4* dl = (uint4*)sm.in.bl[buf][j] + swz(j, part);
-        if (xr[i] >= 0) {
-            const i64 at = xr[i] * cols + k0 + part * 8;
-            cp_async16(dh, hx.hi + at);
-            cp_async16(dl, hx.lo + at);
+        if (xo[i] >= 0) {
+            cp_async16s(dh + i * ROWS16, hx.hi + xo[i] + k0);
+            cp_async16s(dl + i * ROWS16, hx.lo + xo[i] + k0);
         } else {
-            *dh = u4(0u, 0u, 0u, 0u);
-            *dl = u4(0u, 0u, 0u, 0u);
+            st_zero16(dh + i * ROWS16);
+            st_zero16(dl + i * ROWS16);
         }
     }
     if (quant && threadIdx.x < BN) {
@@ -237,28 +239,33 @@ __device__ __forceinline__ void tc_load_x(const HalfRows& hx, const i64 (&xr)[BN
 // first `live` tokens (rounded up to 16), hi and lo parts, into g[n8
 // tile][4]; for quantized weights, at the end of each group, tot += s·g +
 // b·Σx and g restarts at zero (else tot is taken from g at the end).
+// The ldmatrix rows are addressed in the shared window as 32-bit byte
+// offsets, formed once per step: a thread's rows stay the same, and the
+// chunk of 16-byte step kk/8 (even) is its chunk of step 0 XOR kk/8, as
+// swz places it.
 template <bool QUANT, int BN>
 __device__ __forceinline__ void tc_mma(const TcSmem<BN>& sm, int buf, int live, int k0, int gs_shift,
                                        float (&g)[BN / 8][4], float (&tot)[BN / 8][4]) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const u16(*a)[TC_LD] = sm.in.a[buf];
-    const u16(*bh)[TC_LD] = sm.in.bh[buf];
-    const u16(*bl)[TC_LD] = sm.in.bl[buf];
+    const int ar = warp * 16 + (lane & 15);         // the A row this lane addresses
+    const int bt = (lane & 7) + ((lane >> 4) << 3);  // and its B row (token) in each 16
+    const u32 a0 = smem_addr(sm.in.a[buf][ar]);
+    const u32 h0 = smem_addr(sm.in.bh[buf][bt]), l0 = smem_addr(sm.in.bl[buf][bt]);
+    const int ac = (lane >> 4) ^ (ar & 7), bc = ((lane >> 3) & 1) ^ (lane & 7);
+    const u32 ROWS16 = 16 * TC_LD * 2;  // bytes of 16 shared rows
 #pragma unroll
     for (int kk = 0; kk < TC_BK; kk += 16) {
         u32 af[4];
-        const int ar = warp * 16 + (lane & 15);
-        ldsm4(smem_addr((const uint4*)a[ar] + swz(ar, kk / 8 + (lane >> 4))), af[0], af[1], af[2], af[3]);
+        ldsm4(a0 + (((kk >> 3) ^ ac) << 4), af[0], af[1], af[2], af[3]);
+        const u32 bo = ((kk >> 3) ^ bc) << 4;
 #pragma unroll
         for (int np = 0; np < BN / 16; np++) {
             if (np * 16 < live) {
-                const int t = np * 16 + (lane & 7) + ((lane >> 4) << 3);
-                const int c = swz(t, kk / 8 + ((lane >> 3) & 1));
                 u32 b0, b1, b2, b3;
-                ldsm4(smem_addr((const uint4*)bh[t] + c), b0, b1, b2, b3);
+                ldsm4(h0 + np * ROWS16 + bo, b0, b1, b2, b3);
                 mma16816(g[2 * np], af, b0, b1);
                 mma16816(g[2 * np + 1], af, b2, b3);
-                ldsm4(smem_addr((const uint4*)bl[t] + c), b0, b1, b2, b3);
+                ldsm4(l0 + np * ROWS16 + bo, b0, b1, b2, b3);
                 mma16816(g[2 * np], af, b0, b1);
                 mma16816(g[2 * np + 1], af, b2, b3);
             }
@@ -270,14 +277,16 @@ __device__ __forceinline__ void tc_mma(const TcSmem<BN>& sm, int buf, int live, 
             const float s1 = sm.in.s[buf][r + 8][gi], b1 = sm.in.b[buf][r + 8][gi];
 #pragma unroll
             for (int nt = 0; nt < BN / 8; nt++) {
-                const int t = nt * 8 + (lane & 3) * 2;
-                const float x0 = sm.in.xs[buf][t][gi], x1 = sm.in.xs[buf][t + 1][gi];
-                tot[nt][0] += fmaf(s0, g[nt][0], b0 * x0);
-                tot[nt][1] += fmaf(s0, g[nt][1], b0 * x1);
-                tot[nt][2] += fmaf(s1, g[nt][2], b1 * x0);
-                tot[nt][3] += fmaf(s1, g[nt][3], b1 * x1);
+                if (nt * 8 < live) {
+                    const int t = nt * 8 + (lane & 3) * 2;
+                    const float x0 = sm.in.xs[buf][t][gi], x1 = sm.in.xs[buf][t + 1][gi];
+                    tot[nt][0] += fmaf(s0, g[nt][0], b0 * x0);
+                    tot[nt][1] += fmaf(s0, g[nt][1], b0 * x1);
+                    tot[nt][2] += fmaf(s1, g[nt][2], b1 * x0);
+                    tot[nt][3] += fmaf(s1, g[nt][3], b1 * x1);
 #pragma unroll
-                for (int j = 0; j < 4; j++) g[nt][j] = 0.0f;
+                    for (int j = 0; j < 4; j++) g[nt][j] = 0.0f;
+                }
             }
         }
     }
@@ -299,8 +308,11 @@ __device__ __forceinline__ void tc_tile(TcW<FMT>& w, const HalfRows& hx, const i
         for (int j = 0; j < 4; j++) g[i][j] = tot[i][j] = 0.0f;
     // Columns kb .. ke (a whole number of steps; all of them by default).
     const int steps = ((ke < 0 ? cols : ke) - kb) / TC_BK;
+    i64 xo[BN / 16];
+#pragma unroll
+    for (int i = 0; i < BN / 16; i++) xo[i] = xr[i] >= 0 ? xr[i] * cols + (threadIdx.x & 7) * 8 : -1;
     tc_load_w<FMT>(w, kb, gs_shift);
-    tc_load_x<BN>(hx, xr, tsum, kb, cols, gs_shift, QUANT, sm, 0);
+    tc_load_x<BN>(hx, xo, tsum, kb, cols, gs_shift, QUANT, sm, 0);
     tc_store_w<FMT, F16S, BN>(w, sm, 0, gs_shift);
     cp_async_wait();
     __syncthreads();
@@ -308,7 +320,7 @@ __device__ __forceinline__ void tc_tile(TcW<FMT>& w, const HalfRows& hx, const i
         const int cur = s & 1;
         const bool more = s + 1 < steps;
         if (more) {
-            tc_load_x<BN>(hx, xr, tsum, kb + (s + 1) * TC_BK, cols, gs_shift, QUANT, sm, cur ^ 1);
+            tc_load_x<BN>(hx, xo, tsum, kb + (s + 1) * TC_BK, cols, gs_shift, QUANT, sm, cur ^ 1);
             tc_load_w<FMT>(w, kb + (s + 1) * TC_BK, gs_shift);
         }
         tc_mma<QUANT, BN>(sm, cur, live, kb + s * TC_BK, gs_shift, g, tot);
