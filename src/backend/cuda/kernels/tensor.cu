@@ -237,8 +237,9 @@ __device__ __forceinline__ void tc_load_x(const HalfRows& hx, const i64 (&xo)[BN
 
 // The products of one step's buffers: the warp's 16 rows × the tile's
 // first `live` tokens (rounded up to 16), hi and lo parts, into g[n8
-// tile][4]; for quantized weights, at the end of each group, tot += s·g +
-// b·Σx and g restarts at zero (else tot is taken from g at the end).
+// tile][4]; for quantized weights, at the end of each group, tot = (tot +
+// b·Σx) + s·g in two fused multiply-adds and g restarts at zero (else tot
+// is taken from g at the end).
 // The ldmatrix rows are addressed in the shared window as 32-bit byte
 // offsets, formed once per step: a thread's rows stay the same, and the
 // chunk of 16-byte step kk/8 (even) is its chunk of step 0 XOR kk/8, as
@@ -280,10 +281,10 @@ __device__ __forceinline__ void tc_mma(const TcSmem<BN>& sm, int buf, int live, 
                 if (nt * 8 < live) {
                     const int t = nt * 8 + (lane & 3) * 2;
                     const float x0 = sm.in.xs[buf][t][gi], x1 = sm.in.xs[buf][t + 1][gi];
-                    tot[nt][0] += fmaf(s0, g[nt][0], b0 * x0);
-                    tot[nt][1] += fmaf(s0, g[nt][1], b0 * x1);
-                    tot[nt][2] += fmaf(s1, g[nt][2], b1 * x0);
-                    tot[nt][3] += fmaf(s1, g[nt][3], b1 * x1);
+                    tot[nt][0] = fmaf(s0, g[nt][0], fmaf(b0, x0, tot[nt][0]));
+                    tot[nt][1] = fmaf(s0, g[nt][1], fmaf(b0, x1, tot[nt][1]));
+                    tot[nt][2] = fmaf(s1, g[nt][2], fmaf(b1, x0, tot[nt][2]));
+                    tot[nt][3] = fmaf(s1, g[nt][3], fmaf(b1, x1, tot[nt][3]));
 #pragma unroll
                     for (int j = 0; j < 4; j++) g[nt][j] = 0.0f;
                 }
