@@ -8,9 +8,10 @@
 //! module they took 88–96 s on an H100 host. They are compiled instead as
 //! one module per (format, kernel group) ([`Module::Format`],
 //! `-DMOEFLUX_FMT=code -DMOEFLUX_GROUP=g`; the groups are `FG_*` in
-//! `kernels/common.cuh`), for the formats the model uses, plus one module
-//! of everything else ([`Module::Base`]), all at once on as many threads,
-//! so that a first start waits for the slowest module alone.
+//! `kernels/common.cuh`), for the formats the model uses, plus the
+//! tensor-core attention ([`Module::Attention`]) and one module of
+//! everything else ([`Module::Base`]), all at once on as many threads, so
+//! that a first start waits for the slowest module alone.
 
 use crate::error::{Error, Result};
 use crate::notify::Notifier;
@@ -28,20 +29,31 @@ const SOURCES: [&str; 11] = [
     include_str!("kernels/delta.cu"),
     include_str!("kernels/moe.cu"),
     include_str!("kernels/moe_routed.cu"),
+    include_str!("kernels/mma.cuh"),
     include_str!("kernels/tensor.cu"),
-    include_str!("kernels/flash.cu"),
     include_str!("kernels/prep.cu"),
+];
+
+/// The sources of the attention module: the tensor-core attention of
+/// prefill chunks. Compiled beside the base module, not
+/// in it: it took the base module's compile from about 5.6 to 7.9 s (nvcc
+/// on the H100 host), the first start's longest wait.
+const ATTENTION_SOURCES: [&str; 3] = [
+    include_str!("kernels/common.cuh"),
+    include_str!("kernels/mma.cuh"),
+    include_str!("kernels/flash.cu"),
 ];
 
 /// The sources of a format module: the files that hold `FOR_FMT` kernels.
 /// (`elementwise.cu`, `attention.cu`, `delta.cu`, `flash.cu` and `prep.cu`
 /// hold none.)
-const FORMAT_SOURCES: [&str; 6] = [
+const FORMAT_SOURCES: [&str; 7] = [
     include_str!("kernels/common.cuh"),
     include_str!("kernels/matvec.cu"),
     include_str!("kernels/matvec_q.cu"),
     include_str!("kernels/moe.cu"),
     include_str!("kernels/moe_routed.cu"),
+    include_str!("kernels/mma.cuh"),
     include_str!("kernels/tensor.cu"),
 ];
 
@@ -53,11 +65,18 @@ pub const FORMAT_CODES: [i32; 9] = [0, 1, 2, 3, 4, 5, 3 + 8, 4 + 8, 5 + 8];
 /// `kernels/common.cuh`), each compiled as one module per format.
 const FORMAT_GROUPS: std::ops::Range<i32> = 0..7;
 
+/// The group of the attention module (`FG_ATTENTION` in
+/// `kernels/common.cuh`).
+const FG_ATTENTION: i32 = 8;
+
 /// One compiled module.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Module {
     /// Every kernel that does not depend on the weight format.
     Base,
+    /// The tensor-core attention kernels (`kernels/flash.cu`), which
+    /// need no format either.
+    Attention,
     /// The kernels of one group for one format code.
     Format { code: i32, group: i32 },
 }
@@ -66,6 +85,7 @@ impl Module {
     fn source(self) -> String {
         match self {
             Module::Base => SOURCES.concat(),
+            Module::Attention => ATTENTION_SOURCES.concat(),
             Module::Format { .. } => FORMAT_SOURCES.concat(),
         }
     }
@@ -73,6 +93,10 @@ impl Module {
     fn defines(self) -> Vec<String> {
         match self {
             Module::Base => vec!["-DMOEFLUX_FMT=-1".to_string()],
+            Module::Attention => vec![
+                "-DMOEFLUX_FMT=-1".to_string(),
+                format!("-DMOEFLUX_GROUP={FG_ATTENTION}"),
+            ],
             Module::Format { code, group } => vec![format!("-DMOEFLUX_FMT={code}"), format!("-DMOEFLUX_GROUP={group}")],
         }
     }
@@ -80,6 +104,7 @@ impl Module {
     fn label(self) -> String {
         match self {
             Module::Base => "base".to_string(),
+            Module::Attention => "attention".to_string(),
             Module::Format { code, group } => format!("fmt{code}-g{group}"),
         }
     }
@@ -156,7 +181,8 @@ pub fn module_images(
     let (vmaj, vmin) = nvrtc_version()?;
     let version = format!("nvrtc {vmaj}.{vmin}");
     let dir = cache_dir(kernel_cache);
-    let modules: Vec<Module> = std::iter::once(Module::Base)
+    let modules: Vec<Module> = [Module::Base, Module::Attention]
+        .into_iter()
         .chain(
             codes
                 .iter()

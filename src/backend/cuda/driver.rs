@@ -158,7 +158,7 @@ impl Gpu {
                 .map(|(_, &module)| module)
                 .collect()
         };
-        let base = BaseKernels::load(&of(&|m| m == Module::Base))?;
+        let base = BaseKernels::load(&of(&|m| m == Module::Base || m == Module::Attention))?;
         let formats = codes
             .iter()
             .map(|&c| {

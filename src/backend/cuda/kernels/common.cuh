@@ -163,6 +163,7 @@ __device__ __forceinline__ int seq_of(const Seqs& s, int r) {
 #define FG_TC 5                // gemm_tc, moe_up_tc, moe_down_tc
 #define FG_MATVEC_Q 6          // matvec_qt
 #define FG_BASE 7              // everything else
+#define FG_ATTENTION 8         // the attention module (flash.cu; cuda/compile.rs)
 #ifndef MOEFLUX_GROUP
 #define MOEFLUX_GROUP -1
 #endif
