@@ -221,4 +221,4 @@ __device__ __forceinline__ void flash_t(const float* q, float* out, const Seqs& 
     }
 FLASH_ATTENTION(flash_attention64, 64, 64)
 FLASH_ATTENTION(flash_attention128, 128, 64)
-FLASH_ATTENTION(flash_attention256, 256, 32)
+FLASH_ATTENTION(flash_attention256, 256, 16)
