@@ -9,7 +9,7 @@
 //! kernel (one block per head and row).
 
 use super::driver::{Gpu, MAX_GRID_Y};
-use super::mixers::Seqs;
+use super::seqs::Seqs;
 use crate::backend::AttnArgs;
 use crate::cuda_args;
 use crate::error::Result;

@@ -9,80 +9,12 @@ use super::buf::CudaBuf;
 use super::driver::{Gpu, MAX_GRID_Y, PDL_MAX_TOKENS};
 use super::flash;
 use super::ops::{grid_for, limit, ATT_MAX_DIM, ATT_THREADS};
+use super::seqs::{Seqs, MAX_SEQS};
 use crate::backend::seqs::check_segs;
 use crate::backend::{AttnArgs, DeltaArgs, RopeArgs, Rotary, Seg};
 use crate::cuda_args;
 use crate::error::{Error, Result};
 use std::sync::Arc;
-
-/// Most sequences in one launch (`MAX_SEQS` in kernels/common.cuh).
-pub(crate) const MAX_SEQS: usize = 16;
-
-/// The `Seqs` kernel argument (kernels/common.cuh): sequence i holds rows
-/// `off[i] .. off[i] + n[i]` at positions `pos0[i] ..`, with state
-/// buffers `a[i]` and `b[i]`.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct Seqs {
-    a: [u64; MAX_SEQS],
-    b: [u64; MAX_SEQS],
-    off: [i32; MAX_SEQS],
-    n: [i32; MAX_SEQS],
-    pos0: [i32; MAX_SEQS],
-    count: i32,
-}
-
-// The kernel's struct: 2 × 16 × 8 + 3 × 16 × 4 + 4 bytes, padded to 8.
-const _: () = assert!(std::mem::size_of::<Seqs>() == 456);
-
-impl Seqs {
-    /// The table of `parts` (state buffers, segment), rows counted from
-    /// `base`; at most `MAX_SEQS` parts.
-    fn new(parts: &[((u64, u64), Seg)], base: usize) -> Seqs {
-        let mut t = Seqs {
-            count: parts.len() as i32,
-            ..Seqs::default()
-        };
-        for (i, &((a, b), s)) in parts.iter().enumerate() {
-            t.a[i] = a;
-            t.b[i] = b;
-            t.off[i] = (s.off - base) as i32;
-            t.n[i] = s.n as i32;
-            t.pos0[i] = s.pos0 as i32;
-        }
-        t
-    }
-
-    fn most_rows(&self) -> usize {
-        self.n.iter().copied().max().unwrap_or(0).max(0) as usize
-    }
-
-    /// The sequences of at least `rows` rows, and the others (rows still
-    /// counted from the same base).
-    fn split(&self, rows: usize) -> (Seqs, Seqs) {
-        let (mut big, mut small) = (Seqs::default(), Seqs::default());
-        for i in 0..self.count as usize {
-            let to = if self.n[i] as usize >= rows {
-                &mut big
-            } else {
-                &mut small
-            };
-            let j = to.count as usize;
-            (to.a[j], to.b[j], to.off[j], to.n[j], to.pos0[j]) =
-                (self.a[i], self.b[i], self.off[i], self.n[i], self.pos0[i]);
-            to.count += 1;
-        }
-        (big, small)
-    }
-
-    /// Tiles of `rows` rows, sequence after sequence.
-    pub(crate) fn tiles(&self, rows: usize) -> usize {
-        self.n[..self.count as usize]
-            .iter()
-            .map(|&n| (n as usize).div_ceil(rows))
-            .sum()
-    }
-}
 
 pub(crate) fn rope(gpu: &Gpu, x: &mut CudaBuf, inv_freq: &CudaBuf, a: RopeArgs) -> Result<()> {
     if a.n_tokens == 0 || a.n_heads == 0 || a.rot_dim < 2 {
@@ -137,8 +69,8 @@ fn attend(gpu: &Gpu, q0: u64, o0: u64, t: &Seqs, rows: usize, a: &AttnArgs) -> R
     let mut t = *t;
     if flash::takes(gpu, a) {
         let (big, small) = t.split(flash::MIN_ROWS);
-        if big.count > 0 && flash::attend(gpu, q0, o0, &big, a)? {
-            if small.count == 0 {
+        if !big.is_empty() && flash::attend(gpu, q0, o0, &big, a)? {
+            if small.is_empty() {
                 return Ok(());
             }
             t = small;

@@ -24,6 +24,7 @@ mod moe;
 mod moe_groups;
 mod ops;
 mod probe;
+mod seqs;
 mod tensor;
 
 pub use buf::CudaBuf;
