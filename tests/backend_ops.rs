@@ -268,6 +268,20 @@ pub fn check_rope<B: Backend>(b: &B) {
     }
 }
 
+/// Attention of `n` queries at `pos0..` over (query, KV) heads of
+/// (head_dim, v_dim) dimensions, scaled by 1/√head_dim.
+pub fn attn_args(n: usize, pos0: usize, (h, hkv): (usize, usize), (hd, vd): (usize, usize)) -> AttnArgs {
+    AttnArgs {
+        n,
+        pos0,
+        n_heads: h,
+        n_kv_heads: hkv,
+        head_dim: hd,
+        v_dim: vd,
+        scale: (hd as f32).powf(-0.5),
+    }
+}
+
 pub fn check_attention<B: Backend>(b: &B) {
     let mut rng = Rng::new(6);
     for (n, pos0, h, hkv, hd, vd) in [
@@ -280,15 +294,7 @@ pub fn check_attention<B: Backend>(b: &B) {
         let q = rng.vec(n * h * hd, 2.0);
         let k = rng.vec(cap * hkv * hd, 2.0);
         let v = rng.vec(cap * hkv * vd, 1.0);
-        let a = AttnArgs {
-            n,
-            pos0,
-            n_heads: h,
-            n_kv_heads: hkv,
-            head_dim: hd,
-            v_dim: vd,
-            scale: (hd as f32).powf(-0.5),
-        };
+        let a = attn_args(n, pos0, (h, hkv), (hd, vd));
         let mut out = b.alloc(n * h * vd).expect("alloc");
         b.attention(&up(b, &q), &up(b, &k), &up(b, &v), a, &mut out)
             .expect("attention");

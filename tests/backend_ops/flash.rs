@@ -7,10 +7,11 @@
 //! the f32 kernel's bits.
 
 use super::reference;
+use super::seqs::segs;
 use super::util::{close, Rng};
-use super::{run, up};
+use super::{attn_args, run, up};
 use moeflux::backend::cuda::CudaBackend;
-use moeflux::backend::{AttnArgs, AttnSeqs, Backend, Rotary, Seg};
+use moeflux::backend::{AttnArgs, AttnSeqs, Backend, Rotary};
 
 /// The op tolerance of the tiled attention (about 2^-16 per product).
 const FA_TOL: f64 = 3e-5;
@@ -36,15 +37,7 @@ pub fn check_attention_tc(b: &CudaBackend, exact: &CudaBackend) {
         let q = rng.vec(n * h * d, 2.0);
         let k = rng.vec(cap * hkv * d, 2.0);
         let v = rng.vec(cap * hkv * d, 1.0);
-        let a = AttnArgs {
-            n,
-            pos0,
-            n_heads: h,
-            n_kv_heads: hkv,
-            head_dim: d,
-            v_dim: d,
-            scale: (d as f32).powf(-0.5),
-        };
+        let a = attn_args(n, pos0, (h, hkv), (d, d));
         let attend = |be: &CudaBackend| {
             let mut out = be.alloc(n * h * d).expect("alloc");
             be.attention(&up(be, &q), &up(be, &k), &up(be, &v), a, &mut out)
@@ -65,16 +58,7 @@ pub fn check_attention_tc(b: &CudaBackend, exact: &CudaBackend) {
 fn check_mixed(b: &CudaBackend, exact: &CudaBackend, rng: &mut Rng) {
     let (h, kv, d) = (8, 2, 128);
     let (ns, pos) = ([1usize, 70, 2, 33], [9usize, 0, 4, 50]);
-    let mut off = 0;
-    let segs: Vec<Seg> = ns
-        .iter()
-        .zip(pos)
-        .map(|(&n, pos0)| {
-            let s = Seg { off, n, pos0 };
-            off += n;
-            s
-        })
-        .collect();
+    let segs = segs(&ns, &pos);
     let n: usize = ns.iter().sum();
     let (qw, kw) = (h * d, kv * d);
     let (q, k, v) = (rng.vec(n * qw, 2.0), rng.vec(n * kw, 2.0), rng.vec(n * kw, 1.0));
@@ -85,15 +69,7 @@ fn check_mixed(b: &CudaBackend, exact: &CudaBackend, rng: &mut Rng) {
             (rng.vec(cap * kw, 2.0), rng.vec(cap * kw, 1.0))
         })
         .collect();
-    let attn = AttnArgs {
-        n,
-        pos0: 0,
-        n_heads: h,
-        n_kv_heads: kv,
-        head_dim: d,
-        v_dim: d,
-        scale: (d as f32).powf(-0.5),
-    };
+    let attn = attn_args(n, 0, (h, kv), (d, d));
     let attend = |be: &CudaBackend| {
         let (mut qb, mut kb, vb, fb) = (up(be, &q), up(be, &k), up(be, &v), up(be, &[0.0]));
         let mut bufs: Vec<_> = caches0.iter().map(|(kc, vc)| (up(be, kc), up(be, vc))).collect();

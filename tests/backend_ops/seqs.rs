@@ -5,11 +5,11 @@
 
 use super::reference;
 use super::util::{close, Rng};
-use super::{run, up};
+use super::{attn_args, run, up};
 use moeflux::backend::{AttnArgs, AttnSeqs, Backend, DeltaArgs, DeltaWeights, RopeArgs, Rotary, Seg};
 
 /// Segments of `ns` tokens, in row order, at the given positions.
-fn segs(ns: &[usize], pos: &[usize]) -> Vec<Seg> {
+pub fn segs(ns: &[usize], pos: &[usize]) -> Vec<Seg> {
     let mut off = 0;
     ns.iter()
         .zip(pos)
@@ -59,15 +59,7 @@ pub fn check_attention_seqs<B: Backend>(b: &B) {
             interleaved: il,
             mscale: 1.0,
         };
-        let attn = AttnArgs {
-            n,
-            pos0: 0,
-            n_heads: h,
-            n_kv_heads: kv,
-            head_dim: hd,
-            v_dim: hd,
-            scale: (hd as f32).powf(-0.5),
-        };
+        let attn = attn_args(n, 0, (h, kv), (hd, hd));
         let (mut qb, mut kb, vb, fb) = (up(b, &q), up(b, &k), up(b, &v), up(b, &inv_freq));
         let mut out = b.alloc(n * qw).expect("alloc");
         let x = AttnSeqs {

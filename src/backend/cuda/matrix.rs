@@ -417,9 +417,13 @@ impl CudaMatrix {
                 None => sets.push((key, vec![(w, yp)])),
             }
         }
+        if sets.is_empty() {
+            return Ok(());
+        }
+        let xp = x.read(gpu)?;
         for (_, set) in &sets {
             for chunk in set.chunks(MQ_SET) {
-                CudaMatrix::launch_staged(gpu, chunk, x.read(gpu)?, 0, n)?;
+                CudaMatrix::launch_staged(gpu, chunk, xp, 0, n)?;
             }
         }
         Ok(())

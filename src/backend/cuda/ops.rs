@@ -23,11 +23,15 @@ pub(crate) fn limit(what: &str, value: usize, max: usize) -> Result<()> {
     Ok(())
 }
 
-/// Rows per block of `rms_norm_rows` (`NORM_ROWS` in kernels/elementwise.cu).
+/// Values a thread of the norm kernels keeps in registers (`NORM_PER` in
+/// kernels/elementwise.cu).
+const NORM_PER: usize = 16;
+/// Rows per block of `rms_norm_rows` (`NORM_ROWS`).
 const NORM_ROWS: usize = 8;
-/// The longest row `rms_norm_rows` takes (`NORM_ROW_MAX`: 32 lanes ×
-/// `NORM_PER` values).
-const NORM_ROW_MAX: usize = 32 * 16;
+/// The longest row `rms_norm_rows` takes (`NORM_ROW_MAX`: a warp's 32
+/// lanes × NORM_PER values); longer rows take `rms_norm`, a block of 256
+/// threads per row.
+const NORM_ROW_MAX: usize = 32 * NORM_PER;
 
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn rms_norm(
@@ -106,11 +110,10 @@ fn launch_norm(
             cuda_args![xp, rp, wp, zp, yp, r, d, eps],
         );
     }
-    let block = (dim.div_ceil(32) * 32).clamp(32, 256) as u32;
     gpu.launch(
         gpu.k.rms_norm,
         (rows as u32, 1, 1),
-        block,
+        256,
         0,
         cuda_args![xp, rp, wp, zp, yp, d, eps],
     )

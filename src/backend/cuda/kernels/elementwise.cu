@@ -2,7 +2,8 @@
 
 #define NORM_PER 16  // values a thread keeps in registers (dim ≤ 16 · block)
 
-// y[r] = x[r] / sqrt(mean(x[r]²) + eps) · w, one block per row; with `z`
+// y[r] = x[r] / sqrt(mean(x[r]²) + eps) · w, one block per row (rows of
+// more than NORM_ROW_MAX values; `rms_norm_rows` takes the others); with `z`
 // (not null) the gated form, times silu(z[r]). With `res` (not null), x is
 // the residual stream and first takes x[r] += res[r] (the `add` kernel's
 // sum): a block's residual add and the next norm in one launch. Each
