@@ -6,9 +6,16 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 K=src/backend/cuda/kernels
 tmp=$(mktemp -d)
-cat $K/common.cuh $K/matvec.cu $K/elementwise.cu $K/attention.cu $K/delta.cu $K/moe.cu $K/tensor.cu $K/prep.cu >"$tmp/all.cu"
-clang-14 -x cuda --cuda-gpu-arch=sm_80 -nocudainc -nocudalib --cuda-device-only \
-    -Xclang -target-feature -Xclang +ptx70 -O2 -S \
-    -include tools/device/clang_shim.h "$tmp/all.cu" -o "$tmp/all.ptx"
-echo "kernels OK: $(grep -c '^.visible .entry' "$tmp/all.ptx") entries"
+check() {
+    local out=$1
+    shift
+    (cd $K && cat "$@") >"$tmp/$out.cu"
+    clang-14 -x cuda --cuda-gpu-arch=sm_80 -nocudainc -nocudalib --cuda-device-only \
+        -Xclang -target-feature -Xclang +ptx70 -O2 -S \
+        -include tools/device/clang_shim.h "$tmp/$out.cu" -o "$tmp/$out.ptx"
+}
+# The modules of cuda/compile.rs: the base module, the attention module.
+check all common.cuh matvec.cu matvec_q.cu elementwise.cu attention.cu delta.cu moe.cu moe_routed.cu mma.cuh tensor.cu prep.cu
+check attention common.cuh mma.cuh flash.cu
+echo "kernels OK: $(cat "$tmp"/*.ptx | grep -c '^.visible .entry') entries"
 rm -rf "$tmp"

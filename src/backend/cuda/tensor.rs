@@ -136,6 +136,13 @@ pub(crate) fn to_half(
         Format::Q8 => (Some(gs_shift), 4),
         _ => (None, 1i32),
     };
+    // The kernels address a row's columns by 32-bit element offsets.
+    if total.checked_mul(cols).is_none_or(|e| e > u32::MAX as usize) {
+        return Err(Error::Invalid(format!(
+            "to_half: {total} rows of {cols} columns exceed the tensor-core kernels' 32-bit offsets; \
+             use a shorter prefill chunk"
+        )));
+    }
     let part = total * cols * 2;
     let groups = gs_shift.map_or(0, |g| cols >> g);
     let mem = DevMem::new(gpu, 2 * part + total * 4 + total * groups * 4)?;

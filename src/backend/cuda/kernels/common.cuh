@@ -108,10 +108,11 @@ __device__ __forceinline__ void cp_async16s(u32 d, const void* src) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
 }
 
-// 16 zero bytes at a shared-window address.
-__device__ __forceinline__ void st_zero16(u32 d) {
-    asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};" ::"r"(d), "r"(0) : "memory");
+// cp.async of 4 bytes to a shared-window address.
+__device__ __forceinline__ void cp_async4s(u32 d, const void* src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(d), "l"(src) : "memory");
 }
+
 #endif
 
 __device__ __forceinline__ void cp_async4(void* dst, const void* src) {

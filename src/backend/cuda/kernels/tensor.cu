@@ -85,15 +85,25 @@ __device__ __forceinline__ u32 half2_of(float lo, float hi) {
     return r;
 }
 
-// Levels q (< 1024) in the low 10 bits of each half of w, as f16x2:
-// (1024 + q) − 1024, exact.
+// Levels q (< 1024) in the low 10 bits of each half of `w & M2` (M2: a
+// format's level mask in both halves), as f16x2: (1024 + q) − 1024,
+// exact; the mask and the exponent bits in one lop3 ((a & b) | c).
+template <u32 M2>
 __device__ __forceinline__ u32 levels_h2(u32 w) {
-    u32 r;
-    asm("sub.f16x2 %0, %1, %2;" : "=r"(r) : "r"(w | 0x64006400u), "r"(0x64006400u));
+    u32 m, r;
+    asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(m) : "r"(w), "n"(M2), "n"(0x64006400u));
+    asm("sub.f16x2 %0, %1, %2;" : "=r"(r) : "r"(m), "r"(0x64006400u));
     return r;
 }
 
-
+// Byte strides of TcSmem<BN>'s parts: one buffer of weights, one of an
+// activation part, the lo parts after the hi ones, one buffer of group
+// sums; and the bytes of 16 shared rows.
+#define TC_ABUF (TC_BM * TC_LD * 2)
+#define TC_XBUF(BN) ((BN) * TC_LD * 2)
+#define TC_LOFF(BN) (2 * TC_XBUF(BN))
+#define TC_SBUF(BN) ((BN) * TC_GPS * 4)
+#define TC_ROWS16 (16 * TC_LD * 2)
 
 // How a format's weights are loaded: 16-byte chunks of EPC elements, CPR
 // of them per row per step, PER per thread (thread t takes chunks t,
@@ -129,8 +139,8 @@ __device__ __forceinline__ void tc_load_w(TcW<FMT>& w, int k0, int gs_shift) {
             const int e0 = k0 + part * F::EPC;  // first element of the chunk
             w.v[i] = __ldg((const uint4*)w.row[i].w + e0 / F::EPC);
             if (F::BITS) {
-                w.s[i] = w.row[i].s[e0 >> gs_shift];
-                w.b[i] = w.row[i].b[e0 >> gs_shift];
+                w.s[i] = __ldg(w.row[i].s + (e0 >> gs_shift));
+                w.b[i] = __ldg(w.row[i].b + (e0 >> gs_shift));
             }
         } else {
             w.v[i] = u4(0u, 0u, 0u, 0u);
@@ -165,7 +175,7 @@ __device__ __forceinline__ void tc_store_w(const TcW<FMT>& w, TcSmem<BN>& sm, in
 #pragma unroll
             for (int e = 0; e < F::EPC / 2; e++) {
                 const int q = e / (EPW / 2), j = e % (EPW / 2);
-                h[e] = levels_h2((wd[q] >> (F::BITS * j)) & M2);
+                h[e] = levels_h2<M2>(wd[q] >> (F::BITS * j));
             }
 #pragma unroll
             for (int j = 0; j < F::EPC / 8; j++)
@@ -185,40 +195,66 @@ __device__ __forceinline__ void tc_store_w(const TcW<FMT>& w, TcSmem<BN>& sm, in
     }
 }
 
-// This thread's activation chunks of a step into buffer `buf` by
-// cp.async: hi and lo parts of tokens t/8 + 16·i (16 bytes each, column
-// part t % 8; xo[i]: the chunk's element offset in hx at column 0, −1 for
-// a token past the tile's end, whose chunks are zeroed); threads 0..BN−1
-// copy their token's group sums (quantized weights). The tokens t/8 +
-// 16·i share their row's swizzle (16 rows apart), so one shared address
-// per part serves them all.
+// A thread's addresses in a tile, formed once: the element offsets in hx
+// of its activation chunks (tokens t/8 + 16·i, column part t % 8, at
+// column 0; a token past the tile's end reads a live token's row: its
+// products land in columns nobody reads), the offset of its token's group
+// sums (threads t < BN: token t), and shared-window addresses in buffer 0:
+// where its chunks and sums go (cp.async), and the rows its lane gives
+// ldmatrix (A: weight row warp·16 + lane % 16; B: token (lane % 8) +
+// 8·(lane / 16), hi part), each at its 16-byte chunk of step column 0 as
+// swz places it. Shared rows are 128 bytes on a 128-byte boundary, so
+// logical chunk c of a row is that address XOR 16·c (c even, as the
+// lane's own chunk is 0 or 1).
 template <int BN>
-__device__ __forceinline__ void tc_load_x(const HalfRows& hx, const i64 (&xo)[BN / 16], int tsum, int k0, int cols,
-                                          int gs_shift, bool quant, TcSmem<BN>& sm, int buf) {
-    const int part = threadIdx.x & 7, j0 = threadIdx.x >> 3;
-    const u32 ROWS16 = 16 * TC_LD * 2;
-    const u32 dh = smem_addr(sm.in.bh[buf][j0]) + (swz(j0, part) << 4);
-    const u32 dl = smem_addr(sm.in.bl[buf][j0]) + (swz(j0, part) << 4);
+struct TcAddr {
+    u32 xo[BN / 16];
+    u32 so;
+    u32 xd, sd, a, b;
+};
+
+// This thread's TcAddr for a tile whose token j reads row src(j) of the
+// input (j < live), over `cols` columns in groups of 1 << gs_shift.
+template <int BN, class Src>
+__device__ __forceinline__ void tc_addr(const TcSmem<BN>& sm, int live, Src src, int cols, int gs_shift,
+                                        TcAddr<BN>& ad) {
+    const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
 #pragma unroll
     for (int i = 0; i < BN / 16; i++) {
-        if (xo[i] >= 0) {
-            cp_async16s(dh + i * ROWS16, hx.hi + xo[i] + k0);
-            cp_async16s(dl + i * ROWS16, hx.lo + xo[i] + k0);
-        } else {
-            st_zero16(dh + i * ROWS16);
-            st_zero16(dl + i * ROWS16);
+        const int j = (t >> 3) + 16 * i;
+        ad.xo[i] = (u32)src(j < live ? j : 0) * (u32)cols + (t & 7) * 8;
+    }
+    ad.so = (u32)src(t < live ? t : 0) * (u32)(cols >> gs_shift);
+    const int j0 = t >> 3;
+    ad.xd = smem_addr(sm.in.bh[0][j0]) + (swz(j0, t & 7) << 4);
+    ad.sd = smem_addr(&sm.in.xs[0][t < BN ? t : 0][0]);
+    const int ar = warp * 16 + (lane & 15), bt = (lane & 7) + ((lane >> 4) << 3);
+    ad.a = smem_addr(sm.in.a[0][ar]) + (swz(ar, lane >> 4) << 4);
+    ad.b = smem_addr(sm.in.bh[0][bt]) + (swz(bt, (lane >> 3) & 1) << 4);
+}
+
+// This thread's activation chunks of a step into buffer `buf` by
+// cp.async: hi and lo parts of its tokens in the tile's first `live`
+// (rounded up to 16); threads 0..BN−1 copy their token's group sums
+// (quantized weights).
+template <int BN>
+__device__ __forceinline__ void tc_load_x(const HalfRows& hx, const TcAddr<BN>& ad, int live, int k0, int gs_shift,
+                                          bool quant, int buf) {
+    const u32 d = ad.xd + buf * TC_XBUF(BN);
+#pragma unroll
+    for (int i = 0; i < BN / 16; i++) {
+        if (i * 16 < live) {
+            const u32 e = ad.xo[i] + k0;
+            cp_async16s(d + i * TC_ROWS16, hx.hi + e);
+            cp_async16s(d + TC_LOFF(BN) + i * TC_ROWS16, hx.lo + e);
         }
     }
     if (quant && threadIdx.x < BN) {
         const int groups = max(1, TC_BK >> gs_shift);
-        for (int gi = 0; gi < groups; gi++) {
-            float* d = &sm.in.xs[buf][threadIdx.x][gi];
-            if (tsum >= 0) {
-                cp_async4(d, hx.sum + (i64)tsum * (cols >> gs_shift) + (k0 >> gs_shift) + gi);
-            } else {
-                *d = 0.0f;
-            }
-        }
+        const u32 g0 = ad.so + (k0 >> gs_shift), sd = ad.sd + buf * TC_SBUF(BN);
+#pragma unroll
+        for (int gi = 0; gi < TC_GPS; gi++)
+            if (gi < groups) cp_async4s(sd + gi * 4, hx.sum + g0 + gi);
     }
 }
 
@@ -227,33 +263,25 @@ __device__ __forceinline__ void tc_load_x(const HalfRows& hx, const i64 (&xo)[BN
 // tile][4]; for quantized weights, at the end of each group, tot = (tot +
 // b·Σx) + s·g in two fused multiply-adds and g restarts at zero (else tot
 // is taken from g at the end).
-// The ldmatrix rows are addressed in the shared window as 32-bit byte
-// offsets, formed once per step: a thread's rows stay the same, and the
-// chunk of 16-byte step kk/8 (even) is its chunk of step 0 XOR kk/8, as
-// swz places it.
 template <bool QUANT, int BN>
-__device__ __forceinline__ void tc_mma(const TcSmem<BN>& sm, int buf, int live, int k0, int gs_shift,
-                                       float (&g)[BN / 8][4], float (&tot)[BN / 8][4]) {
+__device__ __forceinline__ void tc_mma(const TcSmem<BN>& sm, const TcAddr<BN>& ad, int buf, int live, int k0,
+                                       int gs_shift, float (&g)[BN / 8][4], float (&tot)[BN / 8][4]) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int ar = warp * 16 + (lane & 15);         // the A row this lane addresses
-    const int bt = (lane & 7) + ((lane >> 4) << 3);  // and its B row (token) in each 16
-    const u32 a0 = smem_addr(sm.in.a[buf][ar]);
-    const u32 h0 = smem_addr(sm.in.bh[buf][bt]), l0 = smem_addr(sm.in.bl[buf][bt]);
-    const int ac = (lane >> 4) ^ (ar & 7), bc = ((lane >> 3) & 1) ^ (lane & 7);
-    const u32 ROWS16 = 16 * TC_LD * 2;  // bytes of 16 shared rows
+    const u32 a = ad.a + buf * TC_ABUF, b = ad.b + buf * TC_XBUF(BN);
 #pragma unroll
     for (int kk = 0; kk < TC_BK; kk += 16) {
+        // Logical chunk kk/8 (even): the address XOR 16·kk/8.
+        const u32 ak = a ^ (kk << 1), bk = b ^ (kk << 1);
         u32 af[4];
-        ldsm4(a0 + (((kk >> 3) ^ ac) << 4), af[0], af[1], af[2], af[3]);
-        const u32 bo = ((kk >> 3) ^ bc) << 4;
+        ldsm4(ak, af[0], af[1], af[2], af[3]);
 #pragma unroll
         for (int np = 0; np < BN / 16; np++) {
             if (np * 16 < live) {
                 u32 b0, b1, b2, b3;
-                ldsm4(h0 + np * ROWS16 + bo, b0, b1, b2, b3);
+                ldsm4(bk + np * TC_ROWS16, b0, b1, b2, b3);
                 mma16816(g[2 * np], af, b0, b1);
                 mma16816(g[2 * np + 1], af, b2, b3);
-                ldsm4(l0 + np * ROWS16 + bo, b0, b1, b2, b3);
+                ldsm4(bk + TC_LOFF(BN) + np * TC_ROWS16, b0, b1, b2, b3);
                 mma16816(g[2 * np], af, b0, b1);
                 mma16816(g[2 * np + 1], af, b2, b3);
             }
@@ -281,13 +309,13 @@ __device__ __forceinline__ void tc_mma(const TcSmem<BN>& sm, int buf, int live, 
 }
 
 // One tile: the block's TC_BM weight rows (w.row, loaded per thread) times
-// its first `live` tokens (xr: this thread's 4 token rows of hx, −1 past
-// the end; tsum: the row of thread t < BN's token t, −1 past the end)
-// over `cols` columns, left in sm.c[token][row] (still scaled by each
-// token's 2^e), with a barrier before and after.
-template <int FMT, bool F16S, int BN>
-__device__ __forceinline__ void tc_tile(TcW<FMT>& w, const HalfRows& hx, const i64 (&xr)[BN / 16], int tsum,
-                                        int live, int cols, int gs_shift, TcSmem<BN>& sm, int kb = 0, int ke = -1) {
+// its first `live` tokens (token j: row src(j) of hx) over `cols`
+// columns, left in sm.c[token][row] (still scaled by each token's 2^e;
+// columns of tokens past `live` hold products nobody may read), with a
+// barrier before and after.
+template <int FMT, bool F16S, int BN, class Src>
+__device__ __forceinline__ void tc_tile(TcW<FMT>& w, const HalfRows& hx, Src src, int live, int cols, int gs_shift,
+                                        TcSmem<BN>& sm, int kb = 0, int ke = -1) {
     const bool QUANT = Fmt<FMT>::BITS != 0;
     float g[BN / 8][4], tot[BN / 8][4];
 #pragma unroll
@@ -296,11 +324,10 @@ __device__ __forceinline__ void tc_tile(TcW<FMT>& w, const HalfRows& hx, const i
         for (int j = 0; j < 4; j++) g[i][j] = tot[i][j] = 0.0f;
     // Columns kb .. ke (a whole number of steps; all of them by default).
     const int steps = ((ke < 0 ? cols : ke) - kb) / TC_BK;
-    i64 xo[BN / 16];
-#pragma unroll
-    for (int i = 0; i < BN / 16; i++) xo[i] = xr[i] >= 0 ? xr[i] * cols + (threadIdx.x & 7) * 8 : -1;
+    TcAddr<BN> ad;
+    tc_addr<BN>(sm, live, src, cols, gs_shift, ad);
     tc_load_w<FMT>(w, kb, gs_shift);
-    tc_load_x<BN>(hx, xo, tsum, kb, cols, gs_shift, QUANT, sm, 0);
+    tc_load_x<BN>(hx, ad, live, kb, gs_shift, QUANT, 0);
     tc_store_w<FMT, F16S, BN>(w, sm, 0, gs_shift);
     cp_async_wait();
     __syncthreads();
@@ -308,10 +335,10 @@ __device__ __forceinline__ void tc_tile(TcW<FMT>& w, const HalfRows& hx, const i
         const int cur = s & 1;
         const bool more = s + 1 < steps;
         if (more) {
-            tc_load_x<BN>(hx, xo, tsum, kb + (s + 1) * TC_BK, cols, gs_shift, QUANT, sm, cur ^ 1);
+            tc_load_x<BN>(hx, ad, live, kb + (s + 1) * TC_BK, gs_shift, QUANT, cur ^ 1);
             tc_load_w<FMT>(w, kb + (s + 1) * TC_BK, gs_shift);
         }
-        tc_mma<QUANT, BN>(sm, cur, live, kb + s * TC_BK, gs_shift, g, tot);
+        tc_mma<QUANT, BN>(sm, ad, cur, live, kb + s * TC_BK, gs_shift, g, tot);
         if (more) tc_store_w<FMT, F16S, BN>(w, sm, cur ^ 1, gs_shift);
         cp_async_wait();
         __syncthreads();
@@ -328,19 +355,6 @@ __device__ __forceinline__ void tc_tile(TcW<FMT>& w, const HalfRows& hx, const i
         sm.c[t + 1][row + 8] = v[3];
     }
     __syncthreads();
-}
-
-// This thread's token rows of a tile whose token j reads row src(j) of the
-// input (j < live; −1 past the end): xr for its activation chunks, tsum
-// for the group sums it copies.
-template <int BN, class Src>
-__device__ __forceinline__ void tc_x_rows(int live, Src src, i64 (&xr)[BN / 16], int& tsum) {
-#pragma unroll
-    for (int i = 0; i < BN / 16; i++) {
-        const int j = (threadIdx.x >> 3) + 16 * i;
-        xr[i] = j < live ? (i64)src(j) : -1;
-    }
-    tsum = (int)threadIdx.x < live ? src(threadIdx.x) : -1;
 }
 
 // Block (bx, by, bz) of a gemm_tc launch: matrix i of the set whose range
@@ -369,20 +383,17 @@ __device__ __forceinline__ void gemm_tc_t(const MatSet& set, const HalfRows& hx,
         w.row[i] = mat_row(m, w.live[i] ? r : 0);
     }
     const int live = min(BN, n - tok0);
-    i64 xr[BN / 16];
-    int tsum;
-    tc_x_rows<BN>(live, [&](int j) { return tok0 + j; }, xr, tsum);
     const int steps = m.cols / TC_BK, per = (steps + gridDim.z - 1) / gridDim.z;
     const int kb = min(steps, (int)blockIdx.z * per) * TC_BK, ke = min(steps, ((int)blockIdx.z + 1) * per) * TC_BK;
     float* out = gridDim.z == 1 ? y : ws + ((i64)blockIdx.z * n) * rall + roff;
     const i64 stride = gridDim.z == 1 ? m.rows : rall;
     // A part past the last column (the host gives none) adds zeros.
-    if (kb < ke) tc_tile<FMT, F16S, BN>(w, hx, xr, tsum, live, m.cols, m.gs_shift, sm, kb, ke);
+    if (kb < ke) tc_tile<FMT, F16S, BN>(w, hx, [&](int j) { return tok0 + j; }, live, m.cols, m.gs_shift, sm, kb, ke);
     // Each token's TC_BM rows are contiguous: a warp writes 32 of them.
     for (int i = threadIdx.x; i < BN * TC_BM; i += TC_THREADS) {
         const int j = i / TC_BM, r = i % TC_BM;
-        const float v = kb < ke ? sm.c[j][r] * hx.inv[tok0 + j] : 0.0f;
-        if (j < live && row0 + r < m.rows) out[(i64)(tok0 + j) * stride + row0 + r] = v;
+        if (j < live && row0 + r < m.rows)
+            out[(i64)(tok0 + j) * stride + row0 + r] = kb < ke ? sm.c[j][r] * hx.inv[tok0 + j] : 0.0f;
     }
 }
 
@@ -406,10 +417,8 @@ __device__ __forceinline__ void moe_up_tc_t(const ELayout& L, const HalfRows& hx
     }
     for (int i0 = 0; i0 < G.count; i0 += BN) {
         const int live = min(BN, G.count - i0);
-        i64 xr[BN / 16];
-        int tsum;
-        tc_x_rows<BN>(live, [&](int j) { return group_pair(G, pairs, i0 + j) / k; }, xr, tsum);
-        tc_tile<FMT, F16S, BN>(w, hx, xr, tsum, live, hidden, L.gs_shift, sm);
+        tc_tile<FMT, F16S, BN>(w, hx, [&](int j) { return group_pair(G, pairs, i0 + j) / k; }, live, hidden,
+                               L.gs_shift, sm);
         for (int i = threadIdx.x; i < BN * HB; i += TC_THREADS) {
             const int j = i / HB, r = i % HB;
             if (j < live && r0 + r < inter) {
@@ -439,10 +448,8 @@ __device__ __forceinline__ void moe_down_tc_t(const ELayout& L, const HalfRows& 
     }
     for (int i0 = 0; i0 < G.count; i0 += BN) {
         const int live = min(BN, G.count - i0);
-        i64 xr[BN / 16];
-        int tsum;
-        tc_x_rows<BN>(live, [&](int j) { return group_pair(G, pairs, i0 + j); }, xr, tsum);
-        tc_tile<FMT, F16S, BN>(w, hx, xr, tsum, live, inter, L.gs_shift, sm);
+        tc_tile<FMT, F16S, BN>(w, hx, [&](int j) { return group_pair(G, pairs, i0 + j); }, live, inter, L.gs_shift,
+                               sm);
         for (int i = threadIdx.x; i < BN * TC_BM; i += TC_THREADS) {
             const int j = i / TC_BM, r = i % TC_BM;
             if (j < live && r0 + r < hidden) {
@@ -455,7 +462,7 @@ __device__ __forceinline__ void moe_down_tc_t(const ELayout& L, const HalfRows& 
 }
 
 #define TC_CALL(call) call
-#define TC_SMEM(BN) extern __shared__ __align__(16) char tc_smem[]; TcSmem<BN>& sm = *(TcSmem<BN>*)tc_smem
+#define TC_SMEM(BN) extern __shared__ __align__(128) char tc_smem[]; TcSmem<BN>& sm = *(TcSmem<BN>*)tc_smem
 #else
 // Below compute capability 8.0 the kernels exist but do nothing; the host
 // never launches them there (cuda/tensor.rs).
