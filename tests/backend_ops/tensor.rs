@@ -91,6 +91,8 @@ pub fn check_linear_tc(b: &CudaBackend, exact: &CudaBackend) {
         (4, 64, 2100, 512, false, true),
         (8, 32, 520, 4096, true, true),
         (2, 128, 8192, 256, false, true),
+        // Parts of one step each, were groups not kept whole.
+        (4, 128, 512, 1024, false, true),
         (4, 64, 300, 512, false, false),
     ] {
         let (view, dense) = quant_matrix(&mut rng, rows, cols, bits, gs, f16);

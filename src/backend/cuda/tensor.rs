@@ -200,22 +200,29 @@ pub(crate) fn gemm(gpu: &Arc<Gpu>, set: &[(MatArg, u64)], x: u64, n: usize) -> R
     // A decode step: one 16-token tile per 64 rows, the columns split into
     // parts until there are two blocks per SM, the parts added in order.
     let steps = m0.cols as usize / TC_BK;
-    // (Every part at least one step: the kernel's per = ⌈steps/parts⌉.)
-    let per = steps.div_ceil((2 * gpu.sms / blocks.max(1)).clamp(1, steps.max(1)));
+    // (Every part at least one step: the kernel's per = ⌈steps/parts⌉;
+    // and whole quantization groups, which a part scales at their ends.)
+    let group_steps = match format_of(m0.fmt) {
+        Format::Q2 | Format::Q4 | Format::Q8 => ((1usize << m0.gs_shift) / TC_BK).max(1),
+        _ => 1,
+    };
+    let per = steps
+        .div_ceil((2 * gpu.sms / blocks.max(1)).clamp(1, steps.max(1)))
+        .next_multiple_of(group_steps);
     let parts = steps.div_ceil(per.max(1)).max(1);
     let rall: usize = set.iter().map(|(m, _)| m.rows as usize).sum();
     let ws = match parts > 1 {
         true => Some(DevMem::new(gpu, parts * n * rall * 4)?),
         false => None,
     };
-    let wp = ws.as_ref().map_or(0, |w| w.ptr());
+    let (wp, pp) = (ws.as_ref().map_or(0, |w| w.ptr()), per as i32);
     let grid = (blocks as u32, 1, parts as u32);
     gpu.launch(
         f.gemm_tc16,
         grid,
         TC_THREADS,
         smem_bytes(16),
-        cuda_args![arg, ha, nn, wp],
+        cuda_args![arg, ha, nn, wp, pp],
     )?;
     if parts > 1 {
         let np = parts as i32;

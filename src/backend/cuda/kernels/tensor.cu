@@ -258,54 +258,80 @@ __device__ __forceinline__ void tc_load_x(const HalfRows& hx, const TcAddr<BN>& 
     }
 }
 
+// One 16-column slice kk of a step's products: the warp's 16 rows × the
+// first NB 16-token blocks, hi and lo parts, into g[n8 tile][4]; FRESH:
+// the slice opens a quantization group, and its first products start from
+// zero instead of adding to g.
+template <bool FRESH, int BN, int NB>
+__device__ __forceinline__ void tc_slice(u32 ak, u32 bk, float (&g)[BN / 8][4]) {
+    u32 af[4];
+    ldsm4(ak, af[0], af[1], af[2], af[3]);
+#pragma unroll
+    for (int np = 0; np < NB; np++) {
+        u32 b0, b1, b2, b3;
+        ldsm4(bk + np * TC_ROWS16, b0, b1, b2, b3);
+        if (FRESH) {
+            mma16816z(g[2 * np], af, b0, b1);
+            mma16816z(g[2 * np + 1], af, b2, b3);
+        } else {
+            mma16816(g[2 * np], af, b0, b1);
+            mma16816(g[2 * np + 1], af, b2, b3);
+        }
+        ldsm4(bk + TC_LOFF(BN) + np * TC_ROWS16, b0, b1, b2, b3);
+        mma16816(g[2 * np], af, b0, b1);
+        mma16816(g[2 * np + 1], af, b2, b3);
+    }
+}
+
 // The products of one step's buffers: the warp's 16 rows × the tile's
-// first `live` tokens (rounded up to 16), hi and lo parts, into g[n8
-// tile][4]; for quantized weights, at the end of each group, tot = (tot +
-// b·Σx) + s·g in two fused multiply-adds and g restarts at zero (else tot
-// is taken from g at the end).
-template <bool QUANT, int BN>
-__device__ __forceinline__ void tc_mma(const TcSmem<BN>& sm, const TcAddr<BN>& ad, int buf, int live, int k0,
-                                       int gs_shift, float (&g)[BN / 8][4], float (&tot)[BN / 8][4]) {
+// first NB 16-token blocks (its live tokens rounded up; the columns of
+// tokens past the end are computed and never read), hi and lo parts, into
+// g[n8 tile][4]; for quantized weights, at the end of each group, tot =
+// (tot + b·Σx) + s·g in two fused multiply-adds, and the next group's
+// first slice overwrites g (else tot is taken from g at the end).
+template <bool QUANT, int BN, int NB>
+__device__ __forceinline__ void tc_mma(const TcSmem<BN>& sm, const TcAddr<BN>& ad, int buf, int k0, int gs_shift,
+                                       float (&g)[BN / 8][4], float (&tot)[BN / 8][4]) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const u32 a = ad.a + buf * TC_ABUF, b = ad.b + buf * TC_XBUF(BN);
+    const int gmask = (1 << gs_shift) - 1;
 #pragma unroll
     for (int kk = 0; kk < TC_BK; kk += 16) {
         // Logical chunk kk/8 (even): the address XOR 16·kk/8.
         const u32 ak = a ^ (kk << 1), bk = b ^ (kk << 1);
-        u32 af[4];
-        ldsm4(ak, af[0], af[1], af[2], af[3]);
-#pragma unroll
-        for (int np = 0; np < BN / 16; np++) {
-            if (np * 16 < live) {
-                u32 b0, b1, b2, b3;
-                ldsm4(bk + np * TC_ROWS16, b0, b1, b2, b3);
-                mma16816(g[2 * np], af, b0, b1);
-                mma16816(g[2 * np + 1], af, b2, b3);
-                ldsm4(bk + TC_LOFF(BN) + np * TC_ROWS16, b0, b1, b2, b3);
-                mma16816(g[2 * np], af, b0, b1);
-                mma16816(g[2 * np + 1], af, b2, b3);
-            }
+        if (QUANT && ((k0 + kk) & gmask) == 0) {
+            tc_slice<true, BN, NB>(ak, bk, g);
+        } else {
+            tc_slice<false, BN, NB>(ak, bk, g);
         }
-        if (QUANT && ((k0 + kk + 16) & ((1 << gs_shift) - 1)) == 0) {
+        if (QUANT && ((k0 + kk + 16) & gmask) == 0) {
             const int gi = kk >> gs_shift;  // 0 when the group spans steps
             const int r = warp * 16 + (lane >> 2);
             const float s0 = sm.in.s[buf][r][gi], b0 = sm.in.b[buf][r][gi];
             const float s1 = sm.in.s[buf][r + 8][gi], b1 = sm.in.b[buf][r + 8][gi];
 #pragma unroll
-            for (int nt = 0; nt < BN / 8; nt++) {
-                if (nt * 8 < live) {
-                    const int t = nt * 8 + (lane & 3) * 2;
-                    const float x0 = sm.in.xs[buf][t][gi], x1 = sm.in.xs[buf][t + 1][gi];
-                    tot[nt][0] = fmaf(s0, g[nt][0], fmaf(b0, x0, tot[nt][0]));
-                    tot[nt][1] = fmaf(s0, g[nt][1], fmaf(b0, x1, tot[nt][1]));
-                    tot[nt][2] = fmaf(s1, g[nt][2], fmaf(b1, x0, tot[nt][2]));
-                    tot[nt][3] = fmaf(s1, g[nt][3], fmaf(b1, x1, tot[nt][3]));
-#pragma unroll
-                    for (int j = 0; j < 4; j++) g[nt][j] = 0.0f;
-                }
+            for (int nt = 0; nt < 2 * NB; nt++) {
+                const int t = nt * 8 + (lane & 3) * 2;
+                const float x0 = sm.in.xs[buf][t][gi], x1 = sm.in.xs[buf][t + 1][gi];
+                tot[nt][0] = fmaf(s0, g[nt][0], fmaf(b0, x0, tot[nt][0]));
+                tot[nt][1] = fmaf(s0, g[nt][1], fmaf(b0, x1, tot[nt][1]));
+                tot[nt][2] = fmaf(s1, g[nt][2], fmaf(b1, x0, tot[nt][2]));
+                tot[nt][3] = fmaf(s1, g[nt][3], fmaf(b1, x1, tot[nt][3]));
             }
         }
     }
+}
+
+// tc_mma for nb (1 .. BN/16) live 16-token blocks: one instance per count,
+// so that the products carry no per-block conditions.
+template <bool QUANT, int BN, int NB = BN / 16>
+__device__ __forceinline__ void tc_mma_n(int nb, const TcSmem<BN>& sm, const TcAddr<BN>& ad, int buf, int k0,
+                                         int gs_shift, float (&g)[BN / 8][4], float (&tot)[BN / 8][4]) {
+    if (NB > 1 && nb < NB) {
+        tc_mma_n<QUANT, BN, (NB > 1 ? NB - 1 : 1)>(nb, sm, ad, buf, k0, gs_shift, g, tot);
+        return;
+    }
+    tc_mma<QUANT, BN, NB>(sm, ad, buf, k0, gs_shift, g, tot);
 }
 
 // One tile: the block's TC_BM weight rows (w.row, loaded per thread) times
@@ -338,7 +364,7 @@ __device__ __forceinline__ void tc_tile(TcW<FMT>& w, const HalfRows& hx, Src src
             tc_load_x<BN>(hx, ad, live, kb + (s + 1) * TC_BK, gs_shift, QUANT, cur ^ 1);
             tc_load_w<FMT>(w, kb + (s + 1) * TC_BK, gs_shift);
         }
-        tc_mma<QUANT, BN>(sm, ad, cur, live, kb + s * TC_BK, gs_shift, g, tot);
+        tc_mma_n<QUANT, BN>((live + 15) >> 4, sm, ad, cur, kb + s * TC_BK, gs_shift, g, tot);
         if (more) tc_store_w<FMT, F16S, BN>(w, sm, cur ^ 1, gs_shift);
         cp_async_wait();
         __syncthreads();
@@ -360,12 +386,13 @@ __device__ __forceinline__ void tc_tile(TcW<FMT>& w, const HalfRows& hx, Src src
 // Block (bx, by, bz) of a gemm_tc launch: matrix i of the set whose range
 // of blocks [first[i], first[i + 1]) holds bx, its rows from (bx −
 // first[i]) · TC_BM, tokens from by · BN (TC_BN, or 16 for a batched
-// decode step), columns part bz of gridDim.z. With one part the tile goes
+// decode step), columns part bz of gridDim.z (`per` steps each, whole
+// quantization groups: the host chooses it). With one part the tile goes
 // to y; with several, to the part's slice of ws [parts][n][rows of the
 // set] (matrix i's rows after those of the matrices before it), which
 // tc_parts_sum adds up in part order.
 template <int FMT, bool F16S, int BN>
-__device__ __forceinline__ void gemm_tc_t(const MatSet& set, const HalfRows& hx, int n, float* ws,
+__device__ __forceinline__ void gemm_tc_t(const MatSet& set, const HalfRows& hx, int n, float* ws, int per,
                                           TcSmem<BN>& sm) {
     if (FMT == FMT_F32) return;  // not taken (cuda/tensor.rs)
     typedef TcFmt<FMT> F;
@@ -383,7 +410,7 @@ __device__ __forceinline__ void gemm_tc_t(const MatSet& set, const HalfRows& hx,
         w.row[i] = mat_row(m, w.live[i] ? r : 0);
     }
     const int live = min(BN, n - tok0);
-    const int steps = m.cols / TC_BK, per = (steps + gridDim.z - 1) / gridDim.z;
+    const int steps = m.cols / TC_BK;
     const int kb = min(steps, (int)blockIdx.z * per) * TC_BK, ke = min(steps, ((int)blockIdx.z + 1) * per) * TC_BK;
     float* out = gridDim.z == 1 ? y : ws + ((i64)blockIdx.z * n) * rall + roff;
     const i64 stride = gridDim.z == 1 ? m.rows : rall;
@@ -478,16 +505,17 @@ __device__ __forceinline__ void moe_down_tc_t(const ELayout& L, const HalfRows& 
 extern "C" __global__ void __launch_bounds__(TC_THREADS) gemm_tc(MatSet set, HalfRows hx, int n) {
     GRID_DEP();
     TC_SMEM(TC_BN);
-    FOR_FMT(set.m[0].fmt, TC_CALL((gemm_tc_t<F, S, TC_BN>(set, hx, n, nullptr, sm))));
+    FOR_FMT(set.m[0].fmt, TC_CALL((gemm_tc_t<F, S, TC_BN>(set, hx, n, nullptr, set.m[0].cols / TC_BK, sm))));
 }
 
 // gemm_tc in tiles of 16 tokens with the columns split in gridDim.z parts
 // (partial tiles in ws): the products of a batched decode step, whose
 // matrices would give too few 64-row tiles to fill the GPU.
-extern "C" __global__ void __launch_bounds__(TC_THREADS) gemm_tc16(MatSet set, HalfRows hx, int n, float* ws) {
+extern "C" __global__ void __launch_bounds__(TC_THREADS) gemm_tc16(MatSet set, HalfRows hx, int n, float* ws,
+                                                                  int per) {
     GRID_DEP();
     TC_SMEM(16);
-    FOR_FMT(set.m[0].fmt, TC_CALL((gemm_tc_t<F, S, 16>(set, hx, n, ws, sm))));
+    FOR_FMT(set.m[0].fmt, TC_CALL((gemm_tc_t<F, S, 16>(set, hx, n, ws, per, sm))));
 }
 
 // y_i[t, r] = Σ_p ws[p][t][roff_i + r] over the `parts` column parts of a
