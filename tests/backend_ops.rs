@@ -340,7 +340,13 @@ pub fn check_mla<B: Backend>(b: &B) {
 /// Two calls in a row (state carried over), then the final states.
 pub fn check_gated_delta<B: Backend>(b: &B) {
     let mut rng = Rng::new(8);
-    for (hk, hv, dk, dv, kern) in [(2, 4, 16, 8, 4), (1, 1, 32, 32, 1), (2, 2, 8, 16, 2)] {
+    // (Key heads over 128 dimensions take CUDA's delta_scan, up to 128 delta_scan128.)
+    for (hk, hv, dk, dv, kern) in [
+        (2, 4, 16, 8, 4),
+        (1, 1, 32, 32, 1),
+        (2, 2, 8, 16, 2),
+        (1, 2, 160, 20, 3),
+    ] {
         let cd = 2 * hk * dk + hv * dv;
         let conv_w = rng.vec(cd * kern, 0.6);
         let a_log = rng.vec(hv, 1.0);

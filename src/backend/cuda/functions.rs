@@ -44,6 +44,7 @@ kernels!(
         delta_prep,
         delta_step,
         delta_scan,
+        delta_scan128,
         moe_route,
         moe_route_warp,
         moe_combine,

@@ -231,7 +231,10 @@ const DELTA_MAX_KEY: usize = 256;
 /// (compute capability 7.0 and later; below, it takes 48 KiB at most).
 pub(crate) fn allow_shared_memory(gpu: &Gpu) -> Result<()> {
     match gpu.cc.0 >= 7 {
-        true => gpu.allow_shared_memory(gpu.k.delta_scan, DELTA_SCAN_MAX_SMEM),
+        true => {
+            gpu.allow_shared_memory(gpu.k.delta_scan, DELTA_SCAN_MAX_SMEM)?;
+            gpu.allow_shared_memory(gpu.k.delta_scan128, DELTA_SCAN_MAX_SMEM)
+        }
         false => Ok(()),
     }
 }
@@ -349,8 +352,13 @@ pub(crate) fn gated_delta_seqs(
             0,
             cuda_args![xs, as_, bs, lp, dp, gp, n, hk, hv, dk, dv],
         )?;
+        // Key heads of up to 128 dimensions: 4 a lane, not 8.
+        let scan = match a.k_dim <= 128 {
+            true => gpu.k.delta_scan128,
+            false => gpu.k.delta_scan,
+        };
         gpu.launch(
-            gpu.k.delta_scan,
+            scan,
             (heads.0, heads.1, 1),
             128,
             smem as u32,

@@ -243,19 +243,41 @@ extern "C" __global__ void __launch_bounds__(128)
 
 #define DS_T 16  // tokens per staged chunk of delta_scan
 
+// The sums over the warp of four values per lane, in 10 shuffles instead
+// of 4 × 5: halves of the values cross at offsets 16 and 8 (lane l keeps
+// row (l >> 3) & 3's), the rest is a plain butterfly; then each row's sum
+// is fetched from lanes 0, 8, 16 and 24. Every lane gets all four sums
+// (SHARE), or only the one of row (lane >> 3) & 3, returned.
+template <bool SHARE>
+__device__ __forceinline__ float warp_sum4(float (&v)[4]) {
+    const int lane = threadIdx.x & 31;
+    const bool h16 = lane & 16, h8 = lane & 8;
+    const float a0 = (h16 ? v[2] : v[0]) + __shfl_xor_sync(FULL_MASK, h16 ? v[0] : v[2], 16);
+    const float a1 = (h16 ? v[3] : v[1]) + __shfl_xor_sync(FULL_MASK, h16 ? v[1] : v[3], 16);
+    float b = (h8 ? a1 : a0) + __shfl_xor_sync(FULL_MASK, h8 ? a0 : a1, 8);
+    b += __shfl_xor_sync(FULL_MASK, b, 4);
+    b += __shfl_xor_sync(FULL_MASK, b, 2);
+    b += __shfl_xor_sync(FULL_MASK, b, 1);
+    if (SHARE) {
+#pragma unroll
+        for (int r = 0; r < 4; r++) v[r] = __shfl_sync(FULL_MASK, b, 8 * r);
+    }
+    return b;
+}
+
 // delta_step's recurrence for a prefill chunk after delta_prep (q, k
 // normalized in x; gb = (g, β) per token and value head), with each
 // block's inputs staged in shared memory DS_T tokens at a time (two
 // buffers: the next tokens arrive while these are computed), so that the
-// chain per token never waits on global memory. The same arithmetic as
-// delta_step. Grid (Hv, Dv/16), 128 threads, dynamic shared memory
-// 2·(2·DS_T·Dk + DS_T·16 + 2·DS_T) floats; Dk, Dv and C multiples of 4.
-// Its per-token loop is written out rather than calling delta_token: the
-// helper (value rows loaded before the sums) measured 413 → 473-653 µs
-// per call on the H100 (ncu, 512-token prefill).
-extern "C" __global__ void __launch_bounds__(128)
-    delta_scan(const float* x, const float* gb, float* ssm, float* out, int n, int Hk, int Hv, int Dk, int Dv) {
-    GRID_DEP();
+// chain per token never waits on global memory. The arithmetic of
+// delta_step, except that the sums over the key dimension of a warp's
+// four rows are reduced together (warp_sum4). E: key dimensions per lane
+// (Dk ≤ 32·E; delta_scan: 8, delta_scan128: 4). Grid (Hv, Dv/16), 128
+// threads, dynamic shared memory 2·(2·DS_T·Dk + DS_T·16 + 2·DS_T) floats;
+// Dk, Dv and C multiples of 4.
+template <int E>
+__device__ __forceinline__ void delta_scan_t(const float* x, const float* gb, float* ssm, float* out, int n, int Hk,
+                                             int Hv, int Dk, int Dv) {
     extern __shared__ __align__(16) float ds[];
     const int h = blockIdx.x;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -265,12 +287,12 @@ extern "C" __global__ void __launch_bounds__(128)
     const int C = 2 * Hk * Dk + Hv * Dv;
     const int kh = h / (Hv / Hk);
     const int per = 2 * DS_T * Dk + DS_T * 16 + 2 * DS_T;  // floats per buffer
-    float S[DELTA_RPW][DELTA_MAXE];
+    float S[DELTA_RPW][E];
     float* sh = ssm + (i64)h * Dv * Dk;
 #pragma unroll
     for (int r = 0; r < DELTA_RPW; r++)
 #pragma unroll
-        for (int i = 0; i < DELTA_MAXE; i++) {
+        for (int i = 0; i < E; i++) {
             const int c = lane + 32 * i;
             S[r][i] = row0 + r < Dv && c < Dk ? sh[(i64)(row0 + r) * Dk + c] : 0.0f;
         }
@@ -298,6 +320,8 @@ extern "C" __global__ void __launch_bounds__(128)
     };
     if (n > 0) stage(0, 0);
     int buf = 0;
+    // The row whose output this lane writes (lanes 0, 8, 16, 24).
+    const int orow = row0 + ((lane >> 3) & 3);
     for (int t0 = 0; t0 < n; t0 += DS_T, buf ^= 1) {
         cp_async_wait();
         __syncthreads();
@@ -309,43 +333,63 @@ extern "C" __global__ void __launch_bounds__(128)
         const float* sg = sv + DS_T * 16;
         const int tn = min(DS_T, n - t0);
         for (int t = 0; t < tn; t++) {
-            float q[DELTA_MAXE], k[DELTA_MAXE];
+            float q[E], k[E];
 #pragma unroll
-            for (int i = 0; i < DELTA_MAXE; i++) {
+            for (int i = 0; i < E; i++) {
                 const int c = lane + 32 * i;
                 q[i] = c < Dk ? sq[t * Dk + c] : 0.0f;
                 k[i] = c < Dk ? sk[t * Dk + c] : 0.0f;
             }
             const float g = sg[2 * t], beta = sg[2 * t + 1];
-            float* ot = out + (i64)(t0 + t) * Hv * Dv + h * Dv;
+            // S ← g·S; δ = β(v − S k); S ← S + δ kᵀ; o = S q.
+            float d[DELTA_RPW];
 #pragma unroll
             for (int r = 0; r < DELTA_RPW; r++) {
-                float sk_ = 0.0f;
+                float a = 0.0f;
 #pragma unroll
-                for (int i = 0; i < DELTA_MAXE; i++) {
+                for (int i = 0; i < E; i++) {
                     S[r][i] *= g;
-                    sk_ = fmaf(S[r][i], k[i], sk_);
+                    a = fmaf(S[r][i], k[i], a);
                 }
-                sk_ = warp_sum(sk_);
-                const float vr = row0 + r < Dv ? sv[t * 16 + warp * DELTA_RPW + r] : 0.0f;
-                const float delta = beta * (vr - sk_);
-                float o = 0.0f;
-#pragma unroll
-                for (int i = 0; i < DELTA_MAXE; i++) {
-                    S[r][i] = fmaf(delta, k[i], S[r][i]);
-                    o = fmaf(S[r][i], q[i], o);
-                }
-                o = warp_sum(o);
-                if (lane == 0 && row0 + r < Dv) ot[row0 + r] = o;
+                d[r] = a;
             }
+            warp_sum4<true>(d);
+            float o[DELTA_RPW];
+#pragma unroll
+            for (int r = 0; r < DELTA_RPW; r++) {
+                const float vr = row0 + r < Dv ? sv[t * 16 + warp * DELTA_RPW + r] : 0.0f;
+                const float delta = beta * (vr - d[r]);
+                float a = 0.0f;
+#pragma unroll
+                for (int i = 0; i < E; i++) {
+                    S[r][i] = fmaf(delta, k[i], S[r][i]);
+                    a = fmaf(S[r][i], q[i], a);
+                }
+                o[r] = a;
+            }
+            const float ov = warp_sum4<false>(o);
+            if ((lane & 7) == 0 && orow < Dv) out[(i64)(t0 + t) * Hv * Dv + h * Dv + orow] = ov;
         }
     }
     if (!active) return;
 #pragma unroll
     for (int r = 0; r < DELTA_RPW; r++)
 #pragma unroll
-        for (int i = 0; i < DELTA_MAXE; i++) {
+        for (int i = 0; i < E; i++) {
             const int c = lane + 32 * i;
             if (row0 + r < Dv && c < Dk) sh[(i64)(row0 + r) * Dk + c] = S[r][i];
         }
+}
+
+extern "C" __global__ void __launch_bounds__(128)
+    delta_scan(const float* x, const float* gb, float* ssm, float* out, int n, int Hk, int Hv, int Dk, int Dv) {
+    GRID_DEP();
+    delta_scan_t<DELTA_MAXE>(x, gb, ssm, out, n, Hk, Hv, Dk, Dv);
+}
+
+// delta_scan for key heads of up to 128 dimensions.
+extern "C" __global__ void __launch_bounds__(128)
+    delta_scan128(const float* x, const float* gb, float* ssm, float* out, int n, int Hk, int Hv, int Dk, int Dv) {
+    GRID_DEP();
+    delta_scan_t<4>(x, gb, ssm, out, n, Hk, Hv, Dk, Dv);
 }

@@ -14,11 +14,17 @@ template <int PB>
 __device__ __forceinline__ void to_half_row(const float* xr, u16* hi, u16* lo, float* sum, int cols, int gs_shift,
                                             float s) {
     const int lane = threadIdx.x & 31;
-    const int U = PB < 4 ? 4 : PB;                      // elements a lane takes at once
-    const int per = sum ? (1 << gs_shift) / U : cols / U;  // units per group (or row)
-    for (int u0 = 0; u0 < cols / U; u0 += per) {
-        float part = 0.0f;
-        for (int u = u0 + lane; u < u0 + per; u += 32) {
+    const int U = PB < 4 ? 4 : PB;  // elements a lane takes at once
+    const int units = cols / U;
+    // Units per quantization group (a power of two): with sum, a group of
+    // up to 32 units is summed within its segment of lanes, so that one
+    // pass of the warp finishes 32/per groups; a longer group over
+    // several passes.
+    const int per = sum ? (1 << gs_shift) / U : 0;
+    float part = 0.0f;
+    for (int u0 = 0; u0 < units; u0 += 32) {
+        const int u = u0 + lane;
+        if (u < units) {
             float f[U];
 #pragma unroll
             for (int j = 0; j < U; j += 4) {
@@ -54,9 +60,15 @@ __device__ __forceinline__ void to_half_row(const float* xr, u16* hi, u16* lo, f
 #pragma unroll
             for (int j = 0; j < U; j += 4) part += (f[j] + f[j + 1]) + (f[j + 2] + f[j + 3]);
         }
-        if (sum) {
+        if (!sum) continue;
+        if (per <= 32) {
+            for (int o = per >> 1; o > 0; o >>= 1) part += __shfl_xor_sync(FULL_MASK, part, o);
+            if (u < units && (lane & (per - 1)) == 0) sum[(u * U) >> gs_shift] = part;
+            part = 0.0f;
+        } else if (((u0 + 32) & (per - 1)) == 0) {
             part = warp_sum(part);
             if (lane == 0) sum[(u0 * U) >> gs_shift] = part;
+            part = 0.0f;
         }
     }
 }
