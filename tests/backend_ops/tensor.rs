@@ -145,6 +145,9 @@ pub fn check_moe_tc(b: &CudaBackend, exact: &CudaBackend) {
         // Groups of more than one 64-token tile.
         ((4, 64), (128, 192, 6), 200, 2, &noaux, true),
         ((2, 64), (128, 64, 4), 33, 2, &softmax, true),
+        // Tiles of 16 tokens (3 a group on average; the cases above take
+        // tiles of 32 and 64: cuda/tensor.rs expert_tile).
+        ((4, 64), (128, 64, 16), 24, 2, &softmax, true),
         // 2-bit in groups of 32: shorter than a 16-byte chunk, f32 kernels.
         ((2, 32), (128, 64, 6), 40, 2, &softmax, false),
     ];

@@ -71,8 +71,10 @@ kernels!(
         tc_parts_sum,
         moe_up_tc,
         moe_up_tc16,
+        moe_up_tc32,
         moe_down_tc,
         moe_down_tc16,
+        moe_down_tc32,
         matvec_qt,
     }
 );

@@ -1,13 +1,13 @@
 //! The grouped expert kernels of the MoE step: the (token, expert) pairs
 //! of a layer, grouped by expert, through gate/up and down — on tensor
-//! cores for prefill chunks (`moe_up_tc`/`moe_down_tc`, or their 16-token
+//! cores for prefill chunks (`moe_up_tc`/`moe_down_tc`, or their 16- and 32-token
 //! tiles for small groups), else the f32 kernels (`moe_up`/`moe_down`).
 //! `moe.rs` routes, groups and combines.
 
 use super::buf::CudaBuf;
 use super::driver::{Gpu, MAX_GRID_Y};
 use super::format::{format_of, group_shift, Format, F16_SCALES};
-use super::tensor::{self, smem_bytes, Half, SMALL_GROUP, TC_BM, TC_BN, TC_THREADS};
+use super::tensor::{self, expert_tile, smem_bytes, Half, TC_BM, TC_THREADS};
 use crate::backend::MoeArgs;
 use crate::cuda_args;
 use crate::error::{Error, Result};
@@ -218,13 +218,14 @@ pub(crate) fn run_experts_tc(
     let (hid, inter, k) = (a.hidden as i32, a.inter as i32, a.k as i32);
     let (gp, gs, gc, pp) = (g.ptrs, g.starts, g.counts, g.pairs);
     let (xa, hp) = (xh.arg, h.write(gpu, h.len())?);
-    // Tiles of TC_BM/2 rows of gate and of up, and of 16 or 64 tokens.
+    // Tiles of TC_BM/2 rows of gate and of up, and of 16, 32 or 64 tokens.
     let grid = (a.inter.div_ceil(TC_BM / 2) as u32, g.n as u32, 1);
     let f = gpu.k.fmt(el.fmt)?;
-    let small = g.n_pairs <= SMALL_GROUP * g.n;
-    let (up, down, bn) = match small {
-        true => (f.moe_up_tc16, f.moe_down_tc16, 16),
-        false => (f.moe_up_tc, f.moe_down_tc, TC_BN),
+    let bn = expert_tile(g.n_pairs, g.n);
+    let (up, down) = match bn {
+        16 => (f.moe_up_tc16, f.moe_down_tc16),
+        32 => (f.moe_up_tc32, f.moe_down_tc32),
+        _ => (f.moe_up_tc, f.moe_down_tc),
     };
     gpu.launch(
         up,

@@ -68,10 +68,21 @@ pub(crate) const fn smem_bytes(bn: usize) -> u32 {
     (2 * 64 * 64 * 2 + 2 * 2 * bn * 64 * 2 + 2 * 2 * 64 * 4 * 4 + 2 * bn * 4 * 4) as u32
 }
 
-/// Mean tokens per expert group up to which the expert kernels take
-/// tiles of 16 tokens (`moe_up_tc16`, `moe_down_tc16`: half the shared
-/// memory, so twice the blocks per SM) instead of 64.
-pub(crate) const SMALL_GROUP: usize = 20;
+/// Tokens per tile of the expert kernels for `pairs` (token, expert)
+/// pairs in `groups` expert groups: 16 (`moe_up_tc16`, `moe_down_tc16`)
+/// while the mean group fits in one such tile with room to spare, 32 for
+/// means up to 24, else 64. A group longer than its tile takes a second
+/// pass over its weights for the tokens left: with tiles of 16, a mean of
+/// 16 (Qwen3.6 shape, pp512: 256 experts) unpacks the weights of about 4
+/// groups in 10 twice (Poisson counts). Tiles of 32 there took Qwen3.6
+/// shape pp512 from 7898 to 8835–8896 tok/s (H100, BENCHMARKS.md).
+pub(crate) fn expert_tile(pairs: usize, groups: usize) -> usize {
+    match pairs {
+        p if p <= 8 * groups => 16,
+        p if p <= 24 * groups => 32,
+        _ => TC_BN,
+    }
+}
 
 /// Let the tensor-core kernels take their shared memory (once, after the
 /// kernels are loaded; nothing when they are not used).
@@ -87,6 +98,8 @@ pub(crate) fn allow_shared_memory(gpu: &Gpu) -> Result<()> {
             (f.moe_down_tc, TC_BN),
             (f.moe_up_tc16, 16),
             (f.moe_down_tc16, 16),
+            (f.moe_up_tc32, 32),
+            (f.moe_down_tc32, 32),
         ] {
             gpu.allow_shared_memory(func, smem_bytes(bn) as usize)?;
         }

@@ -537,7 +537,8 @@ extern "C" __global__ void tc_parts_sum(MatSet set, const float* ws, int n, int 
 
 // moe_up on tensor cores: grid (inter/(TC_BM/2), groups), 128 threads;
 // hx: x's rows split, one per token; tiles of BN tokens (moe_up_tc: 64,
-// moe_up_tc16: 16, for groups of few tokens).
+// moe_up_tc32 and moe_up_tc16 for groups of fewer tokens: expert_tile in
+// cuda/tensor.rs).
 #define MOE_UP_TC(NAME, BN)                                                                                   \
     extern "C" __global__ void __launch_bounds__(TC_THREADS)                                                 \
         NAME(ELayout L, HalfRows hx, float* h, const u64* grp_ptr, const int* grp_start, const int* grp_count, \
@@ -549,6 +550,7 @@ extern "C" __global__ void tc_parts_sum(MatSet set, const float* ws, int n, int 
     }
 MOE_UP_TC(moe_up_tc, 64)
 MOE_UP_TC(moe_up_tc16, 16)
+MOE_UP_TC(moe_up_tc32, 32)
 
 // moe_down on tensor cores: grid (hidden/TC_BM, groups), 128 threads;
 // hx: h's rows split, one per pair; tiles of BN tokens as moe_up_tc.
@@ -563,4 +565,5 @@ MOE_UP_TC(moe_up_tc16, 16)
     }
 MOE_DOWN_TC(moe_down_tc, 64)
 MOE_DOWN_TC(moe_down_tc16, 16)
+MOE_DOWN_TC(moe_down_tc32, 32)
 #endif
