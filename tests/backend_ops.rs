@@ -409,6 +409,46 @@ pub fn check_gated_delta<B: Backend>(b: &B) {
             5e-6,
         );
     }
+    // States shorter than the shapes need: an error, not a read past them.
+    let (cd, n) = (2 * 8 + 2 * 8, 3);
+    let args = DeltaArgs {
+        n,
+        k_heads: 1,
+        v_heads: 2,
+        k_dim: 8,
+        v_dim: 8,
+        kernel: 2,
+    };
+    let (cw, al, dtb) = (
+        up(b, &rng.vec(cd * 2, 0.6)),
+        up(b, &rng.vec(2, 1.0)),
+        up(b, &rng.vec(2, 1.0)),
+    );
+    let (qkv, av, bv) = (
+        up(b, &rng.vec(n * cd, 1.0)),
+        up(b, &rng.vec(n * 2, 1.0)),
+        up(b, &rng.vec(n * 2, 1.0)),
+    );
+    for (conv_len, ssm_len, what) in [
+        (cd, 2 * 8 * 8 - 1, "recurrent state"),
+        (cd - 1, 2 * 8 * 8, "conv state"),
+    ] {
+        let (mut conv, mut ssm) = (up(b, &vec![0.0; conv_len]), up(b, &vec![0.0; ssm_len]));
+        let mut out = b.alloc(n * 16).expect("alloc");
+        let w = DeltaWeights::<B> {
+            conv_w: &cw,
+            a_log: &al,
+            dt_bias: &dtb,
+        };
+        let st = DeltaState::<B> {
+            conv: &mut conv,
+            ssm: &mut ssm,
+        };
+        let err = b
+            .gated_delta(&qkv, &av, &bv, w, st, args, &mut out)
+            .expect_err("a short state");
+        assert!(err.to_string().contains(what), "{what}: {err}");
+    }
 }
 
 /// A tiny expert file in a tempdir, read through `ExpertStore`; random

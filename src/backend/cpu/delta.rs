@@ -15,6 +15,7 @@ use super::sigmoid;
 use super::vector::dot;
 use super::CpuBackend;
 use crate::backend::{DeltaArgs, DeltaState, DeltaWeights};
+use crate::error::{Error, Result};
 use rayon::prelude::*;
 
 /// Calls of at least this many tokens run the recurrence on transposed
@@ -30,6 +31,44 @@ fn softplus(x: f32) -> f32 {
     }
 }
 
+/// The step's buffers against its shapes: an error naming the one too
+/// short (the kernels would read or write past it).
+fn check(
+    qkv: &[f32],
+    a_in: &[f32],
+    b_in: &[f32],
+    w: &DeltaWeights<'_, CpuBackend>,
+    st: &DeltaState<'_, CpuBackend>,
+    a: DeltaArgs,
+    out: &[f32],
+) -> Result<()> {
+    if a.kernel == 0 || a.k_heads == 0 || !a.v_heads.is_multiple_of(a.k_heads) {
+        return Err(Error::Invalid(format!(
+            "GatedDeltaNet: kernel {}, {} value heads over {} key heads",
+            a.kernel, a.v_heads, a.k_heads
+        )));
+    }
+    let (c, hv) = (2 * a.k_heads * a.k_dim + a.v_heads * a.v_dim, a.v_heads);
+    for (what, len, want) in [
+        ("qkv", qkv.len(), a.n * c),
+        ("a", a_in.len(), a.n * hv),
+        ("b", b_in.len(), a.n * hv),
+        ("conv weight", w.conv_w.len(), c * a.kernel),
+        ("A_log", w.a_log.len(), hv),
+        ("dt_bias", w.dt_bias.len(), hv),
+        ("conv state", st.conv.len(), (a.kernel - 1) * c),
+        ("recurrent state", st.ssm.len(), hv * a.v_dim * a.k_dim),
+        ("output", out.len(), a.n * hv * a.v_dim),
+    ] {
+        if len < want {
+            return Err(Error::Invalid(format!(
+                "gated_delta {what} holds {len} values, needs {want}"
+            )));
+        }
+    }
+    Ok(())
+}
+
 pub fn gated_delta(
     qkv: &[f32],
     a_in: &[f32],
@@ -38,7 +77,8 @@ pub fn gated_delta(
     st: DeltaState<'_, CpuBackend>,
     a: DeltaArgs,
     out: &mut [f32],
-) {
+) -> Result<()> {
+    check(qkv, a_in, b_in, &w, &st, a, out)?;
     let conv_dim = 2 * a.k_heads * a.k_dim + a.v_heads * a.v_dim;
     let isa = isa();
     let mut xs = vec![0.0f32; a.n * conv_dim]; // [n, conv_dim]
@@ -55,6 +95,7 @@ pub fn gated_delta(
     } else {
         scan_rows(&x, st.ssm, out);
     }
+    Ok(())
 }
 
 /// q/k normalization of every token (SPEC §5), in place in xs, and per

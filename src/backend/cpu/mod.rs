@@ -325,10 +325,8 @@ impl Backend for CpuBackend {
         args: DeltaArgs,
         out: &mut Vec<f32>,
     ) -> Result<()> {
-        self.prof.time(Op::Recurrence, || {
-            delta::gated_delta(qkv, a, b, w, state, args, out);
-            Ok(())
-        })
+        self.prof
+            .time(Op::Recurrence, || delta::gated_delta(qkv, a, b, w, state, args, out))
     }
 
     /// The sequences side by side (each one's recurrence is parallel over
@@ -376,7 +374,7 @@ impl Backend for CpuBackend {
             segs.par_iter()
                 .zip(states.par_iter_mut())
                 .zip(outs.into_par_iter())
-                .for_each(|((s, (conv, ssm)), o)| {
+                .try_for_each(|((s, (conv, ssm)), o)| {
                     let w = DeltaWeights {
                         conv_w: w.conv_w,
                         a_log: w.a_log,
@@ -395,9 +393,8 @@ impl Backend for CpuBackend {
                         st,
                         DeltaArgs { n: s.n, ..args },
                         o,
-                    );
-                });
-            Ok(())
+                    )
+                })
         })
     }
 
