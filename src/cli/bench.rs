@@ -4,11 +4,13 @@
 //! copied to the device per token over the pinned host→device bandwidth
 //! measured in the same run, with the expert cache's hit rate.
 
+use super::bench_cuda::print_cuda;
 use super::model_args::ModelArgs;
 use anyhow::Context;
 use clap::Args;
+use moeflux::experts::memory::storage_read_bytes;
+use moeflux::experts::CacheStats;
 use moeflux::experts::StatsSnapshot;
-use moeflux::experts::{CacheStats, SplitModel};
 use moeflux::synth::token_ids;
 use moeflux::{BatchItem, Model, Session};
 use std::io::Write;
@@ -94,25 +96,27 @@ fn read_bandwidth() -> f64 {
     (8 * n) as f64 / best / 1e9
 }
 
-struct Row {
-    name: String,
-    tps: Vec<f64>,
-    bytes_per_tok: f64,
-    read_gbps: f64,
+pub(super) struct Row {
+    pub(super) name: String,
+    pub(super) tps: Vec<f64>,
+    pub(super) bytes_per_tok: f64,
+    pub(super) read_gbps: f64,
     /// CUDA: the expert cache's counters over the timed runs.
-    cache: Option<CacheStats>,
-    tokens: usize,
+    pub(super) cache: Option<CacheStats>,
+    pub(super) tokens: usize,
     /// Seconds of the timed runs.
-    secs: f64,
+    pub(super) secs: f64,
     /// `--timing`: one extra, synchronized run.
     phases: Option<Phases>,
     /// Sequences run together (`--parallel`); tok/s is their aggregate.
-    streams: usize,
+    pub(super) streams: usize,
+    /// Bytes the timed runs fetched from storage (`/proc/self/io`), where known.
+    pub(super) storage: Option<u64>,
 }
 
 impl Row {
     /// The row's label: with several streams, `NAME ×N`.
-    fn label(&self) -> String {
+    pub(super) fn label(&self) -> String {
         match self.streams {
             1 => self.name.clone(),
             n => format!("{} ×{n}", self.name),
@@ -197,7 +201,7 @@ struct Phases {
     tokens: usize,
 }
 
-fn print_phases(out: &mut impl Write, rows: &[Row]) -> std::io::Result<()> {
+pub(super) fn print_phases(out: &mut impl Write, rows: &[Row]) -> std::io::Result<()> {
     for r in rows.iter().filter(|r| r.streams > 1) {
         let (m, _) = mean_sd(&r.tps);
         writeln!(
@@ -283,40 +287,7 @@ fn add_cache(a: Option<CacheStats>, d: CacheStats) -> CacheStats {
     }
 }
 
-/// What a CUDA row shows of the expert cache.
-struct CacheCols {
-    hit_rate: f64,
-    mb_per_tok: f64,
-    /// Expert MB per token computed on the CPU (`--hybrid`).
-    cpu_mb_per_tok: f64,
-    copy_gbps: f64,
-    floor: Option<f64>,
-}
-
-/// `copy_gbps` is the achieved streaming rate: bytes copied over the
-/// timed runs' wall time. The floor: copies at the pinned H2D rate and,
-/// with a split, the CPU's share at its modelled rate, both at once.
-fn cache_cols(c: &CacheStats, tokens: usize, secs: f64, h2d_gbps: f64, split: Option<&SplitModel>) -> CacheCols {
-    let looked = (c.hits + c.misses).max(1) as f64;
-    let per_tok = c.bytes_copied as f64 / tokens.max(1) as f64;
-    let cpu_per_tok = c.bytes_on_host as f64 / tokens.max(1) as f64;
-    let cpu_s = split.map_or(0.0, |m| cpu_per_tok * m.cpu_s_per_byte);
-    let copy_s = per_tok / (h2d_gbps * 1e9);
-    let floor_s = copy_s.max(cpu_s);
-    CacheCols {
-        hit_rate: c.hits as f64 / looked,
-        mb_per_tok: per_tok / 1e6,
-        cpu_mb_per_tok: cpu_per_tok / 1e6,
-        copy_gbps: if secs > 0.0 {
-            c.bytes_copied as f64 / secs / 1e9
-        } else {
-            0.0
-        },
-        floor: (floor_s > 0.0).then(|| 1.0 / floor_s),
-    }
-}
-
-fn mean_sd(v: &[f64]) -> (f64, f64) {
+pub(super) fn mean_sd(v: &[f64]) -> (f64, f64) {
     let m = v.iter().sum::<f64>() / v.len() as f64;
     let var = v.iter().map(|x| (x - m).powi(2)).sum::<f64>() / (v.len().max(2) - 1) as f64;
     (m, var.sqrt())
@@ -327,7 +298,7 @@ fn delta(a: StatsSnapshot, b: StatsSnapshot) -> StatsSnapshot {
 }
 
 /// ` | routing R (synth)` for a model `synth` made, else nothing.
-fn routing_note(dir: &Path) -> String {
+pub(super) fn routing_note(dir: &Path) -> String {
     moeflux::synth::synth_routing(dir).map_or(String::new(), |r| format!(" | routing {} (synth)", r.name()))
 }
 
@@ -347,6 +318,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         let mut traffic = StatsSnapshot::default();
         let mut cache: Option<CacheStats> = None;
         let mut secs = 0.0;
+        let mut storage = Some(0u64);
         let depth = if pp { 0 } else { a.depth };
         // Tokens of a run: all streams'.
         let run_tok = n_tok * streams;
@@ -362,9 +334,14 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             let toks = run_tokens(n_tok, vocab, r as u64 + 1, streams);
             let before = store.stats();
             let cache_before = model.expert_cache_stats();
+            let disk_before = storage_read_bytes();
             let t = Instant::now();
             run_once(&model, &mut ss, &toks, pp)?;
             let dt = t.elapsed().as_secs_f64();
+            storage = match (storage, disk_before, storage_read_bytes()) {
+                (Some(s), Some(b0), Some(b1)) => Some(s + b1.saturating_sub(b0)),
+                _ => None,
+            };
             if let (Some(b0), Some(b1)) = (cache_before, model.expert_cache_stats()) {
                 cache = Some(add_cache(cache, cache_delta(b0, b1)));
             }
@@ -403,6 +380,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             tokens: reps * run_tok,
             secs,
             streams,
+            storage,
         })
     };
     if a.prompt > 0 {
@@ -444,7 +422,8 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
                 serde_json::json!({"test": r.name, "streams": r.streams, "tok_s_mean": m, "tok_s_sd": sd, "runs": r.tps,
                     "per_stream_tok_s": m / r.streams as f64,
                     "expert_bytes_per_token": r.bytes_per_tok, "expert_read_gb_s": r.read_gbps,
-                    "floor_tok_s": bw * 1e9 / r.bytes_per_tok.max(1.0)})
+                    "floor_tok_s": bw * 1e9 / r.bytes_per_tok.max(1.0),
+                    "storage_bytes_per_token": r.storage.map(|b| b as f64 / r.tokens.max(1) as f64)})
             })
             .collect();
         writeln!(
@@ -494,125 +473,24 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             floor
         )?;
     }
+    print_storage(&mut out, &rows)?;
     print_phases(&mut out, &rows)?;
     Ok(())
 }
 
-/// The CUDA table (or JSON): tok/s, the expert cache's hit rate, bytes
-/// streamed per token, the rate misses were served at, and the floor.
-fn print_cuda(
-    out: &mut impl Write,
-    a: &BenchArgs,
-    model: &Model,
-    rows: &[Row],
-    load_s: f64,
-    h2d: f64,
-) -> anyhow::Result<()> {
-    let gpu = model.gpu_name().unwrap_or("?");
-    let prefill = match model.cuda_tensor_cores() {
-        Some(true) => "tensor cores (split f16)",
-        _ => "f32 (exact)",
-    };
-    let cache = model.expert_cache();
-    let split = cache.and_then(|c| c.split);
-    let cache_desc = match cache {
-        Some(c) if c.resident => format!(
-            "all {} experts resident ({:.2} GB)",
-            c.experts,
-            c.expert_bytes as f64 / 1e9
-        ),
-        Some(c) => format!(
-            "{:.2} GB = {} of {} experts ({:.0}%){}",
-            c.budget_bytes as f64 / 1e9,
-            c.slots,
-            c.experts,
-            100.0 * c.slots as f64 / c.experts.max(1) as f64,
-            if a.model.no_prefetch {
-                ", no prefetch"
-            } else {
-                ", prefetch"
-            }
-        ),
-        None => "none".into(),
-    };
-    if a.json {
-        let j: Vec<_> = rows
-            .iter()
-            .map(|r| {
-                let (m, sd) = mean_sd(&r.tps);
-                let c = r.cache.unwrap_or_default();
-                let cols = cache_cols(&c, r.tokens, r.secs, h2d, split.as_ref());
-                serde_json::json!({"test": r.name, "streams": r.streams, "tok_s_mean": m, "tok_s_sd": sd, "runs": r.tps,
-                    "per_stream_tok_s": m / r.streams as f64,
-                    "hits": c.hits, "misses": c.misses, "bypassed": c.bypassed, "on_cpu": c.on_host,
-                    "prefetched": c.prefetched, "prefetch_hits": c.prefetch_hits,
-                    "hit_rate": cols.hit_rate, "bytes_streamed_per_token": cols.mb_per_tok * 1e6,
-                    "bytes_on_cpu_per_token": cols.cpu_mb_per_tok * 1e6,
-                    "cpu_steps": c.host_steps, "cpu_step_us": c.host_ns as f64 / 1e3 / c.host_steps.max(1) as f64,
-                    "cpu_wait_us": c.host_wait_ns as f64 / 1e3 / c.host_steps.max(1) as f64,
-                    "copy_gb_s": cols.copy_gbps, "stall_s": c.stall_ns as f64 * 1e-9, "floor_tok_s": cols.floor})
-            })
-            .collect();
-        writeln!(
-            out,
-            "{}",
-            serde_json::json!({"model": model.name(), "synth_routing": moeflux::synth::synth_routing(&a.model.model).map(|r| r.name()),
-                "device": format!("{} ({gpu})", a.model.device), "prefill_products": prefill, "expert_cache": cache_desc,
-                "hybrid": split.map(|m| m.describe()), "load_s": load_s, "h2d_pinned_gb_s": h2d, "results": j})
-        )?;
-        return Ok(());
-    }
-    writeln!(
-        out,
-        "model {}{} | device cuda ({gpu}) | prefill products {prefill} | expert cache {cache_desc} | load {load_s:.1} s | pinned H2D {h2d:.1} GB/s",
-        model.name(),
-        routing_note(&a.model.model)
-    )?;
-    if let Some(m) = &split {
-        writeln!(out, "{}", m.describe())?;
-    }
-    writeln!(
-        out,
-        "| test | tok/s | hit rate | MB streamed/token | MB on CPU/token | copy GB/s | floor tok/s |"
-    )?;
-    writeln!(out, "|---|---|---|---|---|---|---|")?;
+/// Per row, what came from storage rather than the page cache or memory
+/// (`/proc/self/io`), when the timed runs read more than a megabyte.
+pub(super) fn print_storage(out: &mut impl Write, rows: &[Row]) -> std::io::Result<()> {
     for r in rows {
-        let (m, sd) = mean_sd(&r.tps);
-        let c = r.cache.unwrap_or_default();
-        let cols = cache_cols(&c, r.tokens, r.secs, h2d, split.as_ref());
-        let floor = cols.floor.map_or("-".to_string(), |f| format!("{f:.1}"));
-        // A resident model looks its experts up on the device, uncounted:
-        // every lookup hits.
-        let hit = match cache.is_some_and(|c| c.resident) {
-            true => "resident".to_string(),
-            false => format!("{:.1}%", 100.0 * cols.hit_rate),
-        };
-        writeln!(
-            out,
-            "| {} | {:.2} ± {:.2} | {hit} | {:.1} | {:.1} | {:.1} | {floor} |",
-            r.label(),
-            m,
-            sd,
-            cols.mb_per_tok,
-            cols.cpu_mb_per_tok,
-            cols.copy_gbps
-        )?;
-    }
-    for r in rows {
-        let c = r.cache.unwrap_or_default();
-        if c.host_steps > 0 {
-            let per = |ns: u64| ns as f64 / 1e3 / c.host_steps as f64;
+        if let Some(b) = r.storage.filter(|&b| b > 1 << 20) {
             writeln!(
                 out,
-                "{} CPU steps: {} of {:.1} experts each, {:.0} µs of CPU, the host waited {:.0} µs for it after issuing the GPU's share",
+                "{}: {:.1} MB/token read from storage ({:.2} GB/s over the timed runs; /proc/self/io)",
                 r.label(),
-                c.host_steps,
-                c.on_host as f64 / c.host_steps as f64,
-                per(c.host_ns),
-                per(c.host_wait_ns)
+                b as f64 / r.tokens.max(1) as f64 / 1e6,
+                b as f64 / r.secs.max(1e-9) / 1e9
             )?;
         }
     }
-    print_phases(out, rows)?;
     Ok(())
 }

@@ -1,6 +1,7 @@
 //! One file per subcommand.
 
 pub mod bench;
+mod bench_cuda;
 pub mod chat;
 pub mod convert;
 pub mod inspect;

@@ -80,6 +80,20 @@ pub fn human_size(n: u64) -> String {
     }
 }
 
+/// Bytes this process has caused to be fetched from storage
+/// (`read_bytes` of `/proc/self/io`: page-cache misses and `O_DIRECT`
+/// reads, not page-cache hits), or `None` where the file cannot be read.
+pub fn storage_read_bytes() -> Option<u64> {
+    parse_storage_read(&std::fs::read_to_string("/proc/self/io").ok()?)
+}
+
+/// `read_bytes` from the text of a `/proc/<pid>/io` file.
+pub fn parse_storage_read(text: &str) -> Option<u64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix("read_bytes:"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
 impl Memory {
     /// This process's, or `None` where `/proc/meminfo` cannot be read.
     /// The cgroup files are read as well; where they are missing or

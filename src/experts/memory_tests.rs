@@ -325,3 +325,12 @@ fn mangled_files_never_panic() {
         let _ = host().limited_by(&cgroup_limits(&read)).to_string();
     }
 }
+
+#[test]
+fn proc_io_gives_the_bytes_read_from_storage() {
+    let text =
+        "rchar: 9000\nwchar: 10\nsyscr: 3\nsyscw: 1\nread_bytes: 4096\nwrite_bytes: 0\ncancelled_write_bytes: 0\n";
+    assert_eq!(parse_storage_read(text), Some(4096));
+    assert_eq!(parse_storage_read("rchar: 9000\n"), None);
+    assert_eq!(parse_storage_read("read_bytes: x\n"), None);
+}

@@ -1,0 +1,161 @@
+//! `bench`'s CUDA table: tok/s with the expert cache's hit rate, the bytes
+//! streamed per token, the rate misses were served at, and the floor.
+
+use super::bench::{mean_sd, print_phases, print_storage, routing_note, BenchArgs, Row};
+use moeflux::experts::{CacheStats, SplitModel};
+use moeflux::Model;
+use std::io::Write;
+
+/// What a CUDA row shows of the expert cache.
+struct CacheCols {
+    hit_rate: f64,
+    mb_per_tok: f64,
+    /// Expert MB per token computed on the CPU (`--hybrid`).
+    cpu_mb_per_tok: f64,
+    copy_gbps: f64,
+    floor: Option<f64>,
+}
+
+/// `copy_gbps` is the achieved streaming rate: bytes copied over the
+/// timed runs' wall time. The floor: copies at the pinned H2D rate and,
+/// with a split, the CPU's share at its modelled rate, both at once.
+fn cache_cols(c: &CacheStats, tokens: usize, secs: f64, h2d_gbps: f64, split: Option<&SplitModel>) -> CacheCols {
+    let looked = (c.hits + c.misses).max(1) as f64;
+    let per_tok = c.bytes_copied as f64 / tokens.max(1) as f64;
+    let cpu_per_tok = c.bytes_on_host as f64 / tokens.max(1) as f64;
+    let cpu_s = split.map_or(0.0, |m| cpu_per_tok * m.cpu_s_per_byte);
+    let copy_s = per_tok / (h2d_gbps * 1e9);
+    let floor_s = copy_s.max(cpu_s);
+    CacheCols {
+        hit_rate: c.hits as f64 / looked,
+        mb_per_tok: per_tok / 1e6,
+        cpu_mb_per_tok: cpu_per_tok / 1e6,
+        copy_gbps: if secs > 0.0 {
+            c.bytes_copied as f64 / secs / 1e9
+        } else {
+            0.0
+        },
+        floor: (floor_s > 0.0).then(|| 1.0 / floor_s),
+    }
+}
+
+/// The CUDA table (or JSON): tok/s, the expert cache's hit rate, bytes
+/// streamed per token, the rate misses were served at, and the floor.
+pub(super) fn print_cuda(
+    out: &mut impl Write,
+    a: &BenchArgs,
+    model: &Model,
+    rows: &[Row],
+    load_s: f64,
+    h2d: f64,
+) -> anyhow::Result<()> {
+    let gpu = model.gpu_name().unwrap_or("?");
+    let prefill = match model.cuda_tensor_cores() {
+        Some(true) => "tensor cores (split f16)",
+        _ => "f32 (exact)",
+    };
+    let cache = model.expert_cache();
+    let split = cache.and_then(|c| c.split);
+    let cache_desc = match cache {
+        Some(c) if c.resident => format!(
+            "all {} experts resident ({:.2} GB)",
+            c.experts,
+            c.expert_bytes as f64 / 1e9
+        ),
+        Some(c) => format!(
+            "{:.2} GB = {} of {} experts ({:.0}%){}",
+            c.budget_bytes as f64 / 1e9,
+            c.slots,
+            c.experts,
+            100.0 * c.slots as f64 / c.experts.max(1) as f64,
+            if a.model.no_prefetch {
+                ", no prefetch"
+            } else {
+                ", prefetch"
+            }
+        ),
+        None => "none".into(),
+    };
+    if a.json {
+        let j: Vec<_> = rows
+            .iter()
+            .map(|r| {
+                let (m, sd) = mean_sd(&r.tps);
+                let c = r.cache.unwrap_or_default();
+                let cols = cache_cols(&c, r.tokens, r.secs, h2d, split.as_ref());
+                serde_json::json!({"test": r.name, "streams": r.streams, "tok_s_mean": m, "tok_s_sd": sd, "runs": r.tps,
+                    "per_stream_tok_s": m / r.streams as f64,
+                    "hits": c.hits, "misses": c.misses, "bypassed": c.bypassed, "on_cpu": c.on_host,
+                    "prefetched": c.prefetched, "prefetch_hits": c.prefetch_hits,
+                    "hit_rate": cols.hit_rate, "bytes_streamed_per_token": cols.mb_per_tok * 1e6,
+                    "bytes_on_cpu_per_token": cols.cpu_mb_per_tok * 1e6,
+                    "cpu_steps": c.host_steps, "cpu_step_us": c.host_ns as f64 / 1e3 / c.host_steps.max(1) as f64,
+                    "cpu_wait_us": c.host_wait_ns as f64 / 1e3 / c.host_steps.max(1) as f64,
+                    "copy_gb_s": cols.copy_gbps, "stall_s": c.stall_ns as f64 * 1e-9, "floor_tok_s": cols.floor,
+                    "storage_bytes_per_token": r.storage.map(|b| b as f64 / r.tokens.max(1) as f64)})
+            })
+            .collect();
+        writeln!(
+            out,
+            "{}",
+            serde_json::json!({"model": model.name(), "synth_routing": moeflux::synth::synth_routing(&a.model.model).map(|r| r.name()),
+                "device": format!("{} ({gpu})", a.model.device), "prefill_products": prefill, "expert_cache": cache_desc,
+                "hybrid": split.map(|m| m.describe()), "load_s": load_s, "h2d_pinned_gb_s": h2d, "results": j})
+        )?;
+        return Ok(());
+    }
+    writeln!(
+        out,
+        "model {}{} | device cuda ({gpu}) | prefill products {prefill} | expert cache {cache_desc} | load {load_s:.1} s | pinned H2D {h2d:.1} GB/s",
+        model.name(),
+        routing_note(&a.model.model)
+    )?;
+    if let Some(m) = &split {
+        writeln!(out, "{}", m.describe())?;
+    }
+    writeln!(
+        out,
+        "| test | tok/s | hit rate | MB streamed/token | MB on CPU/token | copy GB/s | floor tok/s |"
+    )?;
+    writeln!(out, "|---|---|---|---|---|---|---|")?;
+    for r in rows {
+        let (m, sd) = mean_sd(&r.tps);
+        let c = r.cache.unwrap_or_default();
+        let cols = cache_cols(&c, r.tokens, r.secs, h2d, split.as_ref());
+        let floor = cols.floor.map_or("-".to_string(), |f| format!("{f:.1}"));
+        // A resident model looks its experts up on the device, uncounted:
+        // every lookup hits.
+        let hit = match cache.is_some_and(|c| c.resident) {
+            true => "resident".to_string(),
+            false => format!("{:.1}%", 100.0 * cols.hit_rate),
+        };
+        writeln!(
+            out,
+            "| {} | {:.2} ± {:.2} | {hit} | {:.1} | {:.1} | {:.1} | {floor} |",
+            r.label(),
+            m,
+            sd,
+            cols.mb_per_tok,
+            cols.cpu_mb_per_tok,
+            cols.copy_gbps
+        )?;
+    }
+    for r in rows {
+        let c = r.cache.unwrap_or_default();
+        if c.host_steps > 0 {
+            let per = |ns: u64| ns as f64 / 1e3 / c.host_steps as f64;
+            writeln!(
+                out,
+                "{} CPU steps: {} of {:.1} experts each, {:.0} µs of CPU, the host waited {:.0} µs for it after issuing the GPU's share",
+                r.label(),
+                c.host_steps,
+                c.on_host as f64 / c.host_steps as f64,
+                per(c.host_ns),
+                per(c.host_wait_ns)
+            )?;
+        }
+    }
+    print_storage(out, rows)?;
+    print_phases(out, rows)?;
+    Ok(())
+}
