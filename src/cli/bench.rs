@@ -5,6 +5,7 @@
 //! measured in the same run, with the expert cache's hit rate.
 
 use super::bench_cuda::print_cuda;
+use super::bench_rows::{mean_sd, print_phases, print_storage, routing_note, Phases, Row};
 use super::model_args::ModelArgs;
 use anyhow::Context;
 use clap::Args;
@@ -96,34 +97,6 @@ fn read_bandwidth() -> f64 {
     (8 * n) as f64 / best / 1e9
 }
 
-pub(super) struct Row {
-    pub(super) name: String,
-    pub(super) tps: Vec<f64>,
-    pub(super) bytes_per_tok: f64,
-    pub(super) read_gbps: f64,
-    /// CUDA: the expert cache's counters over the timed runs.
-    pub(super) cache: Option<CacheStats>,
-    pub(super) tokens: usize,
-    /// Seconds of the timed runs.
-    pub(super) secs: f64,
-    /// `--timing`: one extra, synchronized run.
-    phases: Option<Phases>,
-    /// Sequences run together (`--parallel`); tok/s is their aggregate.
-    pub(super) streams: usize,
-    /// Bytes the timed runs fetched from storage (`/proc/self/io`), where known.
-    pub(super) storage: Option<u64>,
-}
-
-impl Row {
-    /// The row's label: with several streams, `NAME ×N`.
-    pub(super) fn label(&self) -> String {
-        match self.streams {
-            1 => self.name.clone(),
-            n => format!("{} ×{n}", self.name),
-        }
-    }
-}
-
 /// The sessions of one run (`streams` of them): the context of a decode
 /// at `depth` evaluated (untimed) already, each its own.
 fn prepared<'m>(
@@ -190,62 +163,6 @@ fn run_once(model: &Model, ss: &mut [Session<'_>], toks: &[Vec<u32>], pp: bool) 
     Ok(())
 }
 
-/// What `--timing` measured in its run.
-struct Phases {
-    /// Seconds per phase.
-    times: moeflux::model::timing::PhaseTimes,
-    /// CPU: seconds and calls per kind of operation.
-    ops: Option<Vec<moeflux::backend::cpu::OpTime>>,
-    /// Seconds of the whole run.
-    wall: f64,
-    tokens: usize,
-}
-
-pub(super) fn print_phases(out: &mut impl Write, rows: &[Row]) -> std::io::Result<()> {
-    for r in rows.iter().filter(|r| r.streams > 1) {
-        let (m, _) = mean_sd(&r.tps);
-        writeln!(
-            out,
-            "{}: {} sequences per forward pass, {:.2} tok/s each",
-            r.label(),
-            r.streams,
-            m / r.streams as f64
-        )?;
-    }
-    for r in rows {
-        if let Some(ph) = &r.phases {
-            let (p, n) = (&ph.times, ph.tokens);
-            let ms = |s: f64| 1e3 * s / n.max(1) as f64;
-            writeln!(
-                out,
-                "{} phases, ms/token (one synchronized run): attention {:.3} | routing {:.3} | experts {:.3} | dense ffn {:.3} | lm head {:.3}",
-                r.label(),
-                ms(p.attention),
-                ms(p.routing),
-                ms(p.experts),
-                ms(p.dense_ffn),
-                ms(p.lm_head)
-            )?;
-            if let Some(ops) = &ph.ops {
-                let timed: f64 = ops.iter().map(|o| o.secs).sum();
-                let parts: Vec<String> = ops
-                    .iter()
-                    .map(|o| format!("{} {:.3} ({:.0} calls)", o.name, ms(o.secs), o.calls as f64 / n as f64))
-                    .collect();
-                writeln!(
-                    out,
-                    "{} cpu operations, ms/token: {} | other {:.3} | total {:.3}",
-                    r.label(),
-                    parts.join(" | "),
-                    ms(ph.wall - timed),
-                    ms(ph.wall)
-                )?;
-            }
-        }
-    }
-    Ok(())
-}
-
 fn cache_delta(a: CacheStats, b: CacheStats) -> CacheStats {
     CacheStats {
         hits: b.hits - a.hits,
@@ -287,19 +204,8 @@ fn add_cache(a: Option<CacheStats>, d: CacheStats) -> CacheStats {
     }
 }
 
-pub(super) fn mean_sd(v: &[f64]) -> (f64, f64) {
-    let m = v.iter().sum::<f64>() / v.len() as f64;
-    let var = v.iter().map(|x| (x - m).powi(2)).sum::<f64>() / (v.len().max(2) - 1) as f64;
-    (m, var.sqrt())
-}
-
 fn delta(a: StatsSnapshot, b: StatsSnapshot) -> StatsSnapshot {
     b.since(&a)
-}
-
-/// ` | routing R (synth)` for a model `synth` made, else nothing.
-pub(super) fn routing_note(dir: &Path) -> String {
-    moeflux::synth::synth_routing(dir).map_or(String::new(), |r| format!(" | routing {} (synth)", r.name()))
 }
 
 pub fn run(a: BenchArgs) -> anyhow::Result<()> {
@@ -411,7 +317,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     };
     let mut out = std::io::stdout().lock();
     if let Some(h2d) = h2d {
-        return print_cuda(&mut out, &a, &model, &rows, load_s, h2d);
+        return print_cuda(&mut out, &a.model, a.json, &model, &rows, load_s, h2d);
     }
 
     if a.json {
@@ -475,22 +381,5 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     }
     print_storage(&mut out, &rows)?;
     print_phases(&mut out, &rows)?;
-    Ok(())
-}
-
-/// Per row, what came from storage rather than the page cache or memory
-/// (`/proc/self/io`), when the timed runs read more than a megabyte.
-pub(super) fn print_storage(out: &mut impl Write, rows: &[Row]) -> std::io::Result<()> {
-    for r in rows {
-        if let Some(b) = r.storage.filter(|&b| b > 1 << 20) {
-            writeln!(
-                out,
-                "{}: {:.1} MB/token read from storage ({:.2} GB/s over the timed runs; /proc/self/io)",
-                r.label(),
-                b as f64 / r.tokens.max(1) as f64 / 1e6,
-                b as f64 / r.secs.max(1e-9) / 1e9
-            )?;
-        }
-    }
     Ok(())
 }

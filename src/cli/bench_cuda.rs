@@ -1,7 +1,8 @@
 //! `bench`'s CUDA table: tok/s with the expert cache's hit rate, the bytes
 //! streamed per token, the rate misses were served at, and the floor.
 
-use super::bench::{mean_sd, print_phases, print_storage, routing_note, BenchArgs, Row};
+use super::bench_rows::{mean_sd, print_phases, print_storage, routing_note, Row};
+use super::model_args::ModelArgs;
 use moeflux::experts::{CacheStats, SplitModel};
 use moeflux::Model;
 use std::io::Write;
@@ -43,7 +44,8 @@ fn cache_cols(c: &CacheStats, tokens: usize, secs: f64, h2d_gbps: f64, split: Op
 /// streamed per token, the rate misses were served at, and the floor.
 pub(super) fn print_cuda(
     out: &mut impl Write,
-    a: &BenchArgs,
+    args: &ModelArgs,
+    json: bool,
     model: &Model,
     rows: &[Row],
     load_s: f64,
@@ -68,7 +70,7 @@ pub(super) fn print_cuda(
             c.slots,
             c.experts,
             100.0 * c.slots as f64 / c.experts.max(1) as f64,
-            if a.model.no_prefetch {
+            if args.no_prefetch {
                 ", no prefetch"
             } else {
                 ", prefetch"
@@ -76,7 +78,7 @@ pub(super) fn print_cuda(
         ),
         None => "none".into(),
     };
-    if a.json {
+    if json {
         let j: Vec<_> = rows
             .iter()
             .map(|r| {
@@ -98,8 +100,8 @@ pub(super) fn print_cuda(
         writeln!(
             out,
             "{}",
-            serde_json::json!({"model": model.name(), "synth_routing": moeflux::synth::synth_routing(&a.model.model).map(|r| r.name()),
-                "device": format!("{} ({gpu})", a.model.device), "prefill_products": prefill, "expert_cache": cache_desc,
+            serde_json::json!({"model": model.name(), "synth_routing": moeflux::synth::synth_routing(&args.model).map(|r| r.name()),
+                "device": format!("{} ({gpu})", args.device), "prefill_products": prefill, "expert_cache": cache_desc,
                 "hybrid": split.map(|m| m.describe()), "load_s": load_s, "h2d_pinned_gb_s": h2d, "results": j})
         )?;
         return Ok(());
@@ -108,7 +110,7 @@ pub(super) fn print_cuda(
         out,
         "model {}{} | device cuda ({gpu}) | prefill products {prefill} | expert cache {cache_desc} | load {load_s:.1} s | pinned H2D {h2d:.1} GB/s",
         model.name(),
-        routing_note(&a.model.model)
+        routing_note(&args.model)
     )?;
     if let Some(m) = &split {
         writeln!(out, "{}", m.describe())?;

@@ -2,6 +2,7 @@
 
 pub mod bench;
 mod bench_cuda;
+mod bench_rows;
 pub mod chat;
 pub mod convert;
 pub mod inspect;
