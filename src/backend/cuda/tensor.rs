@@ -213,8 +213,8 @@ pub(crate) fn gemm(gpu: &Arc<Gpu>, set: &[(MatArg, u64)], x: u64, n: usize) -> R
     // A decode step: one 16-token tile per 64 rows, the columns split into
     // parts until there are two blocks per SM, the parts added in order.
     let steps = m0.cols as usize / TC_BK;
-    // (Every part at least one step: the kernel's per = ⌈steps/parts⌉;
-    // and whole quantization groups, which a part scales at their ends.)
+    // Each part `per` steps (the kernel takes it as given): at least one,
+    // and whole quantization groups, which a part scales at their ends.
     let group_steps = match format_of(m0.fmt) {
         Format::Q2 | Format::Q4 | Format::Q8 => ((1usize << m0.gs_shift) / TC_BK).max(1),
         _ => 1,
