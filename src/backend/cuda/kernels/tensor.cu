@@ -164,13 +164,13 @@ __device__ __forceinline__ void tc_store_w(const TcW<FMT>& w, TcSmem<BN>& sm, in
         uint4* rowp = (uint4*)sm.in.a[buf][row];
         const int c0 = part * F::EPC / 8;  // the chunk's first 16-byte piece
         const u32 wd[4] = {w.v[i].x, w.v[i].y, w.v[i].z, w.v[i].w};
-        if (F::BITS) {
+        if constexpr (F::BITS != 0) {
             // EPC/2 f16x2 words, written 4 to a uint4. Word q of a chunk
             // holds EPW levels, lowest bits first; (w >> bits·j) & mask
             // gives levels j and j + EPW/2 (bits·EPW/2 = 16) as the low
             // bits of each half: the order to_half gives the activations.
-            const int EPW = 32 / (F::BITS ? F::BITS : 32);
-            const u32 M2 = ((1u << (F::BITS ? F::BITS : 1)) - 1) * 0x10001u;
+            const int EPW = 32 / F::BITS;
+            const u32 M2 = ((1u << F::BITS) - 1) * 0x10001u;
             u32 h[F::EPC / 2];
 #pragma unroll
             for (int e = 0; e < F::EPC / 2; e++) {
