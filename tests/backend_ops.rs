@@ -354,6 +354,11 @@ pub fn check_gated_delta<B: Backend>(b: &B) {
         let conv0 = rng.vec((kern - 1) * cd, 1.0);
         let ssm0 = rng.vec(hv * dv * dk, 0.5);
         let (cw, al, dtb) = (up(b, &conv_w), up(b, &a_log), up(b, &dt_bias));
+        let w = DeltaWeights::<B> {
+            conv_w: &cw,
+            a_log: &al,
+            dt_bias: &dtb,
+        };
         let (mut conv, mut ssm) = (up(b, &conv0), up(b, &ssm0));
         let mut conv_ref: Vec<f64> = conv0.iter().map(|&v| v as f64).collect();
         let mut ssm_ref: Vec<f64> = ssm0.iter().map(|&v| v as f64).collect();
@@ -369,11 +374,6 @@ pub fn check_gated_delta<B: Backend>(b: &B) {
                 kernel: kern,
             };
             let mut out = b.alloc(n * hv * dv).expect("alloc");
-            let w = DeltaWeights::<B> {
-                conv_w: &cw,
-                a_log: &al,
-                dt_bias: &dtb,
-            };
             let st = DeltaState::<B> {
                 conv: &mut conv,
                 ssm: &mut ssm,
@@ -424,6 +424,11 @@ pub fn check_gated_delta<B: Backend>(b: &B) {
         up(b, &rng.vec(2, 1.0)),
         up(b, &rng.vec(2, 1.0)),
     );
+    let w = DeltaWeights::<B> {
+        conv_w: &cw,
+        a_log: &al,
+        dt_bias: &dtb,
+    };
     let (qkv, av, bv) = (
         up(b, &rng.vec(n * cd, 1.0)),
         up(b, &rng.vec(n * 2, 1.0)),
@@ -435,11 +440,6 @@ pub fn check_gated_delta<B: Backend>(b: &B) {
     ] {
         let (mut conv, mut ssm) = (up(b, &vec![0.0; conv_len]), up(b, &vec![0.0; ssm_len]));
         let mut out = b.alloc(n * 16).expect("alloc");
-        let w = DeltaWeights::<B> {
-            conv_w: &cw,
-            a_log: &al,
-            dt_bias: &dtb,
-        };
         let st = DeltaState::<B> {
             conv: &mut conv,
             ssm: &mut ssm,

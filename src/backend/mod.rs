@@ -116,6 +116,14 @@ pub struct DeltaWeights<'a, B: Backend> {
     pub dt_bias: &'a B::Buf,
 }
 
+// Three shared references: copied freely (a derive would ask `B: Copy`).
+impl<B: Backend> Clone for DeltaWeights<'_, B> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<B: Backend> Copy for DeltaWeights<'_, B> {}
+
 /// The recurrent state of one GatedDeltaNet layer.
 pub struct DeltaState<'a, B: Backend> {
     pub conv: &'a mut B::Buf,

@@ -185,11 +185,6 @@ pub fn gated_delta_each<B: Backend>(
         (out, hv * args.v_dim),
         states,
         |s, [qkv, alpha, beta], (conv, ssm), o| {
-            let w = DeltaWeights {
-                conv_w: w.conv_w,
-                a_log: w.a_log,
-                dt_bias: w.dt_bias,
-            };
             let args = DeltaArgs { n: s.n, ..args };
             b.gated_delta(qkv, alpha, beta, w, DeltaState { conv, ssm }, args, o)
         },

@@ -375,11 +375,6 @@ impl Backend for CpuBackend {
                 .zip(states.par_iter_mut())
                 .zip(outs.into_par_iter())
                 .try_for_each(|((s, (conv, ssm)), o)| {
-                    let w = DeltaWeights {
-                        conv_w: w.conv_w,
-                        a_log: w.a_log,
-                        dt_bias: w.dt_bias,
-                    };
                     let st = DeltaState {
                         conv: &mut **conv,
                         ssm: &mut **ssm,
