@@ -55,6 +55,7 @@ fn check(name: &str, flags: &[&str]) {
         variants.extend([
             vec!["--bits", "4"],
             vec!["--bits", "8"],
+            vec!["--bits", "2"],
             vec!["--bits", "2", "--group-size", "128"],
         ]);
     }

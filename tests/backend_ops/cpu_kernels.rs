@@ -33,6 +33,12 @@ fn cases(rng: &mut Rng) -> Vec<(String, MatrixView, Vec<f64>)> {
         (8, 32, 11, 96),
         (8, 16, 5, 64),
         (2, 128, 9, 512),
+        // A last 64-byte chunk of one group (VNNI's short chunk), and a
+        // group of 128 and 256 columns (a whole chunk, two).
+        (4, 64, 5, 320),
+        (2, 128, 5, 384),
+        (4, 128, 7, 384),
+        (4, 256, 3, 768),
     ] {
         let (v, d) = quant_matrix(rng, rows, cols, bits, gs, false);
         out.push((format!("q{bits} gs{gs} [{rows}, {cols}]"), v, d));

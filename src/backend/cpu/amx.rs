@@ -16,7 +16,7 @@
 //! to bytes by the task (once for all tokens); B (tmm1 `hi`, tmm2 `lo`) is
 //! the block's 64 columns × 16 tokens in the VNNI layout (four columns of
 //! a token per dword), laid out once per call; C (tmm3, tmm4) is 16 rows ×
-//! 16 tokens. A 4-bit block's levels are in `quantize_x`'s order (its even
+//! 16 tokens. A 4-bit block's levels are in `Order::Blocks` (its even
 //! columns, then its odd ones), so x needs no other permutation.
 //!
 //! The tile instructions are written as inline assembly (their intrinsics
@@ -83,7 +83,7 @@ pub(crate) struct Tiled {
 }
 
 /// The tiles of x `[n, cols]` from its 16-bit levels `xq` (in
-/// `vnni::quantize_x`'s order) and group sums.
+/// `Order::Blocks`) and group sums.
 pub(crate) fn tile_x(m: &QuantMat, xq: &QuantX, xsum: &[f32], n: usize) -> Tiled {
     use rayon::prelude::*;
     let (cols, groups) = (m.cols, m.groups());

@@ -3,7 +3,7 @@
 //! check of a kernel against `vnni`'s tiles, which compute the same
 //! integer group sums.
 
-use super::qmatvec::{Acts, QuantMat};
+use super::qmatvec::{Acts, Order, QuantMat};
 use super::vnni;
 
 /// A linear congruential generator: reproducible test data.
@@ -68,12 +68,14 @@ pub(super) fn check_against_vnni_tiles(
         for &n in ns {
             let x: Vec<f32> = (0..n * cols).map(|_| rng.f32()).collect();
             let mut a = Acts::new(&x, n, cols, Some(gs));
-            a.xq = vnni::quantize_x(&x, &a.xsum, gs, bits);
+            a.xq = vnni::quantize_x(&x, &a.xsum, cols, gs, bits, Order::Words);
             let rn = rows - r0;
             let mut want = vec![0.0f32; rn * n];
             // SAFETY: VNNI is available, the layout is supported and the
             // sizes match.
             unsafe { vnni::quant_rows(&m, &a, r0, &mut want) };
+            // The tiled kernels read the same levels by 32-byte blocks.
+            a.xq = vnni::quantize_x(&x, &a.xsum, cols, gs, bits, Order::Blocks);
             let mut got = vec![f32::NAN; rn * n];
             kernel(&m, &a, r0, &mut got);
             let rms = (want.iter().map(|v| v * v).sum::<f32>() / want.len() as f32).sqrt();

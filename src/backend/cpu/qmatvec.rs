@@ -235,25 +235,69 @@ impl<'a> Acts<'a> {
     }
 }
 
-/// The activations quantized per group: `x[t, c] ≈ scale[t, c / gs] · q[t, c']`
-/// with the columns of each 32-byte block of weights in unpacking order
-/// (column `PB·i + k` of a block at `32k + i`).
+/// The activations quantized per group: `x[t, c] ≈ scale[t, c / gs] · q[t, c']`,
+/// each level at the slot `c'` where the kernel that reads it unpacks
+/// column `c` of the weights (`Order`).
 #[derive(Default)]
 pub(crate) struct QuantX {
-    /// `[n, cols]`, permuted.
+    /// `[n, cols]`, in `order`.
     pub q: Vec<i16>,
     /// `[n, cols / gs]`.
     pub scale: Vec<f32>,
     /// `[n, cols / gs]`: what the rounding lost, `Σ x − scale·Σ q` per group.
     pub resid: Vec<f32>,
+    pub order: Order,
+}
+
+/// Where a token's levels lie in `QuantX::q`, for `bits`-bit weights with
+/// `P = 8 / bits` levels per byte.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub(crate) enum Order {
+    /// By 32-byte blocks of weights (`32·P` columns): column `P·i + k` of a
+    /// block at `32·k + i` (byte `i` widened to 16 bits, level `k` taken
+    /// out by a shift). The tiled kernels (`vnni_gemm`, `amx`) read this.
+    #[default]
+    Blocks,
+    /// By 64-byte chunks of weights read as 32 words of 16 bits (`32·2P`
+    /// columns): column `2P·i + k` at `W·k + i`, where `W` is the chunk's
+    /// words (32, fewer in a shorter last chunk). The one-token and small
+    /// tile kernel (`vnni`) reads this: a chunk's level `k` is one shift and
+    /// one mask of the words, with no widening.
+    Words,
+}
+
+impl Order {
+    /// Every token of `q` (`[n, cols]`, columns in natural order) put in
+    /// this order for `bits`-bit weights.
+    pub(crate) fn arrange(self, q: &mut [i16], cols: usize, bits: usize) {
+        let per = 8 / bits; // levels per byte
+        let (span, unit) = match self {
+            Order::Blocks => (32 * per, per),
+            Order::Words => (64 * per, 2 * per),
+        };
+        if unit == 1 {
+            return;
+        }
+        let mut tmp = vec![0i16; span];
+        for row in q.chunks_exact_mut(cols) {
+            for c in row.chunks_mut(span) {
+                let w = c.len() / unit; // bytes or words of this block
+                tmp[..c.len()].copy_from_slice(c);
+                for i in 0..w {
+                    for k in 0..unit {
+                        c[w * k + i] = tmp[unit * i + k];
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// `x` `[n, cols]` quantized for `bits`-bit weights in groups of `gs`
-/// (`gs` a multiple of `256 / bits`), rounding half away from zero; the
-/// portable form of `vnni::quantize_x` (which rounds half to even), for
-/// the layouts it leaves to this one.
-pub(crate) fn quantize_x(x: &[f32], gs: usize, bits: usize) -> QuantX {
-    let pb = 8 / bits;
+/// (`gs` a multiple of `256 / bits`), rounding half away from zero, in
+/// `order`; the portable form of `vnni::quantize_x` (which rounds half to
+/// even), for the layouts it leaves to this one.
+pub(crate) fn quantize_x(x: &[f32], cols: usize, gs: usize, bits: usize, order: Order) -> QuantX {
     let mut q = vec![0i16; x.len()];
     let mut scale = Vec::with_capacity(x.len() / gs);
     let mut resid = Vec::with_capacity(x.len() / gs);
@@ -268,19 +312,16 @@ pub(crate) fn quantize_x(x: &[f32], gs: usize, bits: usize) -> QuantX {
             continue;
         }
         let inv = 32767.0 / amax;
-        for (xb, qb) in xg.chunks_exact(32 * pb).zip(qg.chunks_exact_mut(32 * pb)) {
-            for i in 0..32 {
-                for k in 0..pb {
-                    let v = xb[pb * i + k] * inv;
-                    qb[32 * k + i] = (v + 0.5f32.copysign(v)) as i16;
-                }
-            }
+        for (v, q) in xg.iter().zip(qg.iter_mut()) {
+            let v = v * inv;
+            *q = (v + 0.5f32.copysign(v)) as i16;
         }
         let sx: f64 = xg.iter().map(|&v| v as f64).sum();
         let sq: i64 = qg.iter().map(|&v| v as i64).sum();
         resid.push((sx - s as f64 * sq as f64) as f32);
     }
-    QuantX { q, scale, resid }
+    order.arrange(&mut q, cols, bits);
+    QuantX { q, scale, resid, order }
 }
 
 /// `Σ g` accumulated in f64 over eight lanes (independent additions the

@@ -2,10 +2,11 @@
 //! decode steps): AVX-512 VNNI on weights repacked so that each of a
 //! register's 16 lanes holds a different group.
 //!
-//! `vnni::quant_tile` sums a group in all 16 lanes of a register, so every
-//! group of every (row, token) pair ends with a conversion and a
-//! multiply-add: at 4 bits in groups of 64 that is two `vpdpwssd` per
-//! group against two instructions of scaling. Here a task first repacks
+//! `vnni::quant_tile` sums one group (or two, at 4 bits in groups of 64)
+//! per register, so every register of every (row, token) pair ends with a
+//! conversion and a multiply-add: at 4 bits in groups of 64 that is four
+//! `vpdpwssd` per pair of groups against three instructions of scaling.
+//! Here a task first repacks
 //! its rows (in L2, once for all tokens) so that lane `l` of step `s`
 //! holds the pair of levels `s` of group `l` of a chunk of 16 groups; a
 //! chunk then takes `gs/2` `vpdpwssd` per (row, token) and one
@@ -70,7 +71,8 @@ impl Plan {
     /// over 16 lanes (a group of fewer packed dwords than its lanes).
     pub(crate) fn new(m: &QuantMat) -> Option<Plan> {
         let (bits, gs) = (m.bits, m.group_size);
-        if !matches!(bits, 2 | 4 | 8) || gs * bits % 32 != 0 {
+        // Whole 32-byte blocks per group (`Order::Blocks`).
+        if !matches!(bits, 2 | 4 | 8) || gs * bits % 256 != 0 {
             return None;
         }
         let d = gs * bits / 32; // packed dwords per group
@@ -138,8 +140,8 @@ pub(crate) struct Tiled {
     lanes: Vec<f32>,
 }
 
-/// x's 16-bit levels `xq` (in `qmatvec::quantize_x`'s order: columns
-/// `PB·i + k` of each 32-byte block at `32·k + i`) and group sums `xsum`,
+/// x's 16-bit levels `xq` (in `Order::Blocks`: columns `PB·i + k` of
+/// each 32-byte block at `32·k + i`) and group sums `xsum`,
 /// `[n, cols]`, laid out for `m`, or `None` when the layout has no plan.
 pub(crate) fn tile_x(m: &QuantMat, xq: &QuantX, xsum: &[f32], n: usize) -> Option<Tiled> {
     use rayon::prelude::*;
