@@ -211,7 +211,7 @@ unsafe fn chunk<const BITS: u32, const T: usize, const FULL: bool>(
 /// instructions of the kernel's inner loop.
 #[target_feature(enable = "avx512f,avx512vnni")]
 #[inline]
-unsafe fn dpwssd(acc: __m512i, a: __m512i, b: __m512i) -> __m512i {
+pub(crate) unsafe fn dpwssd(acc: __m512i, a: __m512i, b: __m512i) -> __m512i {
     let mut acc = acc;
     std::arch::asm!(
         "vpdpwssd {acc}, {a}, {b}",

@@ -381,7 +381,7 @@ unsafe fn tile<const TN: usize>(
             for t in 0..TN {
                 let xv = _mm512_loadu_si512(xp.add(t * wd + at) as *const _);
                 for r in 0..R {
-                    acc[r][t] = _mm512_dpwssd_epi32(acc[r][t], wv[r], xv);
+                    acc[r][t] = super::vnni::dpwssd(acc[r][t], wv[r], xv);
                 }
             }
         }
