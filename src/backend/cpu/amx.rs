@@ -85,16 +85,17 @@ pub(crate) struct Tiled {
 /// The tiles of x `[n, cols]` from its 16-bit levels `xq` (in
 /// `Order::Blocks`) and group sums.
 pub(crate) fn tile_x(m: &QuantMat, xq: &QuantX, xsum: &[f32], n: usize) -> Tiled {
-    use rayon::prelude::*;
     let (cols, groups) = (m.cols, m.groups());
     let blocks = cols / TK;
     let tiles = n.div_ceil(TT);
     let mut b = vec![0u8; tiles * blocks * 2 * TK * TT];
     let mut lanes = vec![0.0f32; tiles * groups * 3 * TT];
-    b.par_chunks_mut(blocks * 2 * TK * TT)
-        .zip(lanes.par_chunks_mut(groups * 3 * TT))
-        .enumerate()
-        .for_each(|(tt, (bt, lt))| {
+    super::spin::for_each_chunk2(
+        &mut b,
+        blocks * 2 * TK * TT,
+        &mut lanes,
+        groups * 3 * TT,
+        |tt, bt, lt| {
             for u in 0..TT.min(n - tt * TT) {
                 let t = tt * TT + u;
                 let q = &xq.q[t * cols..(t + 1) * cols];
@@ -112,7 +113,8 @@ pub(crate) fn tile_x(m: &QuantMat, xq: &QuantX, xsum: &[f32], n: usize) -> Tiled
                     lg[2 * TT + u] = xq.resid[t * groups + g];
                 }
             }
-        });
+        },
+    );
     Tiled {
         n,
         blocks,

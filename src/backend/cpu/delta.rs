@@ -16,7 +16,6 @@ use super::vector::dot;
 use super::CpuBackend;
 use crate::backend::{DeltaArgs, DeltaState, DeltaWeights};
 use crate::error::{Error, Result};
-use rayon::prelude::*;
 
 /// Calls of at least this many tokens run the recurrence on transposed
 /// blocks; the transposes in and out cost about as much as a few tokens
@@ -113,11 +112,13 @@ fn prepare(
     let q_scale = 1.0 / (dk as f32).sqrt();
     let mut gates = vec![(0.0f32, 0.0f32); a.n * hv];
     let mut kq = vec![0.0f32; a.n * hk];
-    xs.par_chunks_mut(conv_dim)
-        .zip(gates.par_chunks_mut(hv))
-        .zip(kq.par_chunks_mut(hk))
-        .enumerate()
-        .for_each(|(t, ((x, gt), kqt))| {
+    // k·q of token t's key heads, written by its task.
+    let kq_p = SharedMut(kq.as_mut_ptr());
+    let kq_p = &kq_p;
+    super::spin::for_each_chunk2(xs, conv_dim, &mut gates, hv, |t, x, gt| {
+        // SAFETY: token t's k·q are this task's alone.
+        let kqt = unsafe { std::slice::from_raw_parts_mut(kq_p.0.add(t * hk), hk) };
+        {
             let (q_all, rest) = x.split_at_mut(hk * dk);
             let k_all = &mut rest[..hk * dk];
             for ((qh, kh), kq) in q_all.chunks_exact_mut(dk).zip(k_all.chunks_exact_mut(dk)).zip(kqt) {
@@ -131,7 +132,8 @@ fn prepare(
                 let decay = (-(w.a_log[h].exp()) * softplus(a_in[t * hv + h] + w.dt_bias[h])).exp();
                 *g = (decay, sigmoid(b_in[t * hv + h]));
             }
-        });
+        }
+    });
     (gates, kq)
 }
 
@@ -175,7 +177,7 @@ impl Inputs<'_> {
 fn scan_rows(x: &Inputs, ssm: &mut [f32], out: &mut [f32]) {
     let (hv, dk, dv) = (x.a.v_heads, x.a.k_dim, x.a.v_dim);
     let out_p = SharedMut(out.as_mut_ptr());
-    ssm.par_chunks_mut(dv * dk).enumerate().for_each(|(h, s)| {
+    super::spin::for_each_chunk(ssm, dv * dk, |h, s| {
         let out_p = &out_p;
         for t in 0..x.a.n {
             let (q, k) = x.qk(t, h);
@@ -247,21 +249,27 @@ fn step_body(s: &mut [f32], x: Step, o: &mut [f32]) {
 fn scan_blocks(x: &Inputs, ssm: &mut [f32], isa: Isa, out: &mut [f32]) {
     let (dk, dv) = (x.a.k_dim, x.a.v_dim);
     let out_p = SharedMut(out.as_mut_ptr());
-    ssm.par_chunks_mut(dv * dk).enumerate().for_each(|(h, s)| {
+    // Tasks: the row blocks of every head (a head's last may be short).
+    let per = dv.div_ceil(LANES);
+    let ssm_p = SharedMut(ssm.as_mut_ptr());
+    let ssm_p = &ssm_p;
+    super::spin::for_each(x.a.v_heads * per, |task| {
+        let (h, rb) = (task / per, task % per);
+        let r0 = rb * LANES;
+        let m = LANES.min(dv - r0);
         let out_p = &out_p;
-        s.par_chunks_mut(LANES * dk).enumerate().for_each(|(rb, rows)| {
-            // SAFETY: the task's rows r0.. of head h are its alone, in
-            // out as in the state.
-            unsafe {
-                match isa {
-                    #[cfg(target_arch = "x86_64")]
-                    Isa::Avx512 => scan_block_avx512(x, h, rb * LANES, rows, out_p),
-                    #[cfg(target_arch = "x86_64")]
-                    Isa::Avx2 => scan_block_avx2(x, h, rb * LANES, rows, out_p),
-                    _ => scan_block::<lanes::Plain, 1>(x, h, rb * LANES, rows, out_p),
-                }
+        // SAFETY: rows r0..r0 + m of head h are this task's alone, in the
+        // state as in out.
+        unsafe {
+            let rows = std::slice::from_raw_parts_mut(ssm_p.0.add((h * dv + r0) * dk), m * dk);
+            match isa {
+                #[cfg(target_arch = "x86_64")]
+                Isa::Avx512 => scan_block_avx512(x, h, r0, rows, out_p),
+                #[cfg(target_arch = "x86_64")]
+                Isa::Avx2 => scan_block_avx2(x, h, r0, rows, out_p),
+                _ => scan_block::<lanes::Plain, 1>(x, h, r0, rows, out_p),
             }
-        });
+        }
     });
 }
 

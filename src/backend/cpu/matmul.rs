@@ -193,20 +193,28 @@ pub fn linear_set_with(kernel: Kernel, ps: &mut [Product]) -> Result<()> {
     // The kernel of each product, and the activations, prepared once per
     // distinct input and kernel.
     let kernels: Vec<Kernel> = ps.iter().zip(&mats).map(|(p, m)| kernel.for_product(m, p.n)).collect();
-    let mut acts: Vec<(ActsKey, Prepared)> = Vec::new();
+    // (the experts of a MoE layer have one input each: prepared in
+    // parallel).
+    let mut keys: Vec<(ActsKey, usize)> = Vec::new();
     let mut act_of = Vec::with_capacity(ps.len());
-    for ((p, mat), &k) in ps.iter().zip(&mats).zip(&kernels) {
-        let x: &[f32] = p.x;
-        let key = ActsKey::new(k, mat, x, p.n, p.w.cols);
-        let i = match acts.iter().position(|(key2, _)| *key2 == key) {
+    for (j, ((p, mat), &k)) in ps.iter().zip(&mats).zip(&kernels).enumerate() {
+        let key = ActsKey::new(k, mat, p.x, p.n, p.w.cols);
+        let i = match keys.iter().position(|(key2, _)| *key2 == key) {
             Some(i) => i,
             None => {
-                acts.push((key, prepare(k, mat, x, p.n, p.w.cols)));
-                acts.len() - 1
+                keys.push((key, j));
+                keys.len() - 1
             }
         };
         act_of.push(i);
     }
+    let mut acts: Vec<Option<Prepared>> = keys.iter().map(|_| None).collect();
+    super::spin::for_each_chunk(&mut acts, 1, |i, a| {
+        let j = keys[i].1;
+        let p = &ps[j];
+        a[0] = Some(prepare(kernels[j], &mats[j], p.x, p.n, p.w.cols));
+    });
+    let acts: Vec<Prepared> = acts.into_iter().flatten().collect();
     // Tasks: at least TASK_BYTES of weights each, about eight per thread
     // over the whole set. One token writes y directly; several go through
     // [rows, n] and a transpose.
@@ -238,18 +246,15 @@ pub fn linear_set_with(kernel: Kernel, ps: &mut [Product]) -> Result<()> {
         }
         tasks.extend(out.chunks_mut(block * n).enumerate().map(|(bi, o)| (i, bi * block, o)));
     }
-    let run = |(i, r0, o): (usize, usize, &mut [f32])| rows_into(kernels[i], &mats[i], &acts[act_of[i]].1, r0, o);
-    if tasks.len() == 1 {
-        tasks.into_iter().for_each(run);
-    } else {
-        tasks.into_par_iter().for_each(run);
-    }
+    super::spin::for_each_mut(&mut tasks, |(i, r0, o)| {
+        rows_into(kernels[*i], &mats[*i], &acts[act_of[*i]], *r0, o)
+    });
     // [rows, n] → y [n, rows], the tokens in parallel (serial, this
     // took a large share of a 16-thread prefill product).
     for (p, s) in ps.iter_mut().zip(&scratch) {
         if p.n > 1 && p.w.cols > 0 {
             let (rows, n) = (p.w.rows, p.n);
-            p.y[..n * rows].par_chunks_mut(rows).enumerate().for_each(|(t, yt)| {
+            super::spin::for_each_chunk(&mut p.y[..n * rows], rows, |t, yt| {
                 for (r, y) in yt.iter_mut().enumerate() {
                     *y = s[r * n + t];
                 }

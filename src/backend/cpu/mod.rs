@@ -18,6 +18,7 @@ mod qmatvec;
 mod simd;
 #[cfg(target_arch = "x86_64")]
 mod simd512;
+mod spin;
 mod vector;
 #[cfg(target_arch = "x86_64")]
 mod vnni;
@@ -32,7 +33,6 @@ use matmul::{CpuMatrix, Kernel};
 pub use pool::PoolInfo;
 pub use profile::OpTime;
 use profile::{Op, OpProfile};
-use rayon::prelude::*;
 
 /// The CPU backend. Its parallel loops run on rayon's global pool, or on
 /// a pool of its own ([`CpuBackend::with_options`]) in which
@@ -40,6 +40,8 @@ use rayon::prelude::*;
 #[derive(Debug)]
 pub struct CpuBackend {
     pool: Option<(rayon::ThreadPool, PoolInfo)>,
+    /// Spinning workers for the short loops of a decode step (`spin`).
+    spin: Option<spin::SpinPool>,
     /// The kernel of every matrix product (`Kernel::for_product` narrows
     /// it per product).
     kernel: Kernel,
@@ -57,6 +59,7 @@ impl CpuBackend {
     pub fn new() -> CpuBackend {
         CpuBackend {
             pool: None,
+            spin: None,
             kernel: Kernel::detect(),
             prof: OpProfile::default(),
         }
@@ -65,8 +68,12 @@ impl CpuBackend {
     /// On a pool of `threads` workers (0: one per CPU the process may
     /// use), with exact products or the fastest kernels (SPEC §6).
     pub fn with_options(threads: usize, exact: bool) -> Result<CpuBackend> {
+        let (pool, info) = pool::build(threads)?;
+        let spin = spin::SpinPool::new(info.threads)
+            .map_err(|e| Error::Invalid(format!("cannot start {} CPU threads: {e}", info.threads)))?;
         Ok(CpuBackend {
-            pool: Some(pool::build(threads)?),
+            pool: Some((pool, info)),
+            spin: Some(spin),
             kernel: Kernel::choose(exact),
             prof: OpProfile::default(),
         })
@@ -95,9 +102,10 @@ impl CpuBackend {
     /// are split among the workers without a hand-off per loop (on the
     /// caller's thread without a pool of its own).
     pub fn run<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
-        match &self.pool {
-            Some((p, _)) => p.install(f),
-            None => f(),
+        match (&self.pool, &self.spin) {
+            (Some((p, _)), Some(s)) => p.install(|| s.install(f)),
+            (Some((p, _)), None) => p.install(f),
+            _ => f(),
         }
     }
 
@@ -196,10 +204,9 @@ impl Backend for CpuBackend {
 
     fn rms_norm(&self, x: &Vec<f32>, w: &Vec<f32>, rows: usize, dim: usize, eps: f32, y: &mut Vec<f32>) -> Result<()> {
         self.prof.time(Op::Norms, || {
-            y[..rows * dim]
-                .par_chunks_mut(dim)
-                .zip(x[..rows * dim].par_chunks(dim))
-                .for_each(|(o, r)| rms_norm_row(r, w, eps, o));
+            spin::for_each_chunk(&mut y[..rows * dim], dim, |t, o| {
+                rms_norm_row(&x[t * dim..(t + 1) * dim], w, eps, o)
+            });
             Ok(())
         })
     }
@@ -215,15 +222,12 @@ impl Backend for CpuBackend {
         y: &mut Vec<f32>,
     ) -> Result<()> {
         self.prof.time(Op::Norms, || {
-            y[..rows * dim]
-                .par_chunks_mut(dim)
-                .zip(x[..rows * dim].par_chunks(dim).zip(z[..rows * dim].par_chunks(dim)))
-                .for_each(|(o, (r, g))| {
-                    rms_norm_row(r, w, eps, o);
-                    for (v, gv) in o.iter_mut().zip(g) {
-                        *v *= silu(*gv);
-                    }
-                });
+            spin::for_each_chunk(&mut y[..rows * dim], dim, |t, o| {
+                rms_norm_row(&x[t * dim..(t + 1) * dim], w, eps, o);
+                for (v, gv) in o.iter_mut().zip(&z[t * dim..(t + 1) * dim]) {
+                    *v *= silu(*gv);
+                }
+            });
             Ok(())
         })
     }
@@ -371,9 +375,10 @@ impl Backend for CpuBackend {
         }
         let (qkv, a, b) = (&qkv[..], &a[..], &b[..]);
         self.prof.time(Op::Recurrence, || {
-            segs.par_iter()
-                .zip(states.par_iter_mut())
-                .zip(outs.into_par_iter())
+            // One sequence after another, each split over the threads.
+            segs.iter()
+                .zip(states.iter_mut())
+                .zip(outs)
                 .try_for_each(|((s, (conv, ssm)), o)| {
                     let st = DeltaState {
                         conv: &mut **conv,

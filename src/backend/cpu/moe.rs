@@ -8,11 +8,11 @@
 use super::matmul::{linear_set_with, Kernel, Product};
 use super::profile::{Op, OpProfile};
 use super::silu;
+use super::spin::for_each_chunk;
 use crate::backend::{MoeArgs, Routes};
 use crate::error::{Error, Result};
 use crate::experts::ExpertStore;
 use crate::format::MatrixView;
-use rayon::prelude::*;
 
 /// The tokens routed to one expert and their weights.
 pub(crate) struct Routed {
@@ -95,68 +95,27 @@ pub(crate) fn apply(
     // Each expert's input rows [m, hidden]: x itself for one token. The
     // copies, the SwiGLU and the combination run in parallel for a chunk
     // (serial, they were a large share of a 16-thread prefill).
-    let xs: Vec<Vec<f32>> = routed
-        .par_iter()
-        .map(|r| match n {
-            1 => Vec::new(),
-            _ => r
-                .toks
-                .iter()
-                .flat_map(|&t| x[t * h..(t + 1) * h].iter().copied())
-                .collect(),
-        })
-        .collect();
+    let mut xs: Vec<Vec<f32>> = vec![Vec::new(); if n > 1 { routed.len() } else { 0 }];
+    for_each_chunk(&mut xs, 1, |i, xi| {
+        xi[0] = routed[i]
+            .toks
+            .iter()
+            .flat_map(|&t| x[t * h..(t + 1) * h].iter().copied())
+            .collect()
+    });
     let input = |i: usize| -> &[f32] {
         match n {
             1 => x,
             _ => &xs[i],
         }
     };
-    // [m, inter] each.
-    // Each expert on its own: gate and up, SwiGLU, down ([m, hidden]).
-    // The experts run in parallel and each one's products split their
-    // rows among the threads, so a thread done with one expert's rows
-    // takes another's instead of waiting at a barrier between the gate/up
-    // products of all experts and their down products.
-    let d: Vec<Vec<f32>> = (0..mats.len())
-        .into_par_iter()
-        .map(|i| -> Result<Vec<f32>> {
-            let m = routed[i].toks.len();
-            let [gate, up, down] = &mats[i];
-            let (mut g, mut u) = (vec![0.0f32; m * inter], vec![0.0f32; m * inter]);
-            linear_set_with(
-                kernel,
-                &mut [
-                    Product {
-                        w: gate,
-                        x: input(i),
-                        n: m,
-                        y: &mut g,
-                    },
-                    Product {
-                        w: up,
-                        x: input(i),
-                        n: m,
-                        y: &mut u,
-                    },
-                ],
-            )?;
-            for (gv, uv) in g.iter_mut().zip(&u) {
-                *gv = silu(*gv) * uv;
-            }
-            let mut d = vec![0.0f32; m * h];
-            linear_set_with(
-                kernel,
-                &mut [Product {
-                    w: down,
-                    x: &g,
-                    n: m,
-                    y: &mut d,
-                }],
-            )?;
-            Ok(d)
-        })
-        .collect::<Result<_>>()?;
+    let m = |i: usize| routed[i].toks.len();
+    let routed_rows: usize = (0..mats.len()).map(m).sum();
+    let d = if routed_rows > FLAT_MAX_ROWS * mats.len() {
+        by_expert(kernel, &input, m, inter, h, mats)?
+    } else {
+        flat(kernel, &input, m, inter, h, mats)?
+    };
     // Each token adds its experts' rows in expert order, as one pass over
     // the experts would: the same sums, tokens in parallel.
     let mut of_token: Vec<Vec<(usize, usize)>> = vec![Vec::new(); n];
@@ -165,8 +124,8 @@ pub(crate) fn apply(
             of_token[t].push((e, i));
         }
     }
-    out[..n * h].par_chunks_mut(h).zip(&of_token).for_each(|(o, rows)| {
-        for &(e, i) in rows {
+    for_each_chunk(&mut out[..n * h], h, |t, o| {
+        for &(e, i) in &of_token[t] {
             let w = routed[e].wts[i];
             for (ov, v) in o.iter_mut().zip(&d[e][i * h..(i + 1) * h]) {
                 *ov += w * v;
@@ -174,4 +133,110 @@ pub(crate) fn apply(
         }
     });
     Ok(())
+}
+
+/// Experts with at most this many tokens on average (decode, batched
+/// decode) run as two flat sets; more (prefill) one expert per task.
+const FLAT_MAX_ROWS: usize = 4;
+
+/// Gate and up of every expert as one set ([m, inter] each), the SwiGLU,
+/// then every down product as another ([m, hidden]): the rows of all the
+/// experts split across the threads, two loops per layer.
+fn flat<'a>(
+    kernel: Kernel,
+    input: &(dyn Fn(usize) -> &'a [f32] + Sync),
+    m: impl Fn(usize) -> usize,
+    inter: usize,
+    h: usize,
+    mats: &[[MatrixView; 3]],
+) -> Result<Vec<Vec<f32>>> {
+    let mut g: Vec<Vec<f32>> = (0..mats.len()).map(|i| vec![0.0f32; m(i) * inter]).collect();
+    let mut u = g.clone();
+    let mut ps: Vec<Product> = Vec::with_capacity(2 * mats.len());
+    for (i, (gi, ui)) in g.iter_mut().zip(u.iter_mut()).enumerate() {
+        let [gate, up, _] = &mats[i];
+        for (w, y) in [(gate, gi), (up, ui)] {
+            ps.push(Product {
+                w,
+                x: input(i),
+                n: m(i),
+                y,
+            });
+        }
+    }
+    linear_set_with(kernel, &mut ps)?;
+    drop(ps);
+    for_each_chunk(&mut g, 1, |i, gi| {
+        for (gv, uv) in gi[0].iter_mut().zip(&u[i]) {
+            *gv = silu(*gv) * uv;
+        }
+    });
+    let mut d: Vec<Vec<f32>> = (0..mats.len()).map(|i| vec![0.0f32; m(i) * h]).collect();
+    let mut ps: Vec<Product> = d
+        .iter_mut()
+        .enumerate()
+        .map(|(i, di)| Product {
+            w: &mats[i][2],
+            x: &g[i],
+            n: m(i),
+            y: di,
+        })
+        .collect();
+    linear_set_with(kernel, &mut ps)?;
+    Ok(d)
+}
+
+/// Each expert whole on one task (its input prepared once, gate, up,
+/// SwiGLU and down while they are in the task's cache): with many tokens
+/// per expert, the flat sets' inputs and intermediates of every expert at
+/// once would not stay in cache.
+fn by_expert<'a>(
+    kernel: Kernel,
+    input: &(dyn Fn(usize) -> &'a [f32] + Sync),
+    m: impl Fn(usize) -> usize + Sync,
+    inter: usize,
+    h: usize,
+    mats: &[[MatrixView; 3]],
+) -> Result<Vec<Vec<f32>>> {
+    let mut d: Vec<Result<Vec<f32>>> = (0..mats.len()).map(|_| Ok(Vec::new())).collect();
+    for_each_chunk(&mut d, 1, |i, di| {
+        di[0] = (|| {
+            let mi = m(i);
+            let [gate, up, down] = &mats[i];
+            let (mut g, mut u) = (vec![0.0f32; mi * inter], vec![0.0f32; mi * inter]);
+            let x = input(i);
+            linear_set_with(
+                kernel,
+                &mut [
+                    Product {
+                        w: gate,
+                        x,
+                        n: mi,
+                        y: &mut g,
+                    },
+                    Product {
+                        w: up,
+                        x,
+                        n: mi,
+                        y: &mut u,
+                    },
+                ],
+            )?;
+            for (gv, uv) in g.iter_mut().zip(&u) {
+                *gv = silu(*gv) * uv;
+            }
+            let mut out = vec![0.0f32; mi * h];
+            linear_set_with(
+                kernel,
+                &mut [Product {
+                    w: down,
+                    x: &g,
+                    n: mi,
+                    y: &mut out,
+                }],
+            )?;
+            Ok(out)
+        })();
+    });
+    d.into_iter().collect()
 }

@@ -213,8 +213,13 @@ impl<'a> Acts<'a> {
         // share of a 16-thread product.
         let xsum = match group_size {
             Some(gs) if n > 1 => {
-                use rayon::prelude::*;
-                x.par_chunks_exact(gs).map(group_sum).collect()
+                let mut sums = vec![0.0f32; x.len() / gs];
+                super::spin::for_each_chunk(&mut sums, 64, |i, c| {
+                    for (j, o) in c.iter_mut().enumerate() {
+                        *o = group_sum(&x[(64 * i + j) * gs..][..gs]);
+                    }
+                });
+                sums
             }
             Some(gs) => x.chunks_exact(gs).map(group_sum).collect(),
             None => Vec::new(),

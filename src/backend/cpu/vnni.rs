@@ -55,7 +55,6 @@ pub(crate) fn quantize_x(x: &[f32], xsum: &[f32], cols: usize, gs: usize, bits: 
     if !available() || !gs.is_multiple_of(16) {
         return super::qmatvec::quantize_x(x, cols, gs, bits, order);
     }
-    use rayon::prelude::*;
     let mut out = QuantX {
         q: vec![0i16; x.len()],
         scale: vec![0.0; x.len() / gs],
@@ -70,16 +69,28 @@ pub(crate) fn quantize_x(x: &[f32], xsum: &[f32], cols: usize, gs: usize, bits: 
         return out;
     }
     // Whole tokens, in parallel.
-    out.q
-        .par_chunks_mut(cols)
-        .zip(out.scale.par_chunks_mut(per).zip(out.resid.par_chunks_mut(per)))
-        .zip(x.par_chunks(cols).zip(xsum.par_chunks(per)))
-        .for_each(|((q, (scale, resid)), (x, xsum))| {
-            // SAFETY: AVX-512 is available; every group is `gs` long, a
-            // multiple of 16 columns, and the outputs are sized for x.
-            unsafe { quantize_avx512(x, xsum, gs, q, scale, resid) };
-            order.arrange(q, cols, bits);
-        });
+    struct Sums(*mut f32, *mut f32);
+    // SAFETY: each token's scales and residuals are one task's alone.
+    unsafe impl Sync for Sums {}
+    let sums = Sums(out.scale.as_mut_ptr(), out.resid.as_mut_ptr());
+    let sums = &sums;
+    super::spin::for_each_chunk(&mut out.q, cols, |t, q| {
+        // SAFETY: AVX-512 is available; every group is `gs` long, a
+        // multiple of 16 columns, and the outputs are sized for x.
+        unsafe {
+            let scale = std::slice::from_raw_parts_mut(sums.0.add(t * per), per);
+            let resid = std::slice::from_raw_parts_mut(sums.1.add(t * per), per);
+            quantize_avx512(
+                &x[t * cols..(t + 1) * cols],
+                &xsum[t * per..(t + 1) * per],
+                gs,
+                q,
+                scale,
+                resid,
+            );
+        }
+        order.arrange(q, cols, bits);
+    });
     out
 }
 

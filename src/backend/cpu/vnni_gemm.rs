@@ -144,34 +144,30 @@ pub(crate) struct Tiled {
 /// each 32-byte block at `32·k + i`) and group sums `xsum`,
 /// `[n, cols]`, laid out for `m`, or `None` when the layout has no plan.
 pub(crate) fn tile_x(m: &QuantMat, xq: &QuantX, xsum: &[f32], n: usize) -> Option<Tiled> {
-    use rayon::prelude::*;
     let plan = Plan::new(m)?;
     let (cols, groups) = (plan.cols, m.groups());
     let src = sources(&plan);
     let nc = plan.chunks.len();
     let mut x = vec![0i32; n * cols / 2];
     let mut lanes = vec![0.0f32; n * nc * LANES];
-    x.par_chunks_mut(cols / 2)
-        .zip(lanes.par_chunks_mut(nc * LANES))
-        .enumerate()
-        .for_each(|(t, (xt, lt))| {
-            let q = &xq.q[t * cols..(t + 1) * cols];
-            for (i, v) in xt.iter_mut().enumerate() {
-                let (lo, hi) = (
-                    q[src[2 * i] as usize] as u16 as u32,
-                    q[src[2 * i + 1] as usize] as u16 as u32,
-                );
-                *v = (lo | hi << 16) as i32;
+    super::spin::for_each_chunk2(&mut x, cols / 2, &mut lanes, nc * LANES, |t, xt, lt| {
+        let q = &xq.q[t * cols..(t + 1) * cols];
+        for (i, v) in xt.iter_mut().enumerate() {
+            let (lo, hi) = (
+                q[src[2 * i] as usize] as u16 as u32,
+                q[src[2 * i + 1] as usize] as u16 as u32,
+            );
+            *v = (lo | hi << 16) as i32;
+        }
+        for (c, lc) in plan.chunks.iter().zip(lt.chunks_exact_mut(LANES)) {
+            for l in 0..16 {
+                let g = t * groups + c.g0 + l / c.h;
+                lc[l] = xq.scale[g];
+                lc[16 + l] = xsum[g];
+                lc[32 + l] = xq.resid[g];
             }
-            for (c, lc) in plan.chunks.iter().zip(lt.chunks_exact_mut(LANES)) {
-                for l in 0..16 {
-                    let g = t * groups + c.g0 + l / c.h;
-                    lc[l] = xq.scale[g];
-                    lc[16 + l] = xsum[g];
-                    lc[32 + l] = xq.resid[g];
-                }
-            }
-        });
+        }
+    });
     Some(Tiled { plan, x, lanes })
 }
 
