@@ -18,6 +18,7 @@ pub mod engine;
 pub mod experts;
 pub mod model;
 pub mod notify;
+pub(crate) mod parallel;
 pub mod server;
 pub mod session;
 pub mod text;

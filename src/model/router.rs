@@ -71,7 +71,6 @@ fn noaux_tc(
 /// of a prefill chunk in parallel (one after the other, a 256-token chunk
 /// spent milliseconds per layer here on the CPU).
 pub fn route(routing: &Routing, logits: &[f32], n: usize, k: usize, bias: Option<&[f32]>) -> Routes {
-    use rayon::prelude::*;
     let e = logits.len() / n;
     let zeros = match (routing, bias) {
         (Routing::NoauxTc { .. }, None) => vec![0.0; e],
@@ -95,7 +94,9 @@ pub fn route(routing: &Routing, logits: &[f32], n: usize, k: usize, bias: Option
         ),
     };
     let per_token: Vec<(Vec<u32>, Vec<f32>)> = if n >= PARALLEL_TOKENS {
-        logits.par_chunks_exact(e).map(one).collect()
+        let mut v = vec![(Vec::new(), Vec::new()); n];
+        crate::parallel::for_each_chunk(&mut v, 1, |t, o| o[0] = one(&logits[t * e..(t + 1) * e]));
+        v
     } else {
         logits.chunks_exact(e).map(one).collect()
     };

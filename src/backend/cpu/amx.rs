@@ -90,7 +90,7 @@ pub(crate) fn tile_x(m: &QuantMat, xq: &QuantX, xsum: &[f32], n: usize) -> Tiled
     let tiles = n.div_ceil(TT);
     let mut b = vec![0u8; tiles * blocks * 2 * TK * TT];
     let mut lanes = vec![0.0f32; tiles * groups * 3 * TT];
-    super::spin::for_each_chunk2(
+    crate::parallel::for_each_chunk2(
         &mut b,
         blocks * 2 * TK * TT,
         &mut lanes,

@@ -43,7 +43,7 @@ fn softmax(s: &mut [f32]) {
 pub fn attention(q: &[f32], k: &[f32], v: &[f32], a: AttnArgs, out: &mut [f32]) {
     let group = a.n_heads / a.n_kv_heads;
     let (hd, vd) = (a.head_dim, a.v_dim);
-    super::spin::for_each_chunk(&mut out[..a.n * a.n_heads * vd], vd, |i, o| {
+    crate::parallel::for_each_chunk(&mut out[..a.n * a.n_heads * vd], vd, |i, o| {
         let (t, h) = (i / a.n_heads, i % a.n_heads);
         let kvh = h / group;
         let len = a.pos0 + t + 1;
@@ -65,7 +65,7 @@ pub fn attention(q: &[f32], k: &[f32], v: &[f32], a: AttnArgs, out: &mut [f32]) 
 pub fn mla_attention(q: &[f32], latent: &[f32], k_pe: &[f32], kv_b: &[f32], a: MlaArgs, out: &mut [f32]) {
     let (dn, dr, dv, r) = (a.nope, a.rope, a.v_dim, a.kv_lora_rank);
     let qd = dn + dr;
-    super::spin::for_each_chunk(&mut out[..a.n * a.n_heads * dv], dv, |i, o| {
+    crate::parallel::for_each_chunk(&mut out[..a.n * a.n_heads * dv], dv, |i, o| {
         let (t, h) = (i / a.n_heads, i % a.n_heads);
         let len = a.pos0 + t + 1;
         let qh = &q[(t * a.n_heads + h) * qd..][..qd];

@@ -115,7 +115,7 @@ fn prepare(
     // k·q of token t's key heads, written by its task.
     let kq_p = SharedMut(kq.as_mut_ptr());
     let kq_p = &kq_p;
-    super::spin::for_each_chunk2(xs, conv_dim, &mut gates, hv, |t, x, gt| {
+    crate::parallel::for_each_chunk2(xs, conv_dim, &mut gates, hv, |t, x, gt| {
         // SAFETY: token t's k·q are this task's alone.
         let kqt = unsafe { std::slice::from_raw_parts_mut(kq_p.0.add(t * hk), hk) };
         {
@@ -177,7 +177,7 @@ impl Inputs<'_> {
 fn scan_rows(x: &Inputs, ssm: &mut [f32], out: &mut [f32]) {
     let (hv, dk, dv) = (x.a.v_heads, x.a.k_dim, x.a.v_dim);
     let out_p = SharedMut(out.as_mut_ptr());
-    super::spin::for_each_chunk(ssm, dv * dk, |h, s| {
+    crate::parallel::for_each_chunk(ssm, dv * dk, |h, s| {
         let out_p = &out_p;
         for t in 0..x.a.n {
             let (q, k) = x.qk(t, h);
@@ -253,7 +253,7 @@ fn scan_blocks(x: &Inputs, ssm: &mut [f32], isa: Isa, out: &mut [f32]) {
     let per = dv.div_ceil(LANES);
     let ssm_p = SharedMut(ssm.as_mut_ptr());
     let ssm_p = &ssm_p;
-    super::spin::for_each(x.a.v_heads * per, |task| {
+    crate::parallel::for_each(x.a.v_heads * per, |task| {
         let (h, rb) = (task / per, task % per);
         let r0 = rb * LANES;
         let m = LANES.min(dv - r0);

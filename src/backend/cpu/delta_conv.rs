@@ -63,7 +63,7 @@ pub(super) fn conv(qkv: &[f32], conv_w: &[f32], state: &mut [f32], a: DeltaArgs,
     let chunk = CONV_TOKENS.max(a.kernel - 1);
     let (blocks, chunks) = (cd.div_ceil(CONV_CHANNELS), a.n.div_ceil(chunk));
     let (xs_p, st_p) = (SharedMut(xs.as_mut_ptr()), SharedMut(state.as_mut_ptr()));
-    super::spin::for_each(blocks * chunks, |task| {
+    crate::parallel::for_each(blocks * chunks, |task| {
         let (blk, ch) = (task % blocks, task / blocks);
         let c0 = blk * CONV_CHANNELS;
         let task = ConvTask {

@@ -209,7 +209,7 @@ pub fn linear_set_with(kernel: Kernel, ps: &mut [Product]) -> Result<()> {
         act_of.push(i);
     }
     let mut acts: Vec<Option<Prepared>> = keys.iter().map(|_| None).collect();
-    super::spin::for_each_chunk(&mut acts, 1, |i, a| {
+    crate::parallel::for_each_chunk(&mut acts, 1, |i, a| {
         let j = keys[i].1;
         let p = &ps[j];
         a[0] = Some(prepare(kernels[j], &mats[j], p.x, p.n, p.w.cols));
@@ -246,7 +246,7 @@ pub fn linear_set_with(kernel: Kernel, ps: &mut [Product]) -> Result<()> {
         }
         tasks.extend(out.chunks_mut(block * n).enumerate().map(|(bi, o)| (i, bi * block, o)));
     }
-    super::spin::for_each_mut(&mut tasks, |(i, r0, o)| {
+    crate::parallel::for_each_mut(&mut tasks, |(i, r0, o)| {
         rows_into(kernels[*i], &mats[*i], &acts[act_of[*i]], *r0, o)
     });
     // [rows, n] → y [n, rows], the tokens in parallel (serial, this
@@ -254,7 +254,7 @@ pub fn linear_set_with(kernel: Kernel, ps: &mut [Product]) -> Result<()> {
     for (p, s) in ps.iter_mut().zip(&scratch) {
         if p.n > 1 && p.w.cols > 0 {
             let (rows, n) = (p.w.rows, p.n);
-            super::spin::for_each_chunk(&mut p.y[..n * rows], rows, |t, yt| {
+            crate::parallel::for_each_chunk(&mut p.y[..n * rows], rows, |t, yt| {
                 for (r, y) in yt.iter_mut().enumerate() {
                     *y = s[r * n + t];
                 }

@@ -18,7 +18,6 @@ mod qmatvec;
 mod simd;
 #[cfg(target_arch = "x86_64")]
 mod simd512;
-mod spin;
 mod vector;
 #[cfg(target_arch = "x86_64")]
 mod vnni;
@@ -40,8 +39,8 @@ use profile::{Op, OpProfile};
 #[derive(Debug)]
 pub struct CpuBackend {
     pool: Option<(rayon::ThreadPool, PoolInfo)>,
-    /// Spinning workers for the short loops of a decode step (`spin`).
-    spin: Option<spin::SpinPool>,
+    /// Spinning workers for the short loops of a decode step (`crate::parallel`).
+    spin: Option<crate::parallel::SpinPool>,
     /// The kernel of every matrix product (`Kernel::for_product` narrows
     /// it per product).
     kernel: Kernel,
@@ -69,7 +68,7 @@ impl CpuBackend {
     /// use), with exact products or the fastest kernels (SPEC §6).
     pub fn with_options(threads: usize, exact: bool) -> Result<CpuBackend> {
         let (pool, info) = pool::build(threads)?;
-        let spin = spin::SpinPool::new(info.threads)
+        let spin = crate::parallel::SpinPool::new(info.threads)
             .map_err(|e| Error::Invalid(format!("cannot start {} CPU threads: {e}", info.threads)))?;
         Ok(CpuBackend {
             pool: Some((pool, info)),
@@ -204,7 +203,7 @@ impl Backend for CpuBackend {
 
     fn rms_norm(&self, x: &Vec<f32>, w: &Vec<f32>, rows: usize, dim: usize, eps: f32, y: &mut Vec<f32>) -> Result<()> {
         self.prof.time(Op::Norms, || {
-            spin::for_each_chunk(&mut y[..rows * dim], dim, |t, o| {
+            crate::parallel::for_each_chunk(&mut y[..rows * dim], dim, |t, o| {
                 rms_norm_row(&x[t * dim..(t + 1) * dim], w, eps, o)
             });
             Ok(())
@@ -222,7 +221,7 @@ impl Backend for CpuBackend {
         y: &mut Vec<f32>,
     ) -> Result<()> {
         self.prof.time(Op::Norms, || {
-            spin::for_each_chunk(&mut y[..rows * dim], dim, |t, o| {
+            crate::parallel::for_each_chunk(&mut y[..rows * dim], dim, |t, o| {
                 rms_norm_row(&x[t * dim..(t + 1) * dim], w, eps, o);
                 for (v, gv) in o.iter_mut().zip(&z[t * dim..(t + 1) * dim]) {
                     *v *= silu(*gv);

@@ -8,11 +8,11 @@
 use super::matmul::{linear_set_with, Kernel, Product};
 use super::profile::{Op, OpProfile};
 use super::silu;
-use super::spin::for_each_chunk;
 use crate::backend::{MoeArgs, Routes};
 use crate::error::{Error, Result};
 use crate::experts::ExpertStore;
 use crate::format::MatrixView;
+use crate::parallel::for_each_chunk;
 
 /// The tokens routed to one expert and their weights.
 pub(crate) struct Routed {

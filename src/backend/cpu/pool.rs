@@ -1,6 +1,6 @@
 //! The CPU backend's threads: a rayon pool of its own, one worker per
 //! core, in which a whole forward pass runs (`CpuBackend::run`), and
-//! beside it the spinning workers (`spin.rs`) that run the pass's
+//! beside it the spinning workers (`crate::parallel`) that run the pass's
 //! parallel loops.
 //!
 //! A parallel loop started from a thread outside a pool is queued to the

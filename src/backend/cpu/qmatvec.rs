@@ -214,7 +214,7 @@ impl<'a> Acts<'a> {
         let xsum = match group_size {
             Some(gs) if n > 1 => {
                 let mut sums = vec![0.0f32; x.len() / gs];
-                super::spin::for_each_chunk(&mut sums, 64, |i, c| {
+                crate::parallel::for_each_chunk(&mut sums, 64, |i, c| {
                     for (j, o) in c.iter_mut().enumerate() {
                         *o = group_sum(&x[(64 * i + j) * gs..][..gs]);
                     }

@@ -74,7 +74,7 @@ pub(crate) fn quantize_x(x: &[f32], xsum: &[f32], cols: usize, gs: usize, bits: 
     unsafe impl Sync for Sums {}
     let sums = Sums(out.scale.as_mut_ptr(), out.resid.as_mut_ptr());
     let sums = &sums;
-    super::spin::for_each_chunk(&mut out.q, cols, |t, q| {
+    crate::parallel::for_each_chunk(&mut out.q, cols, |t, q| {
         // SAFETY: AVX-512 is available; every group is `gs` long, a
         // multiple of 16 columns, and the outputs are sized for x.
         unsafe {

@@ -150,7 +150,7 @@ pub(crate) fn tile_x(m: &QuantMat, xq: &QuantX, xsum: &[f32], n: usize) -> Optio
     let nc = plan.chunks.len();
     let mut x = vec![0i32; n * cols / 2];
     let mut lanes = vec![0.0f32; n * nc * LANES];
-    super::spin::for_each_chunk2(&mut x, cols / 2, &mut lanes, nc * LANES, |t, xt, lt| {
+    crate::parallel::for_each_chunk2(&mut x, cols / 2, &mut lanes, nc * LANES, |t, xt, lt| {
         let q = &xq.q[t * cols..(t + 1) * cols];
         for (i, v) in xt.iter_mut().enumerate() {
             let (lo, hi) = (

@@ -1,5 +1,7 @@
-//! A pool of spinning workers for the many short parallel loops of a
-//! decode step (a few hundred per token, each a few tens of µs).
+//! The parallel loops of the CPU backend and of the model's host-side
+//! code: a pool of spinning workers for the many short loops of a decode
+//! step (a few hundred per token, each a few tens of µs), rayon where no
+//! pool is installed (the CUDA engine's host code, tests).
 //!
 //! rayon's idle workers go to sleep after a few dozen yields, and a loop
 //! then wakes them one by one: on the 16-core device host (a KVM guest)
@@ -23,10 +25,18 @@ use std::time::{Duration, Instant};
 /// How long a worker spins for the next loop before it sleeps.
 const SPIN: Duration = Duration::from_micros(500);
 
+/// A yield that took this long gave the core to another thread (rayon's
+/// workers in a loop of the model's code): the worker then sleeps
+/// instead of taking turns with it.
+const YIELDED: Duration = Duration::from_micros(20);
+
 /// One parallel loop: tasks `0..n` of `f`.
 struct Job<'a> {
     f: &'a (dyn Fn(usize) + Sync),
     n: usize,
+    /// Tasks taken at once: many tiny tasks (the rows of a norm) would
+    /// otherwise spend their time on the two shared counters.
+    grain: usize,
     next: AtomicUsize,
     done: AtomicUsize,
     /// A task's panic, raised again on the caller.
@@ -37,14 +47,15 @@ impl Job<'_> {
     /// Take tasks until none is left.
     fn work(&self) {
         loop {
-            let i = self.next.fetch_add(1, Relaxed);
-            if i >= self.n {
+            let i0 = self.next.fetch_add(self.grain, Relaxed);
+            if i0 >= self.n {
                 return;
             }
-            if let Err(p) = catch_unwind(AssertUnwindSafe(|| (self.f)(i))) {
+            let i1 = (i0 + self.grain).min(self.n);
+            if let Err(p) = catch_unwind(AssertUnwindSafe(|| (i0..i1).for_each(self.f))) {
                 *self.panic.lock().unwrap_or_else(|e| e.into_inner()) = Some(p);
             }
-            self.done.fetch_add(1, Release);
+            self.done.fetch_add(i1 - i0, Release);
         }
     }
 }
@@ -123,6 +134,7 @@ impl SpinPool {
         let job = Job {
             f,
             n,
+            grain: (n / (4 * (self.workers.len() + 1))).max(1),
             next: AtomicUsize::new(0),
             done: AtomicUsize::new(0),
             panic: Mutex::new(None),
@@ -195,9 +207,13 @@ fn worker(s: &Shared) {
             continue;
         }
         if idle.elapsed() < SPIN {
-            // Let a thread of another pool have the core if one waits.
+            // Let a thread of another pool have the core if one waits; if
+            // one did (the yield took long), the core is wanted: sleep.
+            let t = Instant::now();
             std::thread::yield_now();
-            continue;
+            if t.elapsed() < YIELDED {
+                continue;
+            }
         }
         let g = s.lock.lock().unwrap_or_else(|e| e.into_inner());
         s.sleeping.fetch_add(1, SeqCst);
