@@ -500,7 +500,9 @@ impl Model {
 
     pub(crate) fn forward(&self, st: &mut EngineState, tokens: &[u32], pos0: usize, all: bool) -> Result<Vec<f32>> {
         match (&self.engine, st) {
-            (Engine::Cpu(n), EngineState::Cpu(s)) => n.b.run(|| n.forward(s, &self.store, tokens, pos0, all)),
+            (Engine::Cpu(n), EngineState::Cpu(s)) => {
+                n.b.run_for(tokens.len(), || n.forward(s, &self.store, tokens, pos0, all))
+            }
             (Engine::Cuda(n), EngineState::Cuda(s)) => n.forward(s, &self.store, tokens, pos0, all),
             _ => Err(Error::Invalid("a session state of another device".into())),
         }
@@ -510,8 +512,9 @@ impl Model {
     pub(crate) fn forward_batch(&self, steps: &mut [EngineStep<'_>]) -> Result<Vec<Vec<f32>>> {
         match &self.engine {
             Engine::Cpu(n) => {
+                let tokens = steps.iter().map(|s| s.tokens.len()).sum();
                 let mut seqs = seq_steps(steps)?;
-                n.b.run(|| n.forward_batch(&mut seqs, &self.store))
+                n.b.run_for(tokens, || n.forward_batch(&mut seqs, &self.store))
             }
             Engine::Cuda(n) => n.forward_batch(&mut seq_steps(steps)?, &self.store),
         }
