@@ -234,47 +234,63 @@ pub(crate) fn for_each(n: usize, f: impl Fn(usize) + Sync) {
     if n == 0 {
         return;
     }
-    let pool = CURRENT.with(|c| c.get());
-    if IN_TASK.with(|t| t.get()) {
+    if n == 1 || IN_TASK.with(|t| t.get()) {
         return (0..n).for_each(f);
     }
+    let pool = CURRENT.with(|c| c.get());
     if pool.is_null() {
         use rayon::prelude::*;
         return (0..n).into_par_iter().for_each(&f);
-    }
-    if n == 1 {
-        return f(0);
     }
     // SAFETY: set by `install`, whose pool outlives the call it wraps.
     unsafe { &*pool }.run(n, &f);
 }
 
+/// A slice's chunks handed to the tasks of a loop, each chunk to one.
+struct Chunks<T> {
+    p: *mut T,
+    len: usize,
+    chunk: usize,
+}
+
+// SAFETY: each chunk goes to one task, so no element is shared.
+unsafe impl<T: Send> Sync for Chunks<T> {}
+
+impl<T> Chunks<T> {
+    fn new(s: &mut [T], chunk: usize) -> Chunks<T> {
+        Chunks {
+            p: s.as_mut_ptr(),
+            len: s.len(),
+            chunk: chunk.max(1),
+        }
+    }
+
+    fn count(&self) -> usize {
+        self.len.div_ceil(self.chunk)
+    }
+
+    /// Chunk `i`.
+    ///
+    /// # Safety
+    /// `i < count()`, and no other live reference to chunk `i`.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn get(&self, i: usize) -> &mut [T] {
+        let at = i * self.chunk;
+        std::slice::from_raw_parts_mut(self.p.add(at), self.chunk.min(self.len - at))
+    }
+}
+
 /// `f(&mut items[i])` for every item, in parallel as `for_each`.
 pub(crate) fn for_each_mut<T: Send>(items: &mut [T], f: impl Fn(&mut T) + Sync) {
-    struct Items<T>(*mut T);
-    // SAFETY: each index goes to one task, so no element is shared.
-    unsafe impl<T: Send> Sync for Items<T> {}
-    let p = Items(items.as_mut_ptr());
-    let p = &p;
-    for_each(items.len(), move |i| f(unsafe { &mut *p.0.add(i) }));
+    for_each_chunk(items, 1, |_, c| f(&mut c[0]));
 }
 
 /// `f(i, chunk i)` for the chunks of `len` (the last one shorter) of
 /// `out`, in parallel as `for_each`.
 pub(crate) fn for_each_chunk<T: Send>(out: &mut [T], len: usize, f: impl Fn(usize, &mut [T]) + Sync) {
-    struct Out<T>(*mut T, usize);
-    // SAFETY: each chunk goes to one task, so no element is shared.
-    unsafe impl<T: Send> Sync for Out<T> {}
-    let len = len.max(1);
-    let p = Out(out.as_mut_ptr(), out.len());
-    let p = &p;
-    for_each(out.len().div_ceil(len), move |i| {
-        let at = i * len;
-        // SAFETY: chunk i is in bounds and only this task's.
-        f(i, unsafe {
-            std::slice::from_raw_parts_mut(p.0.add(at), len.min(p.1 - at))
-        })
-    });
+    let c = Chunks::new(out, len);
+    // SAFETY: each index is one task's, and in bounds.
+    for_each(c.count(), |i| f(i, unsafe { c.get(i) }));
 }
 
 /// `f(i, chunk i of a, chunk i of b)` for the chunks of `la` of `a` and
@@ -286,24 +302,9 @@ pub(crate) fn for_each_chunk2<A: Send, B: Send>(
     lb: usize,
     f: impl Fn(usize, &mut [A], &mut [B]) + Sync,
 ) {
-    struct Out<T>(*mut T, usize);
-    // SAFETY: each chunk goes to one task, so no element is shared.
-    unsafe impl<T: Send> Sync for Out<T> {}
-    let (la, lb) = (la.max(1), lb.max(1));
-    let n = a.len().div_ceil(la).min(b.len().div_ceil(lb));
-    let (pa, pb) = (Out(a.as_mut_ptr(), a.len()), Out(b.as_mut_ptr(), b.len()));
-    let (pa, pb) = (&pa, &pb);
-    for_each(n, move |i| {
-        let (at, bt) = (i * la, i * lb);
-        // SAFETY: chunk i of each is in bounds and only this task's.
-        let (ca, cb) = unsafe {
-            (
-                std::slice::from_raw_parts_mut(pa.0.add(at), la.min(pa.1 - at)),
-                std::slice::from_raw_parts_mut(pb.0.add(bt), lb.min(pb.1 - bt)),
-            )
-        };
-        f(i, ca, cb)
-    });
+    let (ca, cb) = (Chunks::new(a, la), Chunks::new(b, lb));
+    // SAFETY: each index is one task's, and in bounds of both.
+    for_each(ca.count().min(cb.count()), |i| unsafe { f(i, ca.get(i), cb.get(i)) });
 }
 
 #[cfg(test)]

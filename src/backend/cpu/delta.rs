@@ -118,20 +118,18 @@ fn prepare(
     crate::parallel::for_each_chunk2(xs, conv_dim, &mut gates, hv, |t, x, gt| {
         // SAFETY: token t's k·q are this task's alone.
         let kqt = unsafe { std::slice::from_raw_parts_mut(kq_p.0.add(t * hk), hk) };
-        {
-            let (q_all, rest) = x.split_at_mut(hk * dk);
-            let k_all = &mut rest[..hk * dk];
-            for ((qh, kh), kq) in q_all.chunks_exact_mut(dk).zip(k_all.chunks_exact_mut(dk)).zip(kqt) {
-                let qn = 1.0 / (dot(qh, qh) + 1e-6).sqrt();
-                let kn = 1.0 / (dot(kh, kh) + 1e-6).sqrt();
-                qh.iter_mut().for_each(|v| *v *= qn * q_scale);
-                kh.iter_mut().for_each(|v| *v *= kn);
-                *kq = dot(kh, qh);
-            }
-            for (h, g) in gt.iter_mut().enumerate() {
-                let decay = (-(w.a_log[h].exp()) * softplus(a_in[t * hv + h] + w.dt_bias[h])).exp();
-                *g = (decay, sigmoid(b_in[t * hv + h]));
-            }
+        let (q_all, rest) = x.split_at_mut(hk * dk);
+        let k_all = &mut rest[..hk * dk];
+        for ((qh, kh), kq) in q_all.chunks_exact_mut(dk).zip(k_all.chunks_exact_mut(dk)).zip(kqt) {
+            let qn = 1.0 / (dot(qh, qh) + 1e-6).sqrt();
+            let kn = 1.0 / (dot(kh, kh) + 1e-6).sqrt();
+            qh.iter_mut().for_each(|v| *v *= qn * q_scale);
+            kh.iter_mut().for_each(|v| *v *= kn);
+            *kq = dot(kh, qh);
+        }
+        for (h, g) in gt.iter_mut().enumerate() {
+            let decay = (-(w.a_log[h].exp()) * softplus(a_in[t * hv + h] + w.dt_bias[h])).exp();
+            *g = (decay, sigmoid(b_in[t * hv + h]));
         }
     });
     (gates, kq)

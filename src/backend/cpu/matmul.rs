@@ -320,20 +320,19 @@ fn prepare<'a>(kernel: Kernel, mat: &Mat, x: &'a [f32], n: usize, cols: usize) -
                     // The tiled kernels read x by 32-byte blocks, the
                     // one-token and small-tile one by 64-byte chunks.
                     use super::qmatvec::Order;
-                    let (gs, bits) = (q.group_size, q.bits);
-                    let gemm = n >= super::vnni_gemm::MIN_TOKENS && super::vnni_gemm::Plan::new(q).is_some();
-                    let tiled = kernel == Kernel::Amx || gemm;
-                    let order = if tiled { Order::Blocks } else { Order::Words };
-                    acts.xq = super::vnni::quantize_x(acts.x, &acts.xsum, cols, gs, bits, order);
+                    use super::vnni_gemm::{Plan, MIN_TOKENS};
+                    let plan = (kernel != Kernel::Amx && n >= MIN_TOKENS)
+                        .then(|| Plan::new(q))
+                        .flatten();
+                    let order = match kernel == Kernel::Amx || plan.is_some() {
+                        true => Order::Blocks,
+                        false => Order::Words,
+                    };
+                    acts.xq = super::vnni::quantize_x(acts.x, &acts.xsum, cols, q.group_size, q.bits, order);
                     if kernel == Kernel::Amx {
                         tiles = Tiles::Amx(super::amx::tile_x(q, &acts.xq, &acts.xsum, n));
-                    } else if let Some(t) = gemm
-                        .then(|| super::vnni_gemm::tile_x(q, &acts.xq, &acts.xsum, n))
-                        .flatten()
-                    {
-                        tiles = Tiles::Vnni(t);
-                    } else if tiled {
-                        acts.xq = super::vnni::quantize_x(acts.x, &acts.xsum, cols, gs, bits, Order::Words);
+                    } else if let Some(plan) = plan {
+                        tiles = Tiles::Vnni(super::vnni_gemm::tile_x(plan, &acts.xq, &acts.xsum, n));
                     }
                 }
                 _ => acts.xp = permuted(kernel, q, acts.x),

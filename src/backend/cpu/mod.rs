@@ -33,13 +33,14 @@ pub use pool::PoolInfo;
 pub use profile::OpTime;
 use profile::{Op, OpProfile};
 
-/// The CPU backend. Its parallel loops run on rayon's global pool, or on
-/// a pool of its own ([`CpuBackend::with_options`]) in which
-/// [`CpuBackend::run`] runs a whole forward pass.
 /// The most tokens of a forward pass whose loops run on the spinning
 /// workers (a batched decode step of 16 sequences).
 pub const SPIN_MAX_TOKENS: usize = 16;
 
+/// The CPU backend. Its parallel loops run on rayon's global pool, or on
+/// pools of its own ([`CpuBackend::with_options`]: rayon's, and spinning
+/// workers for decode-sized passes) in which [`CpuBackend::run_for`] runs
+/// a whole forward pass.
 #[derive(Debug)]
 pub struct CpuBackend {
     pool: Option<(rayon::ThreadPool, PoolInfo)>,

@@ -1,9 +1,10 @@
 //! The MoE step on the CPU: every distinct expert of the chunk is read
-//! once and applied to all tokens routed to it. The gate and up products
-//! of all the experts run as one parallel set, then the down products as
-//! another (rows of every expert split across all threads); the outputs
-//! are combined afterwards in expert order, so the result does not depend
-//! on the timing or the number of threads.
+//! once and applied to all tokens routed to it. With a few tokens per
+//! expert (decode) the gate and up products of all the experts run as one
+//! parallel set, then the down products as another (rows of every expert
+//! split across all threads); with more (prefill) each expert runs whole
+//! on one task. The outputs are combined afterwards in expert order, so
+//! the result does not depend on the timing or the number of threads.
 
 use super::matmul::{linear_set_with, Kernel, Product};
 use super::profile::{Op, OpProfile};
@@ -186,10 +187,10 @@ fn flat<'a>(
     Ok(d)
 }
 
-/// Each expert whole on one task (its input prepared once, gate, up,
-/// SwiGLU and down while they are in the task's cache): with many tokens
-/// per expert, the flat sets' inputs and intermediates of every expert at
-/// once would not stay in cache.
+/// Each expert whole on one task (`flat` over that expert alone: its
+/// input prepared once, gate, up, SwiGLU and down while they are in the
+/// task's cache): with many tokens per expert, the flat sets' inputs and
+/// intermediates of every expert at once would not stay in cache.
 fn by_expert<'a>(
     kernel: Kernel,
     input: &(dyn Fn(usize) -> &'a [f32] + Sync),
@@ -200,43 +201,8 @@ fn by_expert<'a>(
 ) -> Result<Vec<Vec<f32>>> {
     let mut d: Vec<Result<Vec<f32>>> = (0..mats.len()).map(|_| Ok(Vec::new())).collect();
     for_each_chunk(&mut d, 1, |i, di| {
-        di[0] = (|| {
-            let mi = m(i);
-            let [gate, up, down] = &mats[i];
-            let (mut g, mut u) = (vec![0.0f32; mi * inter], vec![0.0f32; mi * inter]);
-            let x = input(i);
-            linear_set_with(
-                kernel,
-                &mut [
-                    Product {
-                        w: gate,
-                        x,
-                        n: mi,
-                        y: &mut g,
-                    },
-                    Product {
-                        w: up,
-                        x,
-                        n: mi,
-                        y: &mut u,
-                    },
-                ],
-            )?;
-            for (gv, uv) in g.iter_mut().zip(&u) {
-                *gv = silu(*gv) * uv;
-            }
-            let mut out = vec![0.0f32; mi * h];
-            linear_set_with(
-                kernel,
-                &mut [Product {
-                    w: down,
-                    x: &g,
-                    n: mi,
-                    y: &mut out,
-                }],
-            )?;
-            Ok(out)
-        })();
+        let x = input(i);
+        di[0] = flat(kernel, &|_| x, |_| m(i), inter, h, &mats[i..i + 1]).map(|mut one| one.remove(0));
     });
     d.into_iter().collect()
 }

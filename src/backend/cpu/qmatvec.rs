@@ -283,7 +283,7 @@ impl Order {
         if unit == 1 {
             return;
         }
-        let mut tmp = vec![0i16; span];
+        let mut tmp = [0i16; 256]; // span: at most 64 · 4 (2-bit words)
         for row in q.chunks_exact_mut(cols) {
             for c in row.chunks_mut(span) {
                 let w = c.len() / unit; // bytes or words of this block

@@ -62,35 +62,17 @@ pub(crate) fn quantize_x(x: &[f32], xsum: &[f32], cols: usize, gs: usize, bits: 
         order,
     };
     let per = cols / gs;
-    if x.len() == cols {
-        // SAFETY: as below.
-        unsafe { quantize_avx512(x, xsum, gs, &mut out.q, &mut out.scale, &mut out.resid) };
-        order.arrange(&mut out.q, cols, bits);
-        return out;
-    }
-    // Whole tokens, in parallel.
-    struct Sums(*mut f32, *mut f32);
-    // SAFETY: each token's scales and residuals are one task's alone.
-    unsafe impl Sync for Sums {}
-    let sums = Sums(out.scale.as_mut_ptr(), out.resid.as_mut_ptr());
-    let sums = &sums;
-    crate::parallel::for_each_chunk(&mut out.q, cols, |t, q| {
+    // Whole tokens, in parallel: levels, then scales and residuals.
+    let mut sums: Vec<(&mut [f32], &mut [f32])> = out.scale.chunks_mut(per).zip(out.resid.chunks_mut(per)).collect();
+    crate::parallel::for_each_chunk2(&mut out.q, cols, &mut sums, 1, |t, q, sr| {
+        let (scale, resid) = &mut sr[0];
+        let (x, xsum) = (&x[t * cols..(t + 1) * cols], &xsum[t * per..(t + 1) * per]);
         // SAFETY: AVX-512 is available; every group is `gs` long, a
         // multiple of 16 columns, and the outputs are sized for x.
-        unsafe {
-            let scale = std::slice::from_raw_parts_mut(sums.0.add(t * per), per);
-            let resid = std::slice::from_raw_parts_mut(sums.1.add(t * per), per);
-            quantize_avx512(
-                &x[t * cols..(t + 1) * cols],
-                &xsum[t * per..(t + 1) * per],
-                gs,
-                q,
-                scale,
-                resid,
-            );
-        }
+        unsafe { quantize_avx512(x, xsum, gs, q, scale, resid) };
         order.arrange(q, cols, bits);
     });
+    drop(sums);
     out
 }
 
@@ -263,7 +245,6 @@ unsafe fn quant_tile<const BITS: u32, const T: usize>(m: &QuantMat, a: &Acts, r:
         a.xsum.as_ptr().add(t0 * groups),
     );
     let (w, sp, bp) = row_ptrs(m, r);
-    // Pair p of groups: sums 0..8 take group 2p's scale, 8..16 2p + 1's.
     // Sum j of a chunk's register belongs to its group j / h.
     let first = _mm512_srlv_epi32(
         _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),

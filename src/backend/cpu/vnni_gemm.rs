@@ -2,7 +2,7 @@
 //! decode steps): AVX-512 VNNI on weights repacked so that each of a
 //! register's 16 lanes holds a different group.
 //!
-//! `vnni::quant_tile` sums one group (or two, at 4 bits in groups of 64)
+//! `vnni::quant_tile` sums one group (or a few: two at 4 bits in groups of 64)
 //! per register, so every register of every (row, token) pair ends with a
 //! conversion and a multiply-add: at 4 bits in groups of 64 that is four
 //! `vpdpwssd` per pair of groups against three instructions of scaling.
@@ -142,10 +142,9 @@ pub(crate) struct Tiled {
 
 /// x's 16-bit levels `xq` (in `Order::Blocks`: columns `PB·i + k` of
 /// each 32-byte block at `32·k + i`) and group sums `xsum`,
-/// `[n, cols]`, laid out for `m`, or `None` when the layout has no plan.
-pub(crate) fn tile_x(m: &QuantMat, xq: &QuantX, xsum: &[f32], n: usize) -> Option<Tiled> {
-    let plan = Plan::new(m)?;
-    let (cols, groups) = (plan.cols, m.groups());
+/// `[n, cols]`, laid out by `plan` (`Plan::new` of the weights).
+pub(crate) fn tile_x(plan: Plan, xq: &QuantX, xsum: &[f32], n: usize) -> Tiled {
+    let (cols, groups) = (plan.cols, plan.cols / plan.gs);
     let src = sources(&plan);
     let nc = plan.chunks.len();
     let mut x = vec![0i32; n * cols / 2];
@@ -168,7 +167,7 @@ pub(crate) fn tile_x(m: &QuantMat, xq: &QuantX, xsum: &[f32], n: usize) -> Optio
             }
         }
     });
-    Some(Tiled { plan, x, lanes })
+    Tiled { plan, x, lanes }
 }
 
 /// For each 16-bit slot of a repacked row, where `quantize_x` put its
@@ -424,7 +423,7 @@ mod tests {
             (8, 32, 256, false),
         ];
         check_against_vnni_tiles(5, &layouts, 9, 2, &[4, 5, 7, 16], |m, a, r0, out| {
-            let xt = tile_x(m, &a.xq, &a.xsum, a.n).expect("a plan for this layout");
+            let xt = tile_x(Plan::new(m).expect("a plan for this layout"), &a.xq, &a.xsum, a.n);
             // SAFETY: VNNI is available (checked by the caller), the sizes
             // match, and `xt` is x laid out for this layout.
             unsafe { quant_rows(m, &xt, a.n, r0, out) };
