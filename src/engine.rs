@@ -185,6 +185,8 @@ fn open_cuda(
         // against 60.7 tok/s on the H100.)
         min_slots: config.num_experts_per_tok * if opts.prefetch { 2 } else { 1 },
         hybrid: opts.hybrid,
+        host_threads: opts.threads,
+        exact: opts.exact,
     };
     let r = net.b.attach_experts(store, &moe, req)?;
     let gb = |b: u64| b as f64 / 1e9;

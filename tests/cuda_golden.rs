@@ -50,12 +50,30 @@ fn open(dir: &std::path::Path, cache: CacheSize, prefetch: bool, hybrid: Hybrid)
 
 /// The model on CUDA as it opens by default (the fast path).
 fn open_fast(dir: &std::path::Path) -> Model {
+    open_fast_with(dir, CacheSize::Auto, Hybrid::Off)
+}
+
+/// The fast path with an expert cache and a split of its own.
+fn open_fast_with(dir: &std::path::Path, cache: CacheSize, hybrid: Hybrid) -> Model {
     let opts = Options {
         device: Device::Cuda(0),
+        expert_cache: cache,
+        hybrid,
         cuda: cuda_options(),
         ..Options::default()
     };
     Model::open(dir, &opts).expect("open converted model on CUDA")
+}
+
+/// A cache of three experts' slots: every step misses.
+fn three_slots(model: &Model) -> CacheSize {
+    let store = model.expert_store();
+    let size = (0..model.config().num_hidden_layers)
+        .filter_map(|l| store.layer_layout(l).ok())
+        .map(|l| l.expert_size)
+        .max()
+        .expect("a MoE layer");
+    CacheSize::Bytes(3 * size.div_ceil(256) as u64 * 256)
 }
 
 /// The logits of every position, as one chunk and token by token.
@@ -108,15 +126,10 @@ fn check(name: &str, flags: &[&str]) {
         r.logits.len()
     );
 
-    let store = model.expert_store();
-    let size = (0..model.config().num_hidden_layers)
-        .filter_map(|l| store.layer_layout(l).ok())
-        .map(|l| l.expert_size)
-        .max()
-        .expect("a MoE layer");
+    let three = three_slots(&model);
     drop(model);
     for (cache, prefetch) in [
-        (CacheSize::Bytes(3 * size.div_ceil(256) as u64 * 256), false),
+        (three, false),
         (CacheSize::Percent(50.0), true),
         (CacheSize::Percent(50.0), false),
     ] {
@@ -139,7 +152,6 @@ fn check(name: &str, flags: &[&str]) {
     // Misses of one-token steps computed on the CPU (every one, or as the
     // cost model splits them): other arithmetic, the same f32 values to
     // within the step tolerance.
-    let three = CacheSize::Bytes(3 * size.div_ceil(256) as u64 * 256);
     for (cache, hybrid) in [
         (three, Hybrid::Cpu),
         (CacheSize::Percent(50.0), Hybrid::Cpu),
@@ -229,11 +241,17 @@ fn check_fast(name: &str, flags: &[&str]) {
         }
         out
     };
+    let want = greedy(&exact);
+    assert_eq!(greedy(&fast), want, "{name}: greedy tokens differ from the exact path");
+    // Every one-token step's misses on the CPU, with its fast kernel.
+    let hybrid = open_fast_with(&dst, three_slots(&exact), Hybrid::Cpu);
     assert_eq!(
-        greedy(&fast),
-        greedy(&exact),
-        "{name}: greedy tokens differ from the exact path"
+        greedy(&hybrid),
+        want,
+        "{name}: greedy tokens with the misses on the CPU differ from the exact path"
     );
+    let stats = hybrid.expert_cache_stats().expect("cache stats");
+    assert!(stats.on_host > 0, "{name}: no miss computed on the CPU");
 }
 
 fn devices_parse() {

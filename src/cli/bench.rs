@@ -176,7 +176,9 @@ fn cache_delta(a: CacheStats, b: CacheStats) -> CacheStats {
         stall_ns: b.stall_ns - a.stall_ns,
         host_steps: b.host_steps - a.host_steps,
         host_ns: b.host_ns - a.host_ns,
-        host_wait_ns: b.host_wait_ns - a.host_wait_ns,
+        host_last: b.host_last - a.host_last,
+        hints: b.hints - a.hints,
+        guesses: b.guesses - a.guesses,
         ..b
     }
 }
@@ -199,7 +201,9 @@ fn add_cache(a: Option<CacheStats>, d: CacheStats) -> CacheStats {
         stall_ns: a.stall_ns + d.stall_ns,
         host_steps: a.host_steps + d.host_steps,
         host_ns: a.host_ns + d.host_ns,
-        host_wait_ns: a.host_wait_ns + d.host_wait_ns,
+        host_last: a.host_last + d.host_last,
+        hints: a.hints + d.hints,
+        guesses: a.guesses + d.guesses,
         ..a
     }
 }

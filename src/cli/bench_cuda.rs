@@ -52,6 +52,7 @@ pub(super) fn print_cuda(
     h2d: f64,
 ) -> anyhow::Result<()> {
     let gpu = model.gpu_name().unwrap_or("?");
+    let k = model.config().num_experts_per_tok;
     let prefill = match model.cuda_tensor_cores() {
         Some(true) => "tensor cores (split f16)",
         _ => "f32 (exact)",
@@ -92,7 +93,7 @@ pub(super) fn print_cuda(
                     "hit_rate": cols.hit_rate, "bytes_streamed_per_token": cols.mb_per_tok * 1e6,
                     "bytes_on_cpu_per_token": cols.cpu_mb_per_tok * 1e6,
                     "cpu_steps": c.host_steps, "cpu_step_us": c.host_ns as f64 / 1e3 / c.host_steps.max(1) as f64,
-                    "cpu_wait_us": c.host_wait_ns as f64 / 1e3 / c.host_steps.max(1) as f64,
+                    "cpu_last": c.host_last, "guesses_per_hint": c.guesses as f64 / c.hints.max(1) as f64,
                     "copy_gb_s": cols.copy_gbps, "stall_s": c.stall_ns as f64 * 1e-9, "floor_tok_s": cols.floor,
                     "storage_bytes_per_token": r.storage.map(|b| b as f64 / r.tokens.max(1) as f64)})
             })
@@ -148,12 +149,20 @@ pub(super) fn print_cuda(
             let per = |ns: u64| ns as f64 / 1e3 / c.host_steps as f64;
             writeln!(
                 out,
-                "{} CPU steps: {} of {:.1} experts each, {:.0} µs of CPU, the host waited {:.0} µs for it after issuing the GPU's share",
+                "{} CPU steps: {} of {:.1} experts each, {:.0} µs of CPU; the GPU's share was done first in {:.0}% of them",
                 r.label(),
                 c.host_steps,
                 c.on_host as f64 / c.host_steps as f64,
                 per(c.host_ns),
-                per(c.host_wait_ns)
+                100.0 * c.host_last as f64 / c.host_steps as f64
+            )?;
+        }
+        if c.hints > 0 && c.guesses < c.hints * k as u64 {
+            writeln!(
+                out,
+                "{} router guesses copied ahead: {:.2} of {k} per layer (tuned on token times)",
+                r.label(),
+                c.guesses as f64 / c.hints as f64
             )?;
         }
     }

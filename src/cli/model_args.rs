@@ -30,7 +30,8 @@ pub struct ModelArgs {
     /// cgroup limit's (containers) when that is lower.
     #[arg(long, default_value = "auto")]
     pub io: IoMode,
-    /// CPU: threads that compute (0: one per CPU this process may use).
+    /// CPU threads that compute: the CPU backend's, or on CUDA those that
+    /// compute misses with --hybrid (0: one per CPU this process may use).
     #[arg(long, default_value_t = 0, value_name = "N")]
     pub threads: usize,
     /// f32 activations in every matrix product. Without it, quantized
@@ -129,8 +130,8 @@ impl ModelArgs {
                 notes.push(format!("--hybrid has no effect on the {device}"));
             }
         } else {
-            if self.threads != 0 {
-                notes.push("--threads has no effect on CUDA".into());
+            if self.threads != 0 && self.hybrid == Hybrid::Off {
+                notes.push("--threads has no effect on CUDA without --hybrid".into());
             }
         }
         if cache.is_some_and(|c| c.resident) {

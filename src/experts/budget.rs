@@ -122,11 +122,16 @@ pub struct CacheStats {
     /// where the files are not registered with the driver, reading them
     /// into pinned staging buffers and waiting for those.
     pub stall_ns: u64,
-    /// CPU steps of split misses, the CPU's time in them, and the time the
-    /// host waited for the CPU after issuing the GPU's share.
+    /// CPU steps of split misses, the CPU's time in them, and the steps
+    /// in which the GPU's share had finished before the CPU's (the CPU
+    /// was the step's last).
     pub host_steps: u64,
     pub host_ns: u64,
-    pub host_wait_ns: u64,
+    pub host_last: u64,
+    /// Router guesses made for the next layer, and the experts of them
+    /// copied ahead (all but where `--hybrid auto` tunes the count).
+    pub hints: u64,
+    pub guesses: u64,
     pub slots: u64,
     /// Every expert of the model is in a slot.
     pub resident: bool,

@@ -5,12 +5,14 @@
 
 pub mod budget;
 pub mod cache;
+pub mod guesses;
 mod io;
 pub mod memory;
 pub mod split;
 
 pub use budget::{CacheSize, CacheStats};
 pub use cache::{Place, SlotTable};
+pub use guesses::GuessTuner;
 pub use io::{IoMode, DIRECT_ALIGN};
 pub use memory::Memory;
 pub use split::{HostShare, Hybrid, SplitModel};

@@ -9,9 +9,8 @@
 use crate::error::{Error, Result};
 
 /// `--hybrid`: who computes the experts that are not on the device.
-/// `Off` by default: on the H100 host the split has not paid yet (the CPU
-/// computes a one-token expert at 18–31 GB/s with ~60 µs to start, below
-/// PCIe's 55 GB/s), see BENCHMARKS.md.
+/// `Off` by default: on the H100 host `Auto` is faster only at the
+/// smallest cache (tg128 +19% at `0%`, −6% at 25%; see BENCHMARKS.md).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum Hybrid {
     /// Split by the cost model.
@@ -75,8 +74,15 @@ pub struct SplitModel {
     /// The CPU's fixed cost of a step (waking threads, moving the
     /// activations and the result).
     pub cpu_fixed_s: f64,
+    /// What the device's share of a step takes besides its copies (its
+    /// compute, and copies queued before it): not measured directly, but
+    /// moved after every CPU step toward the balance where the CPU's share
+    /// and the device's finish together.
+    pub gpu_extra_s: f64,
     /// CPU steps observed since start.
     pub observed: u64,
+    /// The CPU's kernel and threads, for the summary.
+    pub cpu: Option<(&'static str, usize)>,
     /// Steps with misses that the model gave none of to the CPU in a row.
     idle: u32,
 }
@@ -87,6 +93,13 @@ const EXPLORE_EVERY: u32 = 64;
 
 /// How much of the old estimate each observation keeps.
 const KEEP: f64 = 0.9;
+
+/// How far one CPU step moves [`SplitModel::gpu_extra_s`].
+const NUDGE_S: f64 = 2e-6;
+
+/// The most it may reach (a millisecond: several times a decode step's
+/// share), so that it comes back soon when the device speeds up.
+const MAX_EXTRA_S: f64 = 1e-3;
 
 impl SplitModel {
     /// From the copy rate (bytes/s) and two timings of the CPU at start:
@@ -99,18 +112,32 @@ impl SplitModel {
             copy_s_per_byte: 1.0 / copy_bps.max(1.0),
             cpu_s_per_byte: per / b,
             cpu_fixed_s: (one - per).max(0.0),
+            gpu_extra_s: 0.0,
             observed: 0,
+            cpu: None,
             idle: 0,
+        }
+    }
+
+    /// The same, naming the CPU's kernel and threads.
+    pub fn on_cpu(self, kernel: &'static str, threads: usize) -> SplitModel {
+        SplitModel {
+            cpu: Some((kernel, threads)),
+            ..self
         }
     }
 
     /// One line for the run's summary.
     pub fn describe(&self) -> String {
+        let on = match self.cpu {
+            Some((kernel, threads)) => format!(", {threads} threads, kernel {kernel}"),
+            None => String::new(),
+        };
         match self.mode {
             Hybrid::Off => "hybrid: off (every miss copied to the device)".into(),
-            Hybrid::Cpu => "hybrid: cpu (every miss computed on the CPU from host memory)".into(),
+            Hybrid::Cpu => format!("hybrid: cpu (every miss computed on the CPU from host memory{on})"),
             Hybrid::Auto => format!(
-                "hybrid: misses split between copies ({:.1} GB/s) and the CPU ({:.1} GB/s + {:.0} µs a step)",
+                "hybrid: misses split between copies ({:.1} GB/s) and the CPU ({:.1} GB/s + {:.0} µs a step{on})",
                 1e-9 / self.copy_s_per_byte,
                 1e-9 / self.cpu_s_per_byte,
                 self.cpu_fixed_s * 1e6
@@ -141,7 +168,7 @@ impl SplitModel {
             Hybrid::Cpu => return HostShare::All,
             Hybrid::Auto => {}
         }
-        let cost = |c: usize| self.copy_s(misses - c, bytes).max(self.cpu_s(c, bytes, tokens));
+        let cost = |c: usize| (self.copy_s(misses - c, bytes) + self.gpu_extra_s).max(self.cpu_s(c, bytes, tokens));
         let best = (0..=misses).min_by(|&a, &b| cost(a).total_cmp(&cost(b))).unwrap_or(0);
         match best {
             0 => HostShare::Nothing,
@@ -167,8 +194,14 @@ impl SplitModel {
     }
 
     /// A CPU step computed `c` experts of `bytes` for `tokens` tokens each
-    /// in `secs`: move the per-byte cost toward what it showed.
-    pub fn observe(&mut self, c: usize, bytes: u64, tokens: usize, secs: f64) {
+    /// in `secs`, and finished `last` (after the device's share) or not:
+    /// move the per-byte cost toward what it showed, and the device's
+    /// extra time toward the balance.
+    pub fn observe(&mut self, c: usize, bytes: u64, tokens: usize, secs: f64, last: bool) {
+        self.gpu_extra_s = match last {
+            true => (self.gpu_extra_s - NUDGE_S).max(0.0),
+            false => (self.gpu_extra_s + NUDGE_S).min(MAX_EXTRA_S),
+        };
         let work = (c * tokens.max(1)) as f64 * bytes as f64;
         if work <= 0.0 || !secs.is_finite() {
             return;
@@ -224,14 +257,39 @@ mod tests {
         let mut m = SplitModel::new(Hybrid::Auto, 50e9, bytes, per, 4.0 * per);
         // The CPU turns out four times slower than measured at start.
         for _ in 0..100 {
-            m.observe(3, bytes, 1, 12.0 * per);
+            m.observe(3, bytes, 1, 12.0 * per, true);
         }
         assert!((m.cpu_s_per_byte * bytes as f64 / per - 4.0).abs() < 0.05);
         assert_eq!(m.host_share(9, bytes, 1), HostShare::UpTo(1));
         assert_eq!(m.observed, 100);
-        m.observe(0, bytes, 1, 1.0);
-        m.observe(3, bytes, 1, f64::NAN);
+        m.observe(0, bytes, 1, 1.0, true);
+        m.observe(3, bytes, 1, f64::NAN, true);
         assert_eq!(m.observed, 100, "empty or broken observations are ignored");
+    }
+
+    #[test]
+    fn a_device_that_finishes_last_gets_less() {
+        // Copies and CPU equally fast: half the misses to the CPU, until
+        // the device's share keeps finishing after the CPU's.
+        let bytes = 2 * MB;
+        let per = bytes as f64 / 50e9;
+        let mut m = SplitModel::new(Hybrid::Auto, 50e9, bytes, per, 4.0 * per);
+        assert_eq!(m.host_share(8, bytes, 1), HostShare::UpTo(4));
+        for _ in 0..100 {
+            m.observe(4, bytes, 1, 4.0 * per, false);
+        }
+        assert!(m.gpu_extra_s > 0.0);
+        let more = match m.host_share(8, bytes, 1) {
+            HostShare::UpTo(c) => c,
+            other => panic!("{other:?}"),
+        };
+        assert!(more > 4, "the CPU should take more than 4 of 8, took {more}");
+        // And back once the CPU is the one that finishes last.
+        for _ in 0..1000 {
+            m.observe(4, bytes, 1, 4.0 * per, true);
+        }
+        assert_eq!(m.gpu_extra_s, 0.0);
+        assert_eq!(m.host_share(8, bytes, 1), HostShare::UpTo(4));
     }
 
     #[test]

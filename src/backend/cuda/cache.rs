@@ -10,16 +10,17 @@
 use super::buf::{DevMem, Pinned};
 use super::driver::{Check, Event, Gpu};
 use super::hostmap::{self, HostMap};
+use super::hybrid::HostCpu;
 use crate::error::{Error, Result};
 pub(crate) use crate::experts::budget::SlotBudget;
 pub use crate::experts::budget::{CacheSize, CacheStats};
-use crate::experts::{ExpertStore, HostShare, Place, SlotTable, SplitModel};
+use crate::experts::{ExpertStore, GuessTuner, HostShare, Hybrid, Place, SlotTable, SplitModel};
 use crate::format::Region;
 use cudarc::driver::sys;
 use rayon::prelude::*;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
 /// Counters of the copies (the table counts lookups).
@@ -31,7 +32,9 @@ struct Counters {
     host_bytes: AtomicU64,
     host_steps: AtomicU64,
     host_ns: AtomicU64,
-    host_wait_ns: AtomicU64,
+    host_last: AtomicU64,
+    hints: AtomicU64,
+    guesses: AtomicU64,
 }
 
 /// Experts per wave of copies; two waves of staging buffers alternate, so
@@ -64,6 +67,11 @@ struct State {
     /// Copies issued that the compute stream has not been made to wait for.
     pending: bool,
     copied: Event,
+    /// How many of a router's guesses are copied (`--hybrid auto`; none:
+    /// all of them).
+    guesses: Option<GuessTuner>,
+    /// When this cache began, for the tuner's clock.
+    epoch: Instant,
 }
 
 pub(crate) struct ExpertCache {
@@ -83,8 +91,10 @@ pub(crate) struct ExpertCache {
     host: Option<Vec<Option<HostMap>>>,
     st: Mutex<State>,
     c: Counters,
-    /// How misses are split between copies and the CPU (none: all copied).
+    /// How misses are split between copies and the CPU (none: all copied),
+    /// and the CPU that computes them.
     split: Mutex<Option<SplitModel>>,
+    host_cpu: OnceLock<HostCpu>,
 }
 
 fn lock_err() -> Error {
@@ -149,6 +159,8 @@ impl ExpertCache {
             wave: 0,
             pending: false,
             copied: Event::new(gpu)?,
+            guesses: None,
+            epoch: Instant::now(),
         };
         let mut cache = ExpertCache {
             gpu: gpu.clone(),
@@ -165,6 +177,7 @@ impl ExpertCache {
             st: Mutex::new(st),
             c: Counters::default(),
             split: Mutex::new(None),
+            host_cpu: OnceLock::new(),
         };
         // The pool is allocated in stream order; the copy stream may use it
         // only once that allocation is done.
@@ -227,7 +240,9 @@ impl ExpertCache {
             bytes_on_host: l(&self.c.host_bytes),
             host_steps: l(&self.c.host_steps),
             host_ns: l(&self.c.host_ns),
-            host_wait_ns: l(&self.c.host_wait_ns),
+            host_last: l(&self.c.host_last),
+            hints: l(&self.c.hints),
+            guesses: l(&self.c.guesses),
             stall_ns: l(&self.c.stall_ns),
             slots: self.n_slots as u64,
             resident: self.resident,
@@ -322,11 +337,29 @@ impl ExpertCache {
     /// will route to (the top-k of that layer's router run early on the
     /// current layer's input): those already in a slot are left alone, and
     /// a guess never takes more than a third of the slots.
+    ///
+    /// `experts` come best first; with misses split between copies and
+    /// the CPU, only as many of the first as [`GuessTuner`] finds fastest
+    /// are copied (the call for the first MoE layer's guess marks a token).
     pub fn prefetch_hint(&self, store: &ExpertStore, layer: usize, experts: &[u32]) -> Result<()> {
-        let mut want = experts.to_vec();
+        let mut st = self.st.lock().map_err(|_| lock_err())?;
+        let k = experts.len();
+        let now = st.epoch.elapsed().as_secs_f64();
+        let first = self.moe_layers.get(1) == Some(&layer);
+        let take = match st.guesses.as_mut() {
+            Some(t) => {
+                if first {
+                    t.token(now, k);
+                }
+                t.count(k)
+            }
+            None => k,
+        };
+        self.c.hints.fetch_add(1, Ordering::Relaxed);
+        self.c.guesses.fetch_add(take as u64, Ordering::Relaxed);
+        let mut want = experts[..take].to_vec();
         want.sort_unstable();
         want.dedup();
-        let mut st = self.st.lock().map_err(|_| lock_err())?;
         if !self.prefetch || self.resident || !st.table.guess_fits(want.len()) {
             return Ok(());
         }
@@ -334,10 +367,24 @@ impl ExpertCache {
         Ok(())
     }
 
-    /// Let the CPU compute misses, split by `m` (not when resident).
-    pub fn set_split(&self, m: SplitModel) -> Result<()> {
-        *self.split.lock().map_err(|_| lock_err())? = (!self.resident).then_some(m);
+    /// Let `cpu` compute misses, split by `m` (not when resident).
+    pub fn set_split(&self, m: SplitModel, cpu: HostCpu) -> Result<()> {
+        if self.resident {
+            return Ok(());
+        }
+        self.host_cpu
+            .set(cpu)
+            .map_err(|_| Error::Invalid("the expert cache already has a CPU for its misses".into()))?;
+        *self.split.lock().map_err(|_| lock_err())? = Some(m);
+        if m.mode == Hybrid::Auto {
+            self.st.lock().map_err(|_| lock_err())?.guesses = Some(GuessTuner::new());
+        }
         Ok(())
+    }
+
+    /// The CPU that computes misses, once `set_split` gave one.
+    pub fn host_cpu(&self) -> Option<&HostCpu> {
+        self.host_cpu.get()
     }
 
     /// The split model, when the CPU may compute misses.
@@ -355,14 +402,14 @@ impl ExpertCache {
     }
 
     /// A CPU step computed `c` experts of `bytes` for `tokens` tokens each
-    /// in `secs`, and the host waited `wait` seconds for it.
-    pub fn observe_host(&self, c: usize, bytes: u64, tokens: usize, secs: f64, wait: f64) -> Result<()> {
+    /// in `secs`; `last`: the GPU's share had finished before it.
+    pub fn observe_host(&self, c: usize, bytes: u64, tokens: usize, secs: f64, last: bool) -> Result<()> {
         self.c.host_bytes.fetch_add(c as u64 * bytes, Ordering::Relaxed);
         self.c.host_steps.fetch_add(1, Ordering::Relaxed);
         self.c.host_ns.fetch_add((secs * 1e9) as u64, Ordering::Relaxed);
-        self.c.host_wait_ns.fetch_add((wait * 1e9) as u64, Ordering::Relaxed);
+        self.c.host_last.fetch_add(last as u64, Ordering::Relaxed);
         if let Some(m) = self.split.lock().map_err(|_| lock_err())?.as_mut() {
-            m.observe(c, bytes, tokens, secs);
+            m.observe(c, bytes, tokens, secs, last);
         }
         Ok(())
     }
@@ -381,6 +428,14 @@ impl ExpertCache {
                 .collect();
         }
         store.read(layer, experts)
+    }
+
+    /// Whether a copy is only queued on the copy stream (every expert file
+    /// registered with the driver), with no read of the file first.
+    pub fn copies_queue_only(&self) -> bool {
+        self.host
+            .as_ref()
+            .is_some_and(|h| self.moe_layers.iter().all(|&l| h.get(l).is_some_and(|m| m.is_some())))
     }
 
     /// Whether copies ahead of need are allowed (and useful: not resident).

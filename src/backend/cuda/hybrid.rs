@@ -5,16 +5,23 @@
 //! page cache (the registered mapping, or reads), the GPU runs the rest
 //! meanwhile, and the CPU's weighted sum is added to the output on the
 //! device after the GPU's.
+//!
+//! The CPU's loops run on spinning workers of their own
+//! (`crate::parallel`): a step is ~100 µs of work, and waking rayon's
+//! sleeping workers took 60–200 µs per loop on the 16-core device host.
+//! The GPU's share is issued first (asynchronous copies and launches),
+//! then this thread joins the workers on the CPU's share.
 
 use super::buf::CudaBuf;
 use super::cache::ExpertCache;
-use super::driver::Gpu;
+use super::driver::{Event, Gpu};
 use crate::backend::cpu::matmul::Kernel;
 use crate::backend::cpu::moe::{apply, routed_to, Routed};
 use crate::error::{Error, Result};
 use crate::experts::{ExpertStore, Hybrid, SplitModel};
 use crate::format::MatrixView;
-use std::sync::Arc;
+use crate::parallel::SpinPool;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 /// Tokens up to which a step may split its misses (decode and speculative
@@ -33,6 +40,62 @@ pub(crate) struct HostStep<'a> {
     pub inter: usize,
 }
 
+/// The CPU that computes misses: the products' kernel and the workers.
+pub(crate) struct HostCpu {
+    kernel: Kernel,
+    threads: usize,
+    /// One step at a time uses them.
+    step: Mutex<Workers>,
+}
+
+struct Workers {
+    pool: SpinPool,
+    /// Recorded after the GPU's share of a step.
+    issued: Event,
+}
+
+impl HostCpu {
+    /// `threads` workers (0: one per CPU the process may use), with exact
+    /// products or the fastest kernel (SPEC §6).
+    pub fn new(gpu: &Arc<Gpu>, threads: usize, exact: bool) -> Result<HostCpu> {
+        let threads = match threads {
+            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+            n => n,
+        };
+        let pool = SpinPool::new(threads)
+            .map_err(|e| Error::Invalid(format!("cannot start {threads} CPU threads for --hybrid: {e}")))?;
+        Ok(HostCpu {
+            kernel: Kernel::choose(exact),
+            threads,
+            step: Mutex::new(Workers {
+                pool,
+                issued: Event::new(gpu)?,
+            }),
+        })
+    }
+
+    fn lock(&self) -> Result<std::sync::MutexGuard<'_, Workers>> {
+        self.step.lock().map_err(|_| Error::Backend {
+            backend: "cuda",
+            msg: "the hybrid CPU workers' lock was poisoned by a panic".into(),
+        })
+    }
+
+    /// `cpu::moe::apply` on the workers: `s` is (tokens, hidden, inter).
+    fn apply(
+        &self,
+        w: &Workers,
+        x: &[f32],
+        s: (usize, usize, usize),
+        mats: &[[MatrixView; 3]],
+        routed: &[Routed],
+        out: &mut [f32],
+    ) -> Result<()> {
+        w.pool
+            .install(|| apply(self.kernel, x, s.0, s.1, s.2, mats, routed, out))
+    }
+}
+
 /// The matrices of `experts` of `layer`, from host memory.
 fn host_mats(cache: &ExpertCache, store: &ExpertStore, layer: usize, experts: &[u32]) -> Result<Vec<[MatrixView; 3]>> {
     let layout = store.layer_layout(layer)?;
@@ -43,9 +106,9 @@ fn host_mats(cache: &ExpertCache, store: &ExpertStore, layer: usize, experts: &[
         .collect()
 }
 
-/// Run `gpu_part` on this thread while the CPU computes the weighted sum
-/// of `experts` for the tokens of `s`; the CPU's sum `[n, hidden]` is
-/// returned on the device, to be added to the step's output.
+/// Issue `gpu_part`, then compute on `cpu` the weighted sum of `experts`
+/// for the tokens of `s` while the device works; the CPU's sum `[n,
+/// hidden]` is returned on the device, to be added to the step's output.
 pub(crate) fn with_cpu_part(
     gpu: &Arc<Gpu>,
     cache: &ExpertCache,
@@ -61,24 +124,28 @@ pub(crate) fn with_cpu_part(
         .map(|&e| routed_to(e, s.ids, s.weights, s.n, s.k))
         .collect();
     let mut sum = vec![0f32; s.n * s.hidden];
-    let mut cpu: Result<f64> = Ok(0.0);
-    let mut on_gpu: Result<()> = Ok(());
-    let mut issued = Instant::now();
-    rayon::in_place_scope(|sc| {
-        sc.spawn(|_| {
-            let t0 = Instant::now();
-            cpu = apply(Kernel::detect(), s.x, s.n, s.hidden, s.inter, &mats, &routed, &mut sum)
-                .map(|_| t0.elapsed().as_secs_f64());
-        });
-        on_gpu = gpu.bind().and_then(|_| gpu_part());
-        issued = Instant::now();
-    });
-    let wait = issued.elapsed().as_secs_f64();
-    on_gpu?;
-    let secs = cpu?;
+    let cpu = cache.host_cpu().ok_or_else(|| Error::Backend {
+        backend: "cuda",
+        msg: "misses were left on the host with no CPU to compute them".into(),
+    })?;
+    let w = cpu.lock()?;
+    gpu_part()?;
+    // Recording launches what graph capture holds back.
+    w.issued.record(gpu.stream)?;
+    let t0 = Instant::now();
+    cpu.apply(&w, s.x, (s.n, s.hidden, s.inter), &mats, &routed, &mut sum)?;
+    let secs = t0.elapsed().as_secs_f64();
+    let cpu_last = w.issued.done();
+    drop(w);
     let pairs: usize = routed.iter().map(|r| r.toks.len()).sum();
     let bytes = store.layer_layout(layer)?.expert_size as u64;
-    cache.observe_host(experts.len(), bytes, pairs.div_ceil(experts.len().max(1)), secs, wait)?;
+    cache.observe_host(
+        experts.len(),
+        bytes,
+        pairs.div_ceil(experts.len().max(1)),
+        secs,
+        cpu_last,
+    )?;
     CudaBuf::from_host(gpu, &sum)
 }
 
@@ -88,13 +155,14 @@ pub(crate) fn with_cpu_part(
 /// them in). `Cpu` and `Off` need no timing.
 pub(crate) fn measure(
     mode: Hybrid,
+    cpu: &HostCpu,
     cache: &ExpertCache,
     store: &ExpertStore,
     layer: usize,
     copy_bps: impl FnOnce() -> Result<f64>,
 ) -> Result<SplitModel> {
     if mode != Hybrid::Auto {
-        return Ok(SplitModel::new(mode, 1.0, 1, 0.0, 0.0));
+        return Ok(SplitModel::new(mode, 1.0, 1, 0.0, 0.0).on_cpu(cpu.kernel.name(), cpu.threads));
     }
     let n = store.num_experts().min(4);
     let ids: Vec<u32> = (0..n as u32).collect();
@@ -111,16 +179,17 @@ pub(crate) fn measure(
                 wts: vec![1.0],
             })
             .collect();
+        let w = cpu.lock()?;
         let mut best = f64::MAX;
         for _ in 0..4 {
             let mut out = vec![0f32; hidden];
             let t0 = Instant::now();
-            apply(Kernel::detect(), &x, 1, hidden, inter, &mats[..c], &routed, &mut out)?;
+            cpu.apply(&w, &x, (1, hidden, inter), &mats[..c], &routed, &mut out)?;
             best = best.min(t0.elapsed().as_secs_f64());
         }
         Ok(best)
     };
     let (one, four) = (time(1)?, time(n)? * 4.0 / n as f64);
     let bytes = store.layer_layout(layer)?.expert_size as u64;
-    Ok(SplitModel::new(mode, copy_bps()?, bytes, one, four))
+    Ok(SplitModel::new(mode, copy_bps()?, bytes, one, four).on_cpu(cpu.kernel.name(), cpu.threads))
 }

@@ -102,6 +102,10 @@ pub struct CacheRequest {
     pub min_slots: usize,
     /// Who computes the misses (`experts::split`).
     pub hybrid: Hybrid,
+    /// The CPU threads that compute misses (0: one per CPU the process
+    /// may use), and whether their products are exact (SPEC §6).
+    pub host_threads: usize,
+    pub exact: bool,
 }
 
 /// Device memory left free besides the expert cache (activations, KV
@@ -277,10 +281,11 @@ impl CudaBackend {
         let load_s = t0.elapsed().as_secs_f64();
         let split = match (cache.resident(), req.hybrid, moe_layers.first()) {
             (false, Hybrid::Auto | Hybrid::Cpu, Some(&l)) => {
-                let m = hybrid::measure(req.hybrid, &cache, store, l, || {
+                let cpu = hybrid::HostCpu::new(&self.gpu, req.host_threads, req.exact)?;
+                let m = hybrid::measure(req.hybrid, &cpu, &cache, store, l, || {
                     self.pinned_copy_bandwidth().map(|g| g * 1e9)
                 })?;
-                cache.set_split(m)?;
+                cache.set_split(m, cpu)?;
                 Some(m)
             }
             _ => None,

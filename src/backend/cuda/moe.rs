@@ -380,8 +380,25 @@ fn grouped(
         run_experts(gpu, el, io.x, x16.as_ref(), h, d, &g, a)?;
         cache.release(a.layer, chunk)
     };
+    // Copies for the next layer: the experts it used at the last token and
+    // the guess of its router, or all of them for a long chunk.
+    let ahead = || -> Result<()> {
+        match (n, hint) {
+            (1, Some(next)) => {
+                cache.predict(io.store, a.layer, &experts)?;
+                cache.prefetch_hint(io.store, next, &host[k..])
+            }
+            (1, None) => cache.predict(io.store, a.layer, &experts),
+            _ => cache.prefetch_next_layer(io.store, a.layer, n, k),
+        }
+    };
+    // Where copies are only queued (the files registered with the driver),
+    // they start before the CPU computes its share of the step, so that
+    // the link is busy meanwhile; where they read files first, after.
+    let splits = split.is_some() && experts.len() <= per_launch;
+    let early = splits && cache.copies_queue_only();
     let mut cpu_part = None;
-    if split.is_none() || experts.len() > per_launch {
+    if !splits {
         for chunk in experts.chunks(per_launch) {
             let addrs = cache.fetch(io.store, a.layer, chunk)?;
             launch(chunk, &addrs)?;
@@ -399,9 +416,14 @@ fn grouped(
                 None => on_host.push(e),
             }
         }
-        let gpu_part = || match on_gpu.is_empty() {
-            true => Ok(()),
-            false => launch(&on_gpu, &gpu_addrs),
+        let gpu_part = || {
+            if !on_gpu.is_empty() {
+                launch(&on_gpu, &gpu_addrs)?;
+            }
+            match early {
+                true => ahead(),
+                false => Ok(()),
+            }
         };
         if on_host.is_empty() {
             gpu_part()?;
@@ -423,13 +445,8 @@ fn grouped(
             )?);
         }
     }
-    if n == 1 {
-        cache.predict(io.store, a.layer, &experts)?;
-        if let Some(next) = hint {
-            cache.prefetch_hint(io.store, next, &host[k..])?;
-        }
-    } else {
-        cache.prefetch_next_layer(io.store, a.layer, n, k)?;
+    if !early {
+        ahead()?;
     }
     Ok(cpu_part)
 }
