@@ -81,6 +81,7 @@ pub(crate) struct Gpu {
     /// `CudaOptions::graphs`.
     graphs: AtomicBool,
     segments: Mutex<Segments>,
+    readback: Mutex<super::readback::Readback>,
     /// Kernels are launched with programmatic stream serialization
     /// (compute capability 9.0 and later; off with `CudaOptions::pdl`): a
     /// kernel's launch and prologue overlap the end of the one before it,
@@ -204,6 +205,7 @@ impl Gpu {
             free: Mutex::new(FreeList::default()),
             graphs: AtomicBool::new(opts.graphs),
             segments: Mutex::new(Segments::default()),
+            readback: Mutex::new(Default::default()),
             pdl: cc.0 >= 9 && opts.pdl,
             pdl_pass: AtomicBool::new(true),
             tensor_cores,
@@ -442,9 +444,15 @@ impl Gpu {
         self.sync()
     }
 
-    /// Several device ranges to the host with one wait for the stream.
+    /// Several device ranges to the host with one wait for the stream
+    /// (through pinned memory when they fit in `READBACK_BYTES`).
     pub fn dtoh_many(&self, parts: &mut [(&mut [u8], u64)]) -> Result<()> {
         self.flush()?;
+        if super::readback::Readback::fits(parts) {
+            if let Ok(mut rb) = self.readback.lock() {
+                return rb.read(self.stream, parts, || self.sync());
+            }
+        }
         for (dst, src) in parts.iter_mut() {
             if dst.is_empty() {
                 continue;
@@ -497,6 +505,9 @@ impl Drop for Gpu {
             let _ = sys::cuStreamSynchronize(self.copy);
             if let Ok(mut seg) = self.segments.lock() {
                 seg.destroy();
+            }
+            if let Ok(mut rb) = self.readback.lock() {
+                rb.free();
             }
             let _ = sys::cuStreamDestroy_v2(self.stream);
             let _ = sys::cuStreamDestroy_v2(self.copy);

@@ -24,6 +24,7 @@ mod moe;
 mod moe_groups;
 mod ops;
 mod probe;
+mod readback;
 mod seqs;
 mod tensor;
 
