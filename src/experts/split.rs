@@ -9,8 +9,9 @@
 use crate::error::{Error, Result};
 
 /// `--hybrid`: who computes the experts that are not on the device.
-/// `Off` by default: on the H100 host `Auto` is faster only at the
-/// smallest cache (tg128 +19% at `0%`, −6% at 25%; see BENCHMARKS.md).
+/// `Off` by default: on the H100 host `Auto` is clearly faster only at
+/// the smallest cache (tg128 1.15–1.27× at `0%`, 0.97–1.0× at 25%; see
+/// BENCHMARKS.md).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum Hybrid {
     /// Split by the cost model.
