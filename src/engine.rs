@@ -69,6 +69,11 @@ pub struct Options {
     /// CUDA: device memory for routed experts (`Auto`: what is free after
     /// the dense weights, less a margin).
     pub expert_cache: CacheSize,
+    /// Process memory that keeps experts read from disk (the RAM tier;
+    /// `Auto`: half of the memory left where reads go around the page
+    /// cache with `O_DIRECT`, none otherwise; `Percent` of the experts'
+    /// bytes).
+    pub ram_cache: CacheSize,
     /// CUDA: copy experts ahead of need while the current layer computes:
     /// in decode, those the previous token used in the next layer; in a
     /// prefill chunk long enough to need nearly all of them, every expert of
@@ -94,6 +99,7 @@ impl Default for Options {
             threads: 0,
             exact: false,
             expert_cache: CacheSize::Auto,
+            ram_cache: CacheSize::Auto,
             prefetch: true,
             hybrid: Hybrid::Off,
             cuda: CudaOptions::default(),
@@ -272,7 +278,7 @@ impl Model {
             (Device::Cuda(_), IoMode::Auto) => IoMode::Pread,
             (_, mode) => mode,
         };
-        let store = ExpertStore::open(dir, config.num_hidden_layers, io_mode, opts.io_threads)?;
+        let mut store = ExpertStore::open(dir, config.num_hidden_layers, io_mode, opts.io_threads)?;
         if io_mode == IoMode::Direct && store.mode() != IoMode::Direct {
             opts.notify.say(&format!(
                 "warning: the filesystem refuses O_DIRECT; reading experts with {} instead",
@@ -290,6 +296,14 @@ impl Model {
                 "experts: io {} (chosen by --io auto for {} of expert files; {mem})",
                 store.mode(),
                 crate::experts::memory::human_size(store.expert_bytes())
+            ));
+        }
+        let ram = store.set_ram_tier(opts.ram_cache)?;
+        if ram > 0 {
+            opts.notify.say(&format!(
+                "experts: RAM tier of {} for experts read from disk ({}% of them)",
+                crate::experts::memory::human_size(ram),
+                100 * ram / store.expert_bytes().max(1)
             ));
         }
         let mut cache = None;
@@ -385,6 +399,10 @@ impl Model {
             Engine::Cuda(n) => Some(n.b.device_name()),
             Engine::Cpu(_) => None,
         }
+    }
+    /// The RAM tier's counters, when the model has one (`Options::ram_cache`).
+    pub fn ram_stats(&self) -> Option<crate::experts::RamStats> {
+        self.store.ram_stats()
     }
     /// CUDA: how the expert cache was set up.
     pub fn expert_cache(&self) -> Option<CacheReport> {

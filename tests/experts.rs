@@ -5,7 +5,7 @@ mod common;
 
 use common::convert;
 use moeflux::experts::memory::{CgroupLimit, CgroupVersion};
-use moeflux::experts::{ExpertStore, IoMode, Memory};
+use moeflux::experts::{CacheSize, ExpertStore, IoMode, Memory};
 use moeflux::format::packed::{expert_file_name, LayerLayout, Layout, EXPERTS_DIR, LAYOUT_FILE};
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -254,5 +254,45 @@ fn direct_reads_into_aligned_and_unaligned_destinations() {
         let dst = &mut space[pad..pad + len];
         direct.read_into(0, e, off, dst).unwrap();
         assert_eq!(&dst[..], &want[..], "expert {e} bytes {off}+{len}");
+    }
+}
+
+#[test]
+fn the_ram_tier_serves_the_same_bytes_and_reads_each_expert_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    write_store(tmp.path());
+    let size = layer_layout().expert_size as u64;
+    for mode in [IoMode::Pread, IoMode::Direct] {
+        let mut store = ExpertStore::open(tmp.path(), 3, mode, 2).unwrap();
+        // Room for 6 of the 30 experts.
+        assert_eq!(store.set_ram_tier(CacheSize::Bytes(6 * size + 1)).unwrap(), 6 * size);
+        assert!(store.has_ram_tier());
+        for _ in 0..4 {
+            for (layer, ids) in [(0usize, [3u32, 9, 1]), (2, [3, 4, 14])] {
+                let got = store.read(layer, &ids).unwrap();
+                for (r, &e) in got.iter().zip(&ids) {
+                    assert_eq!(
+                        r.bytes(),
+                        &expected(tmp.path(), layer, e as usize)[..],
+                        "{mode} {layer}/{e}"
+                    );
+                }
+            }
+        }
+        let ram = store.ram_stats().expect("a RAM tier");
+        assert_eq!((ram.hits, ram.misses), (18, 6), "{mode}");
+        assert_eq!(store.stats().experts_read, 6, "{mode}: only misses read the files");
+        let err = store.read(0, &[15]).unwrap_err().to_string();
+        assert!(err.contains("out of range"), "{err}");
+        // Larger than the experts: all of them; 0 and 0%: none.
+        assert_eq!(store.set_ram_tier(CacheSize::Bytes(1 << 40)).unwrap(), 30 * size);
+        for off in [CacheSize::Bytes(0), CacheSize::Percent(0.0)] {
+            assert_eq!(store.set_ram_tier(off).unwrap(), 0);
+            assert!(!store.has_ram_tier() && store.ram_stats().is_none());
+        }
+        // Auto keeps none where the page cache holds the experts.
+        if store.mode() == IoMode::Pread {
+            assert_eq!(store.set_ram_tier(CacheSize::Auto).unwrap(), 0);
+        }
     }
 }

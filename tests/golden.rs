@@ -63,3 +63,31 @@ fn check(name: &str, flags: &[&str]) {
 }
 
 golden_fixture_tests!(check);
+
+/// Experts read with O_DIRECT through a RAM tier that holds 60% of
+/// them give the logits of the default reads, bit for bit, and the tier
+/// serves some of them.
+#[test]
+fn a_ram_tier_over_direct_reads_changes_no_logit() {
+    use moeflux::experts::{CacheSize, IoMode};
+    let tmp = tempfile::tempdir().unwrap();
+    let dst = tmp.path().join("packed");
+    convert("qwen3_moe_mlx4", &dst, &[]);
+    let r = reference("qwen3_moe_mlx4");
+    let want = open(&dst).session().unwrap().eval_all(&r.tokens, 0).unwrap();
+    let opts = Options {
+        device: Device::Cpu,
+        exact: true,
+        io_mode: IoMode::Direct,
+        ram_cache: CacheSize::Percent(60.0),
+        ..Options::default()
+    };
+    let tiered = Model::open(&dst, &opts).expect("open with a RAM tier");
+    for round in 0..2 {
+        let got = tiered.session().unwrap().eval_all(&r.tokens, 0).unwrap();
+        let same = got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits());
+        assert!(same && got.len() == want.len(), "round {round}: logits differ");
+    }
+    let ram = tiered.ram_stats().expect("a RAM tier");
+    assert!(ram.hits > 0 && ram.misses > 0, "{ram:?}");
+}

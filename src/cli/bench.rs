@@ -5,7 +5,7 @@
 //! measured in the same run, with the expert cache's hit rate.
 
 use super::bench_cuda::print_cuda;
-use super::bench_rows::{mean_sd, print_phases, print_storage, routing_note, Phases, Row};
+use super::bench_rows::{mean_sd, print_phases, print_ram, print_storage, routing_note, Phases, Row};
 use super::model_args::ModelArgs;
 use anyhow::Context;
 use clap::Args;
@@ -384,6 +384,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         )?;
     }
     print_storage(&mut out, &rows)?;
+    print_ram(&mut out, model.ram_stats())?;
     print_phases(&mut out, &rows)?;
     Ok(())
 }

@@ -1,7 +1,7 @@
 //! `bench`'s CUDA table: tok/s with the expert cache's hit rate, the bytes
 //! streamed per token, the rate misses were served at, and the floor.
 
-use super::bench_rows::{mean_sd, print_phases, print_storage, routing_note, Row};
+use super::bench_rows::{mean_sd, print_phases, print_ram, print_storage, routing_note, Row};
 use super::model_args::ModelArgs;
 use moeflux::experts::{CacheStats, SplitModel};
 use moeflux::Model;
@@ -167,6 +167,7 @@ pub(super) fn print_cuda(
         }
     }
     print_storage(out, rows)?;
+    print_ram(out, model.ram_stats())?;
     print_phases(out, rows)?;
     Ok(())
 }

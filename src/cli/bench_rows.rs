@@ -1,7 +1,7 @@
 //! `bench`'s measured rows and what every table prints of them: mean ±
 //! sd, the storage line, the phases of `--timing`.
 
-use moeflux::experts::CacheStats;
+use moeflux::experts::{CacheStats, RamStats};
 use std::io::Write;
 use std::path::Path;
 
@@ -102,6 +102,21 @@ pub(super) fn routing_note(dir: &Path) -> String {
 
 /// Per row, what came from storage rather than the page cache or memory
 /// (`/proc/self/io`), when the timed runs read more than a megabyte.
+/// The RAM tier's line (`--ram-cache`), over the whole run.
+pub(super) fn print_ram(out: &mut impl Write, ram: Option<RamStats>) -> std::io::Result<()> {
+    if let Some(r) = ram {
+        writeln!(
+            out,
+            "RAM tier: {} experts ({:.2} GB), hit rate {:.1}% over the run, warm-up included ({} from disk)",
+            r.slots,
+            (r.slots * r.slot_bytes) as f64 / 1e9,
+            100.0 * r.hit_rate(),
+            r.misses
+        )?;
+    }
+    Ok(())
+}
+
 pub(super) fn print_storage(out: &mut impl Write, rows: &[Row]) -> std::io::Result<()> {
     for r in rows {
         if let Some(b) = r.storage.filter(|&b| b > 1 << 20) {

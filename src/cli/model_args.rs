@@ -46,6 +46,12 @@ pub struct ModelArgs {
     /// 100% (0%: only the smallest working set, the rest streamed).
     #[arg(long, default_value = "auto", value_name = "SIZE")]
     pub expert_cache: CacheSize,
+    /// Process memory that keeps experts read from disk, the hottest
+    /// first: auto (half of the memory left when --io is direct, else
+    /// none: the page cache keeps them), a size (8G) or a share of the
+    /// expert bytes (25%); 0 for none.
+    #[arg(long, default_value = "auto", value_name = "SIZE")]
+    pub ram_cache: CacheSize,
     /// CUDA: do not copy experts ahead of need (the previous token's
     /// experts of the next layer in decode; the whole next layer in long
     /// prefill chunks).
@@ -53,8 +59,9 @@ pub struct ModelArgs {
     pub no_prefetch: bool,
     /// CUDA: who computes the experts that miss the device cache: off
     /// (copy them all), auto (the CPU computes some from host memory while
-    /// the others are copied, split by a cost model measured at start; it
-    /// has not been faster yet) or cpu (compute them all on the CPU).
+    /// the others are copied, split by a cost model measured at start;
+    /// faster where few experts fit on the device) or cpu (compute them
+    /// all on the CPU).
     #[arg(long, default_value = "off", value_name = "MODE")]
     pub hybrid: Hybrid,
     /// CUDA: where compiled kernels are kept [default:
@@ -85,6 +92,7 @@ impl ModelArgs {
             threads: self.threads,
             exact: self.exact,
             expert_cache: self.expert_cache,
+            ram_cache: self.ram_cache,
             prefetch: !self.no_prefetch,
             hybrid: self.hybrid,
             cuda: CudaOptions {

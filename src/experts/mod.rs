@@ -8,6 +8,7 @@ pub mod cache;
 pub mod guesses;
 mod io;
 pub mod memory;
+pub mod ram;
 pub mod split;
 
 pub use budget::{CacheSize, CacheStats};
@@ -15,6 +16,7 @@ pub use cache::{Place, SlotTable};
 pub use guesses::GuessTuner;
 pub use io::{IoMode, DIRECT_ALIGN};
 pub use memory::Memory;
+pub use ram::RamStats;
 pub use split::{HostShare, Hybrid, SplitModel};
 
 use crate::error::{Error, Result};
@@ -114,6 +116,8 @@ pub struct ExpertStore {
     memory: Option<Memory>,
     pool: rayon::ThreadPool,
     stats: Arc<ExpertStats>,
+    /// Experts kept in this process's memory (`set_ram_tier`).
+    ram: Option<ram::RamTier>,
 }
 
 /// The size of the expert file at `path`, checked to hold `num_experts`
@@ -197,7 +201,45 @@ impl ExpertStore {
             pool,
             stats: Arc::new(ExpertStats::default()),
             layout,
+            ram: None,
         })
+    }
+
+    /// Keep up to `size` of experts read from disk in this process's memory
+    /// (`--ram-cache`; `Percent` of the experts' bytes). `Auto`: where reads
+    /// go around the page cache (`O_DIRECT`), half of the memory the
+    /// process may still take; otherwise none (the page cache holds them).
+    /// Returns the tier's bytes (0: off); never more than the memory left.
+    pub fn set_ram_tier(&mut self, size: CacheSize) -> Result<u64> {
+        let slot = (0..self.layers.len())
+            .filter_map(|l| self.layer_layout(l).ok())
+            .map(|l| l.expert_size as u64)
+            .max()
+            .unwrap_or(0);
+        let room = self.memory.map(|m| m.available);
+        let bytes = match size {
+            CacheSize::Auto if self.mode == IoMode::Direct => room.unwrap_or(0) / 2,
+            CacheSize::Auto => 0,
+            CacheSize::Bytes(n) => n,
+            CacheSize::Percent(p) => (self.expert_bytes as f64 * p / 100.0) as u64,
+        }
+        .min(self.expert_bytes);
+        if let Some(room) = room.filter(|&r| bytes > r) {
+            return Err(Error::Invalid(format!(
+                "a RAM tier of {:.2} GB does not fit: {:.2} GB of memory is left to this process",
+                bytes as f64 / 1e9,
+                room as f64 / 1e9
+            )));
+        }
+        let slots = (bytes / slot.max(1)) as usize;
+        let moe: Vec<usize> = (0..self.layers.len()).filter(|&l| self.layers[l].is_some()).collect();
+        self.ram = (slots > 0).then(|| ram::RamTier::new(&moe, self.num_experts, slots, slot));
+        Ok(slots as u64 * slot)
+    }
+
+    /// The RAM tier's counters, when there is one.
+    pub fn ram_stats(&self) -> Option<RamStats> {
+        self.ram.as_ref().map(|r| r.stats())
     }
 
     /// A number that identifies this store for as long as it lives (moves
@@ -247,10 +289,10 @@ impl ExpertStore {
             .ok_or_else(|| Error::Invalid(format!("layer {layer} has no expert file")))
     }
 
-    /// Read the experts `ids` of `layer`, in parallel; one blob per id.
+    /// The experts `ids` (distinct) of `layer`: from the RAM tier where it
+    /// holds them, read (in parallel) otherwise; one blob per id.
     pub fn read(&self, layer: usize, ids: &[u32]) -> Result<Vec<Region>> {
-        let lf = self.layer_file(layer)?;
-        let size = lf.layout.expert_size;
+        self.layer_file(layer)?;
         for &e in ids {
             if e as usize >= self.num_experts {
                 return Err(Error::Invalid(format!(
@@ -259,6 +301,21 @@ impl ExpertStore {
                 )));
             }
         }
+        match &self.ram {
+            Some(r) => r.get(layer, ids, |m| self.read_files(layer, m)),
+            None => self.read_files(layer, ids),
+        }
+    }
+
+    /// Whether a RAM tier holds experts read from disk (`read` serves them).
+    pub fn has_ram_tier(&self) -> bool {
+        self.ram.is_some()
+    }
+
+    /// Read the experts `ids` of `layer` from their file, in parallel.
+    fn read_files(&self, layer: usize, ids: &[u32]) -> Result<Vec<Region>> {
+        let lf = self.layer_file(layer)?;
+        let size = lf.layout.expert_size;
         let t0 = Instant::now();
         let reading = self.stats.begin_read();
         let read = |&e: &u32| {
@@ -326,6 +383,9 @@ impl ExpertStore {
 
     /// Set every counter back to zero.
     pub fn reset_stats(&self) {
+        if let Some(r) = &self.ram {
+            r.reset_stats();
+        }
         self.stats.experts_read.store(0, Ordering::Relaxed);
         self.stats.bytes_read.store(0, Ordering::Relaxed);
         self.stats.read_ns.store(0, Ordering::Relaxed);

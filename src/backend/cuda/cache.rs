@@ -521,12 +521,20 @@ impl ExpertCache {
             let pieces: Vec<(usize, usize, usize)> = (0..chunk.len())
                 .flat_map(|j| (0..size).step_by(piece).map(move |o| (j, o, piece.min(size - o))))
                 .collect();
+            // With a RAM tier, whole experts from it (or read into it) first.
+            let ids: Vec<u32> = chunk.iter().map(|j| j.0).collect();
+            let held = store.has_ram_tier().then(|| store.read(layer, &ids)).transpose()?;
             pieces
                 .par_iter()
                 .map(|&(j, off, len)| {
                     // SAFETY: the wave's last copies are complete (synchronized
                     // above) and each piece is filled by one task.
-                    store.read_into(layer, chunk[j].0, off, unsafe { stg.bufs[j].range_mut(off, len) })
+                    let dst = unsafe { stg.bufs[j].range_mut(off, len) };
+                    match &held {
+                        Some(h) => dst.copy_from_slice(&h[j].bytes()[off..off + len]),
+                        None => return store.read_into(layer, ids[j], off, dst),
+                    }
+                    Ok(())
                 })
                 .collect::<Result<Vec<()>>>()?;
             for (&(_, s), buf) in chunk.iter().zip(&stg.bufs) {
