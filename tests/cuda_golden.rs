@@ -149,6 +149,27 @@ fn check(name: &str, flags: &[&str]) {
             "{name}: {cache:?} prefetch={prefetch}: token-by-token logits differ from the resident run"
         );
     }
+    // Misses copied through staging buffers from O_DIRECT reads, half of
+    // the experts kept in a RAM tier: the same logits, some from the tier.
+    let opts = Options {
+        device: Device::Cuda(0),
+        expert_cache: three,
+        io_mode: moeflux::experts::IoMode::Direct,
+        ram_cache: CacheSize::Percent(50.0),
+        exact: true,
+        cuda: CudaOptions {
+            staging: true,
+            ..cuda_options()
+        },
+        ..Options::default()
+    };
+    let m = Model::open(&dst, &opts).expect("open with a RAM tier");
+    let (c2, s2) = run(&m, &r.tokens);
+    assert!(bits(&c2) == bits(&chunk), "{name}: RAM tier: chunk logits differ");
+    assert!(bits(&s2) == bits(&steps), "{name}: RAM tier: token-by-token logits differ");
+    let ram = m.ram_stats().expect("a RAM tier");
+    assert!(ram.hits > 0, "{name}: the RAM tier served nothing: {ram:?}");
+    drop(m);
     // Misses of one-token steps computed on the CPU (every one, or as the
     // cost model splits them): other arithmetic, the same f32 values to
     // within the step tolerance.
