@@ -9,8 +9,8 @@
 
 use super::buf::{DevMem, Pinned};
 use super::driver::{Check, Event, Gpu};
+use super::host_cpu::HostCpu;
 use super::hostmap::{self, HostMap};
-use super::hybrid::HostCpu;
 use crate::error::{Error, Result};
 pub(crate) use crate::experts::budget::SlotBudget;
 pub use crate::experts::budget::{CacheSize, CacheStats};

@@ -6,22 +6,18 @@
 //! meanwhile, and the CPU's weighted sum is added to the output on the
 //! device after the GPU's.
 //!
-//! The CPU's loops run on spinning workers of their own
-//! (`crate::parallel`): a step is ~100 µs of work, and waking rayon's
-//! sleeping workers took 60–200 µs per loop on the 16-core device host.
 //! The GPU's share is issued first (asynchronous copies and launches),
-//! then this thread joins the workers on the CPU's share.
+//! then this thread joins the CPU's workers (`host_cpu`) on its share.
 
 use super::buf::CudaBuf;
 use super::cache::ExpertCache;
-use super::driver::{Event, Gpu};
-use crate::backend::cpu::matmul::Kernel;
-use crate::backend::cpu::moe::{apply, routed_to, Routed};
+use super::driver::Gpu;
+use super::host_cpu::HostCpu;
+use crate::backend::cpu::moe::{routed_to, Routed};
 use crate::error::{Error, Result};
 use crate::experts::{ExpertStore, Hybrid, SplitModel};
 use crate::format::MatrixView;
-use crate::parallel::SpinPool;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Instant;
 
 /// Tokens up to which a step may split its misses (decode and speculative
@@ -38,62 +34,6 @@ pub(crate) struct HostStep<'a> {
     pub k: usize,
     pub hidden: usize,
     pub inter: usize,
-}
-
-/// The CPU that computes misses: the products' kernel and the workers.
-pub(crate) struct HostCpu {
-    kernel: Kernel,
-    threads: usize,
-    /// One step at a time uses them.
-    step: Mutex<Workers>,
-}
-
-struct Workers {
-    pool: SpinPool,
-    /// Recorded after the GPU's share of a step.
-    issued: Event,
-}
-
-impl HostCpu {
-    /// `threads` workers (0: one per CPU the process may use), with exact
-    /// products or the fastest kernel (SPEC §6).
-    pub fn new(gpu: &Arc<Gpu>, threads: usize, exact: bool) -> Result<HostCpu> {
-        let threads = match threads {
-            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
-            n => n,
-        };
-        let pool = SpinPool::new(threads)
-            .map_err(|e| Error::Invalid(format!("cannot start {threads} CPU threads for --hybrid: {e}")))?;
-        Ok(HostCpu {
-            kernel: Kernel::choose(exact),
-            threads,
-            step: Mutex::new(Workers {
-                pool,
-                issued: Event::new(gpu)?,
-            }),
-        })
-    }
-
-    fn lock(&self) -> Result<std::sync::MutexGuard<'_, Workers>> {
-        self.step.lock().map_err(|_| Error::Backend {
-            backend: "cuda",
-            msg: "the hybrid CPU workers' lock was poisoned by a panic".into(),
-        })
-    }
-
-    /// `cpu::moe::apply` on the workers: `s` is (tokens, hidden, inter).
-    fn apply(
-        &self,
-        w: &Workers,
-        x: &[f32],
-        s: (usize, usize, usize),
-        mats: &[[MatrixView; 3]],
-        routed: &[Routed],
-        out: &mut [f32],
-    ) -> Result<()> {
-        w.pool
-            .install(|| apply(self.kernel, x, s.0, s.1, s.2, mats, routed, out))
-    }
 }
 
 /// The matrices of `experts` of `layer`, from host memory.
@@ -162,7 +102,7 @@ pub(crate) fn measure(
     copy_bps: impl FnOnce() -> Result<f64>,
 ) -> Result<SplitModel> {
     if mode != Hybrid::Auto {
-        return Ok(SplitModel::new(mode, 1.0, 1, 0.0, 0.0).on_cpu(cpu.kernel.name(), cpu.threads));
+        return Ok(SplitModel::new(mode, 1.0, 1, 0.0, 0.0).on_cpu(cpu.kernel().name(), cpu.threads()));
     }
     let n = store.num_experts().min(4);
     let ids: Vec<u32> = (0..n as u32).collect();
@@ -191,5 +131,5 @@ pub(crate) fn measure(
     };
     let (one, four) = (time(1)?, time(n)? * 4.0 / n as f64);
     let bytes = store.layer_layout(layer)?.expert_size as u64;
-    Ok(SplitModel::new(mode, copy_bps()?, bytes, one, four).on_cpu(cpu.kernel.name(), cpu.threads))
+    Ok(SplitModel::new(mode, copy_bps()?, bytes, one, four).on_cpu(cpu.kernel().name(), cpu.threads()))
 }

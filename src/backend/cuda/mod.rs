@@ -16,6 +16,7 @@ mod flash;
 mod format;
 mod functions;
 mod graph;
+mod host_cpu;
 mod hostmap;
 mod hybrid;
 mod matrix;
@@ -282,7 +283,7 @@ impl CudaBackend {
         let load_s = t0.elapsed().as_secs_f64();
         let split = match (cache.resident(), req.hybrid, moe_layers.first()) {
             (false, Hybrid::Auto | Hybrid::Cpu, Some(&l)) => {
-                let cpu = hybrid::HostCpu::new(&self.gpu, req.host_threads, req.exact)?;
+                let cpu = host_cpu::HostCpu::new(&self.gpu, req.host_threads, req.exact)?;
                 let m = hybrid::measure(req.hybrid, &cpu, &cache, store, l, || {
                     self.pinned_copy_bandwidth().map(|g| g * 1e9)
                 })?;

@@ -5,7 +5,7 @@
 //! per part; into pinned memory the parts are queued together and the
 //! stream is waited for once.
 
-use super::driver::Check;
+use super::check::Check;
 use crate::error::Result;
 use cudarc::driver::sys;
 use std::ffi::c_void;
