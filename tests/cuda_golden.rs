@@ -166,7 +166,10 @@ fn check(name: &str, flags: &[&str]) {
     let m = Model::open(&dst, &opts).expect("open with a RAM tier");
     let (c2, s2) = run(&m, &r.tokens);
     assert!(bits(&c2) == bits(&chunk), "{name}: RAM tier: chunk logits differ");
-    assert!(bits(&s2) == bits(&steps), "{name}: RAM tier: token-by-token logits differ");
+    assert!(
+        bits(&s2) == bits(&steps),
+        "{name}: RAM tier: token-by-token logits differ"
+    );
     let ram = m.ram_stats().expect("a RAM tier");
     assert!(ram.hits > 0, "{name}: the RAM tier served nothing: {ram:?}");
     drop(m);
