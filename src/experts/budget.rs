@@ -5,7 +5,8 @@
 
 use crate::error::{Error, Result};
 
-/// How much device memory the expert cache may take.
+/// How much memory a cache of experts may take: the device's expert
+/// cache (`--expert-cache`), or the RAM tier (`--ram-cache`).
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub enum CacheSize {
     /// The free device memory after the dense weights, less a margin.
@@ -23,7 +24,7 @@ impl std::str::FromStr for CacheSize {
         let t = s.trim();
         let bad = || {
             Error::Invalid(format!(
-                "expert cache size `{s}`: expected auto, a percentage (25%) or a size (8G, 512M)"
+                "cache size `{s}`: expected auto, a percentage (25%) or a size (8G, 512M)"
             ))
         };
         if t.eq_ignore_ascii_case("auto") {
@@ -33,7 +34,7 @@ impl std::str::FromStr for CacheSize {
             let v: f64 = p.trim().parse().map_err(|_| bad())?;
             if !(0.0..=100.0).contains(&v) {
                 return Err(Error::Invalid(format!(
-                    "expert cache size `{s}`: a share of the expert bytes is from 0% (the smallest working set) to 100% (every expert)"
+                    "cache size `{s}`: a share of the expert bytes is from 0% to 100%"
                 )));
             }
             return Ok(CacheSize::Percent(v));

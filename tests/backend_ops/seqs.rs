@@ -125,8 +125,14 @@ pub fn check_attention_seqs<B: Backend>(b: &B) {
 pub fn check_gated_delta_seqs<B: Backend>(b: &B) {
     let mut rng = Rng::new(22);
     let many: Vec<usize> = (0..18).map(|i| 1 + i % 3).collect();
-    // A prefill chunk of 40 tokens takes the scan path on CUDA.
-    for (ns, (hk, hv, dk, dv, kern)) in [(vec![1, 3, 40, 1], (2, 4, 16, 8, 4)), (many, (1, 2, 32, 16, 3))] {
+    // A prefill chunk of 40 tokens takes the scan path on CUDA; one token
+    // of each of 6 sequences (a batched decode step), with conv channels
+    // in two of the CPU's blocks, takes the CPU's all-at-once passes.
+    for (ns, (hk, hv, dk, dv, kern)) in [
+        (vec![1, 3, 40, 1], (2, 4, 16, 8, 4)),
+        (many, (1, 2, 32, 16, 3)),
+        (vec![1; 6], (2, 4, 64, 128, 4)),
+    ] {
         let sg = segs(&ns, &vec![0; ns.len()]);
         let n: usize = ns.iter().sum();
         let cd = 2 * hk * dk + hv * dv;

@@ -9,7 +9,7 @@
 //! register's lanes are 16 rows), for all the call's tokens — no
 //! horizontal sums, and the state leaves memory once per call.
 
-use super::delta_conv::{conv, isa, Isa, SharedMut};
+use super::delta_conv::{conv, conv_each, isa, Isa, SharedMut};
 use super::lanes::{self, Lanes, LANES};
 use super::sigmoid;
 use super::vector::dot;
@@ -94,6 +94,63 @@ pub fn gated_delta(
     } else {
         scan_rows(&x, st.ssm, out);
     }
+    Ok(())
+}
+
+/// `gated_delta` for one token of each of several sequences at once (a
+/// batched decode step): row s of qkv, a, b and out with `states[s]`
+/// (conv, recurrent). The three passes run once over all of them — the
+/// conv by (sequence, channel block), the recurrence by (sequence, head)
+/// — instead of three per sequence.
+pub fn gated_delta_each(
+    qkv: &[f32],
+    a_in: &[f32],
+    b_in: &[f32],
+    w: DeltaWeights<'_, CpuBackend>,
+    states: &mut [(&mut Vec<f32>, &mut Vec<f32>)],
+    a: DeltaArgs,
+    out: &mut [f32],
+) -> Result<()> {
+    let n = states.len();
+    let a = DeltaArgs { n, ..a };
+    for (conv, ssm) in states.iter_mut() {
+        let st = DeltaState {
+            conv: &mut **conv,
+            ssm: &mut **ssm,
+        };
+        check(qkv, a_in, b_in, &w, &st, a, out)?;
+    }
+    let (hv, dk, dv) = (a.v_heads, a.k_dim, a.v_dim);
+    let conv_dim = 2 * a.k_heads * a.k_dim + hv * dv;
+    let isa = isa();
+    let convs: Vec<SharedMut> = states.iter_mut().map(|(c, _)| SharedMut(c.as_mut_ptr())).collect();
+    let ssms: Vec<SharedMut> = states.iter_mut().map(|(_, s)| SharedMut(s.as_mut_ptr())).collect();
+    let mut xs = vec![0.0f32; n * conv_dim]; // [n, conv_dim]
+    conv_each(qkv, w.conv_w, &convs, a, isa, &mut xs);
+    let (gates, kq) = prepare(&mut xs, a_in, b_in, &w, a);
+    let x = Inputs {
+        xs: &xs,
+        gates: &gates,
+        kq: &kq,
+        a,
+    };
+    let out_p = SharedMut(out.as_mut_ptr());
+    crate::parallel::for_each(n * hv, |task| {
+        let (out_p, ssms) = (&out_p, &ssms);
+        let (t, h) = (task / hv, task % hv);
+        let (q, k) = x.qk(t, h);
+        let (g, beta, kq) = x.gate(t, h);
+        // SAFETY: head h of sequence t's state ([Hv, Dv, Dk], checked
+        // above) and out row t, head h: this task's alone.
+        let (s, o) = unsafe {
+            (
+                std::slice::from_raw_parts_mut(ssms[t].0.add(h * dv * dk), dv * dk),
+                std::slice::from_raw_parts_mut(out_p.0.add((t * hv + h) * dv), dv),
+            )
+        };
+        let v = x.v(t, h);
+        step(s, Step { q, k, v, g, beta, kq }, o);
+    });
     Ok(())
 }
 

@@ -93,6 +93,46 @@ pub(super) fn conv(qkv: &[f32], conv_w: &[f32], state: &mut [f32], a: DeltaArgs,
     });
 }
 
+/// `conv` for one token of each of several sequences: row s of qkv and
+/// of xs `[n, conv_dim]` with `states[s]` (each `[kernel−1, conv_dim]`).
+/// Tasks are (sequence, channel block).
+pub(super) fn conv_each(qkv: &[f32], conv_w: &[f32], states: &[SharedMut], a: DeltaArgs, isa: Isa, xs: &mut [f32]) {
+    let cd = 2 * a.k_heads * a.k_dim + a.v_heads * a.v_dim;
+    let blocks = cd.div_ceil(CONV_CHANNELS);
+    let xs_p = SharedMut(xs.as_mut_ptr());
+    let one = DeltaArgs { n: 1, ..a };
+    crate::parallel::for_each(states.len() * blocks, |task| {
+        let xs_p = &xs_p;
+        let (s, blk) = (task / blocks, task % blocks);
+        let c0 = blk * CONV_CHANNELS;
+        // SAFETY: row s of xs, a row of `cd` values.
+        let xs_s = SharedMut(unsafe { xs_p.0.add(s * cd) });
+        let task = ConvTask {
+            qkv: &qkv[s * cd..(s + 1) * cd],
+            conv_w,
+            state: &states[s],
+            xs: &xs_s,
+            a: one,
+            c0,
+            c1: (c0 + CONV_CHANNELS).min(cd),
+            t0: 0,
+            t1: 1,
+        };
+        // SAFETY: each task has its own (sequence, channel block): its
+        // columns of that sequence's state and row of xs; every buffer
+        // is sized for `a` (checked by the caller of the op).
+        unsafe {
+            match isa {
+                #[cfg(target_arch = "x86_64")]
+                Isa::Avx512 => conv_task_avx512(&task),
+                #[cfg(target_arch = "x86_64")]
+                Isa::Avx2 => conv_task_avx2(&task),
+                _ => conv_task::<false>(&task),
+            }
+        }
+    });
+}
+
 /// One conv task: channels `c0..c1` of tokens `t0..t1`.
 struct ConvTask<'a> {
     qkv: &'a [f32],

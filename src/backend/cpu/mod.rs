@@ -388,6 +388,13 @@ impl Backend for CpuBackend {
             rest = tail;
         }
         let (qkv, a, b) = (&qkv[..], &a[..], &b[..]);
+        // One token of each sequence, in order (a batched decode step):
+        // all of them in each pass.
+        if segs.len() > 1 && segs.iter().enumerate().all(|(i, s)| s.n == 1 && s.off == i) {
+            return self.prof.time(Op::Recurrence, || {
+                delta::gated_delta_each(qkv, a, b, w, states, args, &mut out[..n * ow])
+            });
+        }
         self.prof.time(Op::Recurrence, || {
             // One sequence after another, each split over the threads.
             segs.iter()
