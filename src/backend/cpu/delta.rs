@@ -8,6 +8,9 @@
 //! head, transposed into a block that stays in L1 (`[Dk, 16]`: a
 //! register's lanes are 16 rows), for all the call's tokens — no
 //! horizontal sums, and the state leaves memory once per call.
+//! A batched decode step (one token of each of several sequences, each
+//! with its own states) runs the same three passes once over all of them
+//! (`gated_delta_each`).
 
 use super::delta_conv::{conv, conv_each, isa, Isa, SharedMut};
 use super::lanes::{self, Lanes, LANES};
