@@ -13,6 +13,13 @@
 //! chance), turning back otherwise (so it stays at the best count or next
 //! to it).
 
+/// Where the count starts: three quarters of the guesses. On the H100
+/// host (BENCHMARKS.md) 6 of 8 was at least as fast as 8 at 0%, 25% and
+/// 50% of the experts cached, and the best count lay at 4 to 6.
+fn start(k: usize) -> usize {
+    (3 * k).div_ceil(4).max(1)
+}
+
 /// Tokens timed before the count moves.
 const WINDOW: u32 = 16;
 
@@ -28,7 +35,7 @@ const PAUSE: f64 = 4.0;
 /// The count of guesses to copy, tuned on token times.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GuessTuner {
-    /// The count now (0: not started, all of them).
+    /// The count now (0: not started).
     count: usize,
     /// +1 or −1: where the next move goes.
     dir: isize,
@@ -62,7 +69,7 @@ impl GuessTuner {
     /// How many of `k` guesses to copy now.
     pub fn count(&self, k: usize) -> usize {
         match self.count {
-            0 => k,
+            0 => start(k),
             c => c.min(k),
         }
     }
@@ -73,7 +80,7 @@ impl GuessTuner {
             return;
         }
         if self.count == 0 {
-            self.count = k;
+            self.count = start(k);
         }
         let last = self.last.replace(now);
         let Some(dt) = last.map(|l| now - l) else {
@@ -163,13 +170,15 @@ mod tests {
             used.push(t.count(8));
             now += jitter(i);
         }
-        assert!(used.iter().all(|&c| c >= 7), "drifted to {:?}", used.iter().min());
+        let (lo, hi) = (used.iter().min(), used.iter().max());
+        assert!(lo >= Some(&5) && hi <= Some(&7), "drifted to {lo:?}..{hi:?} from 6");
     }
 
     #[test]
     fn pauses_are_not_measured_and_counts_stay_in_range() {
         let mut t = GuessTuner::new();
-        assert_eq!(t.count(8), 8, "all guesses before any measurement");
+        assert_eq!(t.count(8), 6, "three quarters before any measurement");
+        assert_eq!(GuessTuner::new().count(1), 1);
         let mut now = 0.0;
         for i in 0..500 {
             t.token(now, 8);
