@@ -5,7 +5,7 @@
 //! measured in the same run, with the expert cache's hit rate.
 
 use super::bench_cuda::print_cuda;
-use super::bench_rows::{mean_sd, print_phases, print_ram, print_storage, routing_note, Phases, Row};
+use super::bench_rows::{mean_sd, print_phases, print_ram, print_storage, ram_json, routing_note, Phases, Row};
 use super::model_args::ModelArgs;
 use anyhow::Context;
 use clap::Args;
@@ -342,7 +342,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             serde_json::json!({"model": model.name(), "synth_routing": moeflux::synth::synth_routing(&a.model.model).map(|r| r.name()),
                 "device": model.device_name(), "io": store.mode().name(), "io_auto": a.model.io == moeflux::experts::IoMode::Auto,
                 "cold": a.cold, "load_s": load_s, "read_gb_s": bw, "threads": threads,
-                "kernel": kernel, "results": j})
+                "kernel": kernel, "ram_tier": ram_json(model.ram_stats()), "results": j})
         )?;
         return Ok(());
     }

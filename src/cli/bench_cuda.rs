@@ -1,7 +1,7 @@
 //! `bench`'s CUDA table: tok/s with the expert cache's hit rate, the bytes
 //! streamed per token, the rate misses were served at, and the floor.
 
-use super::bench_rows::{mean_sd, print_phases, print_ram, print_storage, routing_note, Row};
+use super::bench_rows::{mean_sd, print_phases, print_ram, print_storage, ram_json, routing_note, Row};
 use super::model_args::ModelArgs;
 use moeflux::experts::{CacheStats, SplitModel};
 use moeflux::Model;
@@ -103,7 +103,7 @@ pub(super) fn print_cuda(
             "{}",
             serde_json::json!({"model": model.name(), "synth_routing": moeflux::synth::synth_routing(&args.model).map(|r| r.name()),
                 "device": format!("{} ({gpu})", args.device), "prefill_products": prefill, "expert_cache": cache_desc,
-                "hybrid": split.map(|m| m.describe()), "load_s": load_s, "h2d_pinned_gb_s": h2d, "results": j})
+                "hybrid": split.map(|m| m.describe()), "ram_tier": ram_json(model.ram_stats()), "load_s": load_s, "h2d_pinned_gb_s": h2d, "results": j})
         )?;
         return Ok(());
     }

@@ -102,6 +102,15 @@ pub(super) fn routing_note(dir: &Path) -> String {
 
 /// Per row, what came from storage rather than the page cache or memory
 /// (`/proc/self/io`), when the timed runs read more than a megabyte.
+/// The RAM tier's counters for `--json` (null without one).
+pub(super) fn ram_json(ram: Option<RamStats>) -> serde_json::Value {
+    match ram {
+        Some(r) => serde_json::json!({"slots": r.slots, "bytes": r.slots * r.slot_bytes,
+            "hits": r.hits, "misses": r.misses, "hit_rate": r.hit_rate()}),
+        None => serde_json::Value::Null,
+    }
+}
+
 /// The RAM tier's line (`--ram-cache`), over the whole run.
 pub(super) fn print_ram(out: &mut impl Write, ram: Option<RamStats>) -> std::io::Result<()> {
     if let Some(r) = ram {
