@@ -209,10 +209,11 @@ impl ExpertStore {
     /// (`--ram-cache`; `Percent` of the experts' bytes). `Auto`: where reads
     /// go around the page cache (`O_DIRECT`), half of the memory the
     /// process may still take; otherwise none (the page cache holds them).
-    /// Returns the tier's bytes (0: off); never more than the memory left.
+    /// Returns the tier's bytes (0: off); a size above the memory left is
+    /// an error that says so.
     pub fn set_ram_tier(&mut self, size: CacheSize) -> Result<u64> {
-        let slot = (0..self.layers.len())
-            .filter_map(|l| self.layer_layout(l).ok())
+        let moe: Vec<usize> = (0..self.layers.len()).filter(|&l| self.layers[l].is_some()).collect();
+        let slot = (moe.iter().filter_map(|&l| self.layer_layout(l).ok()))
             .map(|l| l.expert_size as u64)
             .max()
             .unwrap_or(0);
@@ -232,7 +233,6 @@ impl ExpertStore {
             )));
         }
         let slots = (bytes / slot.max(1)) as usize;
-        let moe: Vec<usize> = (0..self.layers.len()).filter(|&l| self.layers[l].is_some()).collect();
         self.ram = (slots > 0).then(|| ram::RamTier::new(&moe, self.num_experts, slots, slot));
         Ok(slots as u64 * slot)
     }

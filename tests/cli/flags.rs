@@ -27,36 +27,28 @@ fn every_command_that_opens_a_model_has_the_same_flags() {
     }
 }
 
+/// `logits --device cpu --tokens 1,2 FLAGS --model m`: success, stderr.
+fn logits_on_cpu(m: &std::path::Path, flags: &[&str]) -> (bool, String) {
+    let out = moeflux()
+        .args(["logits", "--device", "cpu", "--tokens", "1,2"])
+        .args(flags)
+        .arg("--model")
+        .arg(m)
+        .output()
+        .unwrap();
+    (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
 #[test]
 fn cache_flags_on_the_cpu_say_they_do_nothing() {
     let tmp = tempfile::tempdir().unwrap();
     let m = tmp.path().join("m");
     packed_model(&m);
-    let out = moeflux()
-        .args([
-            "logits",
-            "--device",
-            "cpu",
-            "--tokens",
-            "1,2",
-            "--expert-cache",
-            "0%",
-            "--no-prefetch",
-            "--model",
-        ])
-        .arg(&m)
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{err}");
+    let (ok, err) = logits_on_cpu(&m, &["--expert-cache", "0%", "--no-prefetch"]);
+    assert!(ok, "{err}");
     assert!(err.contains("--expert-cache has no effect on the cpu"), "{err}");
     assert!(err.contains("--no-prefetch has no effect on the cpu"), "{err}");
-    let out = moeflux()
-        .args(["logits", "--device", "cpu", "--tokens", "1", "--model"])
-        .arg(&m)
-        .output()
-        .unwrap();
-    assert!(!String::from_utf8_lossy(&out.stderr).contains("no effect"));
+    assert!(!logits_on_cpu(&m, &[]).1.contains("no effect"));
 }
 
 #[test]
@@ -80,30 +72,11 @@ fn a_ram_tier_is_capped_at_the_experts_and_said() {
     let tmp = tempfile::tempdir().unwrap();
     let m = tmp.path().join("m");
     packed_model(&m);
-    let run = |size: &str| {
-        moeflux()
-            .args([
-                "logits",
-                "--device",
-                "cpu",
-                "--tokens",
-                "1,2",
-                "--io",
-                "pread",
-                "--ram-cache",
-                size,
-                "--model",
-            ])
-            .arg(&m)
-            .output()
-            .unwrap()
-    };
-    let out = run("100T");
-    let err = String::from_utf8_lossy(&out.stderr);
     // The tier is capped at the experts' bytes, so 100T asks for all of
     // them: this tiny model fits, and the run says what it kept.
-    assert!(out.status.success(), "{err}");
+    let (ok, err) = logits_on_cpu(&m, &["--io", "pread", "--ram-cache", "100T"]);
+    assert!(ok, "{err}");
     assert!(err.contains("RAM tier of") && err.contains("100% of them"), "{err}");
-    let out = run("0");
-    assert!(!String::from_utf8_lossy(&out.stderr).contains("RAM tier"));
+    let (ok, err) = logits_on_cpu(&m, &["--io", "pread", "--ram-cache", "0"]);
+    assert!(ok && !err.contains("RAM tier"), "{err}");
 }

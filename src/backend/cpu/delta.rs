@@ -101,36 +101,52 @@ pub fn gated_delta(
 }
 
 /// `gated_delta` for one token of each of several sequences at once (a
-/// batched decode step): row s of qkv, a, b and out with `states[s]`
-/// (conv, recurrent). The three passes run once over all of them — the
-/// conv by (sequence, channel block), the recurrence by (sequence, head)
-/// — instead of three per sequence.
+/// batched decode step): sequence s's token is row `rows[s]` of qkv, a, b
+/// and out, its states `states[s]` (conv, recurrent). The three passes
+/// run once over all of them — the conv by (sequence, channel block), the
+/// recurrence by (sequence, head) — instead of three per sequence.
+#[allow(clippy::too_many_arguments)]
 pub fn gated_delta_each(
     qkv: &[f32],
     a_in: &[f32],
     b_in: &[f32],
     w: DeltaWeights<'_, CpuBackend>,
     states: &mut [(&mut Vec<f32>, &mut Vec<f32>)],
+    rows: &[usize],
     a: DeltaArgs,
     out: &mut [f32],
 ) -> Result<()> {
-    let n = states.len();
-    let a = DeltaArgs { n, ..a };
-    for (conv, ssm) in states.iter_mut() {
+    let (hv, dk, dv) = (a.v_heads, a.k_dim, a.v_dim);
+    let conv_dim = 2 * a.k_heads * a.k_dim + hv * dv;
+    let one = DeltaArgs { n: 1, ..a };
+    if states.len() != rows.len() {
+        return Err(Error::Invalid(format!(
+            "gated_delta_each: {} states for {} rows",
+            states.len(),
+            rows.len()
+        )));
+    }
+    // Each sequence's row and states against the shapes, and its a and b
+    // gathered (the norms and gates take the tokens in order).
+    let (mut ac, mut bc) = (Vec::with_capacity(rows.len() * hv), Vec::with_capacity(rows.len() * hv));
+    for ((conv, ssm), &r) in states.iter_mut().zip(rows) {
+        let (q_r, a_r, b_r) = (row(qkv, r, conv_dim), row(a_in, r, hv), row(b_in, r, hv));
         let st = DeltaState {
             conv: &mut **conv,
             ssm: &mut **ssm,
         };
-        check(qkv, a_in, b_in, &w, &st, a, out)?;
+        check(q_r, a_r, b_r, &w, &st, one, out.get(r * hv * dv..).unwrap_or(&[]))?;
+        ac.extend_from_slice(a_r);
+        bc.extend_from_slice(b_r);
     }
-    let (hv, dk, dv) = (a.v_heads, a.k_dim, a.v_dim);
-    let conv_dim = 2 * a.k_heads * a.k_dim + hv * dv;
+    let n = rows.len();
+    let a = DeltaArgs { n, ..a };
     let isa = isa();
     let convs: Vec<SharedMut> = states.iter_mut().map(|(c, _)| SharedMut(c.as_mut_ptr())).collect();
     let ssms: Vec<SharedMut> = states.iter_mut().map(|(_, s)| SharedMut(s.as_mut_ptr())).collect();
     let mut xs = vec![0.0f32; n * conv_dim]; // [n, conv_dim]
-    conv_each(qkv, w.conv_w, &convs, a, isa, &mut xs);
-    let (gates, kq) = prepare(&mut xs, a_in, b_in, &w, a);
+    conv_each(qkv, rows, w.conv_w, &convs, a, isa, &mut xs);
+    let (gates, kq) = prepare(&mut xs, &ac, &bc, &w, a);
     let x = Inputs {
         xs: &xs,
         gates: &gates,
@@ -143,18 +159,23 @@ pub fn gated_delta_each(
         let (t, h) = (task / hv, task % hv);
         let (q, k) = x.qk(t, h);
         let (g, beta, kq) = x.gate(t, h);
-        // SAFETY: head h of sequence t's state ([Hv, Dv, Dk], checked
-        // above) and out row t, head h: this task's alone.
+        // SAFETY: head h of sequence t's state ([Hv, Dv, Dk]) and out row
+        // rows[t], head h (both checked above): this task's alone.
         let (s, o) = unsafe {
             (
                 std::slice::from_raw_parts_mut(ssms[t].0.add(h * dv * dk), dv * dk),
-                std::slice::from_raw_parts_mut(out_p.0.add((t * hv + h) * dv), dv),
+                std::slice::from_raw_parts_mut(out_p.0.add((rows[t] * hv + h) * dv), dv),
             )
         };
         let v = x.v(t, h);
         step(s, Step { q, k, v, g, beta, kq }, o);
     });
     Ok(())
+}
+
+/// Row `r` of `v` `[rows, w]` (empty past its end: `check` reports it).
+fn row(v: &[f32], r: usize, w: usize) -> &[f32] {
+    v.get(r * w..(r + 1) * w).unwrap_or(&[])
 }
 
 /// q/k normalization of every token (SPEC §5), in place in xs, and per

@@ -81,22 +81,23 @@ pub(super) fn conv(qkv: &[f32], conv_w: &[f32], state: &mut [f32], a: DeltaArgs,
         // rectangles of xs, and only the first chunk of a block touches
         // the block's columns of the state (see `conv`); the buffers are
         // sized for `a` (checked by the caller of the op).
-        unsafe {
-            match isa {
-                #[cfg(target_arch = "x86_64")]
-                Isa::Avx512 => conv_task_avx512(&task),
-                #[cfg(target_arch = "x86_64")]
-                Isa::Avx2 => conv_task_avx2(&task),
-                _ => conv_task::<false>(&task),
-            }
-        }
+        unsafe { run(isa, &task) }
     });
 }
 
-/// `conv` for one token of each of several sequences: row s of qkv and
-/// of xs `[n, conv_dim]` with `states[s]` (each `[kernel−1, conv_dim]`).
-/// Tasks are (sequence, channel block).
-pub(super) fn conv_each(qkv: &[f32], conv_w: &[f32], states: &[SharedMut], a: DeltaArgs, isa: Isa, xs: &mut [f32]) {
+/// `conv` for one token of each of several sequences: sequence s's token
+/// is row `rows[s]` of qkv and its output row s of xs `[n, conv_dim]`,
+/// with `states[s]` (each `[kernel−1, conv_dim]`). Tasks are (sequence,
+/// channel block).
+pub(super) fn conv_each(
+    qkv: &[f32],
+    rows: &[usize],
+    conv_w: &[f32],
+    states: &[SharedMut],
+    a: DeltaArgs,
+    isa: Isa,
+    xs: &mut [f32],
+) {
     let cd = 2 * a.k_heads * a.k_dim + a.v_heads * a.v_dim;
     let blocks = cd.div_ceil(CONV_CHANNELS);
     let xs_p = SharedMut(xs.as_mut_ptr());
@@ -107,8 +108,9 @@ pub(super) fn conv_each(qkv: &[f32], conv_w: &[f32], states: &[SharedMut], a: De
         let c0 = blk * CONV_CHANNELS;
         // SAFETY: row s of xs, a row of `cd` values.
         let xs_s = SharedMut(unsafe { xs_p.0.add(s * cd) });
+        let r = rows[s];
         let task = ConvTask {
-            qkv: &qkv[s * cd..(s + 1) * cd],
+            qkv: &qkv[r * cd..(r + 1) * cd],
             conv_w,
             state: &states[s],
             xs: &xs_s,
@@ -120,17 +122,23 @@ pub(super) fn conv_each(qkv: &[f32], conv_w: &[f32], states: &[SharedMut], a: De
         };
         // SAFETY: each task has its own (sequence, channel block): its
         // columns of that sequence's state and row of xs; every buffer
-        // is sized for `a` (checked by the caller of the op).
-        unsafe {
-            match isa {
-                #[cfg(target_arch = "x86_64")]
-                Isa::Avx512 => conv_task_avx512(&task),
-                #[cfg(target_arch = "x86_64")]
-                Isa::Avx2 => conv_task_avx2(&task),
-                _ => conv_task::<false>(&task),
-            }
-        }
+        // is sized for `a` (checked by the caller).
+        unsafe { run(isa, &task) }
     });
+}
+
+/// `conv_task` compiled for `isa`.
+///
+/// # Safety
+/// As `conv_task`; the CPU runs `isa`'s instructions.
+unsafe fn run(isa: Isa, task: &ConvTask) {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => conv_task_avx512(task),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => conv_task_avx2(task),
+        _ => conv_task::<false>(task),
+    }
 }
 
 /// One conv task: channels `c0..c1` of tokens `t0..t1`.

@@ -347,10 +347,13 @@ impl Backend for CpuBackend {
             .time(Op::Recurrence, || delta::gated_delta(qkv, a, b, w, state, args, out))
     }
 
-    /// The sequences side by side (each one's recurrence is parallel over
-    /// its heads only: one token of 32 heads leaves most threads idle, and
-    /// 8 sequences one after another took 8× one's time), on their rows of
-    /// the inputs in place: the arithmetic of `gated_delta` on each.
+    /// The one-token sequences (a decode step's) together: each of the
+    /// three passes once over all of them (`delta::gated_delta_each`; one
+    /// token of 32 heads alone leaves most threads idle, and a loop inside
+    /// a task of the spinning workers runs inline, so 8 sequences one after
+    /// another took 8× one's time); longer ones (prefill chunks) one after
+    /// another, each parallel over its heads. On their rows of the inputs
+    /// in place: the arithmetic of `gated_delta` on each.
     fn gated_delta_seqs(
         &self,
         qkv: &mut Vec<f32>,
@@ -379,43 +382,39 @@ impl Backend for CpuBackend {
                 )));
             }
         }
-        // Each sequence's rows of the output.
-        let mut outs: Vec<&mut [f32]> = Vec::with_capacity(segs.len());
-        let mut rest = &mut out[..n * ow];
-        for s in segs {
-            let (mine, tail) = rest.split_at_mut(s.n * ow);
-            outs.push(mine);
-            rest = tail;
-        }
-        let (qkv, a, b) = (&qkv[..], &a[..], &b[..]);
-        // One token of each sequence, in order (a batched decode step):
-        // all of them in each pass.
-        if segs.len() > 1 && segs.iter().enumerate().all(|(i, s)| s.n == 1 && s.off == i) {
-            return self.prof.time(Op::Recurrence, || {
-                delta::gated_delta_each(qkv, a, b, w, states, args, &mut out[..n * ow])
-            });
-        }
+        let (qkv, a, b, out) = (&qkv[..], &a[..], &b[..], &mut out[..n * ow]);
         self.prof.time(Op::Recurrence, || {
-            // One sequence after another, each split over the threads.
-            segs.iter()
-                .zip(states.iter_mut())
-                .zip(outs)
-                .try_for_each(|((s, (conv, ssm)), o)| {
-                    let st = DeltaState {
-                        conv: &mut **conv,
-                        ssm: &mut **ssm,
-                    };
-                    let rows = s.off..s.off + s.n;
-                    delta::gated_delta(
-                        &qkv[rows.start * conv_dim..rows.end * conv_dim],
-                        &a[rows.start * hv..rows.end * hv],
-                        &b[rows.start * hv..rows.end * hv],
-                        w,
-                        st,
-                        DeltaArgs { n: s.n, ..args },
-                        o,
-                    )
-                })
+            let (mut ones, mut rows, mut longer) = (Vec::new(), Vec::new(), Vec::new());
+            for (s, (conv, ssm)) in segs.iter().zip(states.iter_mut()) {
+                match s.n {
+                    1 => {
+                        ones.push((&mut **conv, &mut **ssm));
+                        rows.push(s.off);
+                    }
+                    _ => longer.push((
+                        s,
+                        DeltaState {
+                            conv: &mut **conv,
+                            ssm: &mut **ssm,
+                        },
+                    )),
+                }
+            }
+            if !ones.is_empty() {
+                delta::gated_delta_each(qkv, a, b, w, &mut ones, &rows, args, out)?;
+            }
+            longer.into_iter().try_for_each(|(s, st)| {
+                let r = s.off..s.off + s.n;
+                delta::gated_delta(
+                    &qkv[r.start * conv_dim..r.end * conv_dim],
+                    &a[r.start * hv..r.end * hv],
+                    &b[r.start * hv..r.end * hv],
+                    w,
+                    st,
+                    DeltaArgs { n: s.n, ..args },
+                    &mut out[r.start * ow..r.end * ow],
+                )
+            })
         })
     }
 

@@ -355,14 +355,14 @@ impl ExpertCache {
             }
             None => k,
         };
-        self.c.hints.fetch_add(1, Ordering::Relaxed);
-        self.c.guesses.fetch_add(take as u64, Ordering::Relaxed);
         let mut want = experts[..take].to_vec();
         want.sort_unstable();
         want.dedup();
         if !self.prefetch || self.resident || !st.table.guess_fits(want.len()) {
             return Ok(());
         }
+        self.c.hints.fetch_add(1, Ordering::Relaxed);
+        self.c.guesses.fetch_add(take as u64, Ordering::Relaxed);
         self.lookup(&mut st, store, layer, &want, true, |_| HostShare::Nothing)?;
         Ok(())
     }
