@@ -37,10 +37,13 @@ const SCHEDULE: [[(usize, bool); 3]; 5] = [
     [(1, true), (2, false), (1, false)],
 ];
 
-fn open(dir: &std::path::Path, device: Device) -> Model {
+/// The fixture opened with the exact products, or with the fast path
+/// (`exact` false: on CUDA, batched decode steps through quantized
+/// matrices take the tensor cores, a token alone does not).
+fn open_with(dir: &std::path::Path, device: Device, exact: bool) -> Model {
     let opts = Options {
         device,
-        exact: true,
+        exact,
         ..Options::default()
     };
     Model::open(dir, &opts).expect("open the packed fixture")
@@ -249,8 +252,8 @@ fn scheduler_matches_alone(name: &str, model: &Model) {
     }
 }
 
-fn check(name: &str, flags: &[&str], device: Device, tol: f64) {
-    let model = open(&packed_with(name, flags), device);
+fn check(name: &str, flags: &[&str], device: Device, tol: f64, exact: bool) {
+    let model = open_with(&packed_with(name, flags), device, exact);
     same_logits(name, &model, tol);
     same_greedy_tokens(name, &model);
     scheduler_matches_alone(name, &model);
@@ -300,10 +303,13 @@ fn main() {
     macro_rules! batch_trials {
         ($name:ident, $fixture:expr, $flags:expr) => {
             all.push(trials::plain(concat!("cpu_", stringify!($name)), || {
-                check($fixture, $flags, Device::Cpu, CPU_TOL)
+                check($fixture, $flags, Device::Cpu, CPU_TOL, true)
             }));
             all.push(trials::cuda(concat!("cuda_", stringify!($name)), || {
-                check($fixture, $flags, Device::Cuda(0), CUDA_TOL)
+                check($fixture, $flags, Device::Cuda(0), CUDA_TOL, true)
+            }));
+            all.push(trials::cuda(concat!("cuda_fast_", stringify!($name)), || {
+                check($fixture, $flags, Device::Cuda(0), CUDA_TOL, false)
             }));
         };
     }

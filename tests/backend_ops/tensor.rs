@@ -82,11 +82,12 @@ pub fn check_linear_tc(b: &CudaBackend, exact: &CudaBackend) {
             expect_path(&what, &got, &product(exact, &view, &x, n), tc);
         }
     }
-    // Batched decode steps: one 16-token tile, columns split into parts,
-    // for 5 to 16 tokens through matrices of at least 512 rows
-    // (STEP_MIN_TOKENS, STEP_MIN_ROWS), except 2 to 8 tokens through a
-    // quantized matrix, which take matvec_qt either way (QT_TOKENS);
-    // matvec_tok otherwise, matvec_q for one token.
+    // Batched decode steps: 2 to 8 tokens through a quantized matrix
+    // take matvec_tc (every layout below: a quarter group of 1, 2 or 4
+    // words), whatever its rows; 9 to 16 tokens one 16-token tile,
+    // columns split into parts, through matrices of at least 512 rows
+    // (STEP_MIN_TOKENS, STEP_MIN_ROWS); matvec_tok otherwise, matvec_q
+    // for one token.
     for &(bits, gs, rows, cols, f16, big) in &[
         (4, 64, 2100, 512, false, true),
         (8, 32, 520, 4096, true, true),
@@ -102,7 +103,8 @@ pub fn check_linear_tc(b: &CudaBackend, exact: &CudaBackend) {
             let want = reference::linear(&dense, rows, cols, &x, n);
             let what = format!("linear_tc step q{bits} gs{gs} [{rows}, {cols}] n={n}");
             close(&what, &got, &want, TC_TOL);
-            expect_path(&what, &got, &product(exact, &view, &x, n), big && n > 8);
+            let tc = (2..=8).contains(&n) || (big && n > 8);
+            expect_path(&what, &got, &product(exact, &view, &x, n), tc);
         }
     }
     let (view, dense) = float_matrix(&mut rng, 1024, 1024, Dtype::Bf16);
@@ -114,18 +116,20 @@ pub fn check_linear_tc(b: &CudaBackend, exact: &CudaBackend) {
         close(&what, &got, &want, TC_TOL);
         expect_path(&what, &got, &product(exact, &view, &x, n), n >= 5);
     }
-    // Activations far from 1 in magnitude: each row is scaled by a power
-    // of two before it is split into f16 parts (f16 alone would overflow
-    // above 65504 and lose digits below 6e-5).
+    // Activations far from 1 in magnitude: each row (matvec_tc: each
+    // token's group) is scaled by a power of two before it is split into
+    // f16 parts (f16 alone would overflow above 65504 and lose digits
+    // below 6e-5).
     let (view, dense) = quant_matrix(&mut rng, 64, 512, 4, 64, false);
     for scale in [3e5f32, 1e-7] {
-        let n = 20;
-        let x: Vec<f32> = rng.vec(n * 512, 1.0).iter().map(|v| v * scale).collect();
-        let got = product(b, &view, &x, n);
-        let want = reference::linear(&dense, 64, 512, &x, n);
-        let what = format!("linear_tc q4 activations ×{scale:e}");
-        close(&what, &got, &want, TC_TOL);
-        expect_path(&what, &got, &product(exact, &view, &x, n), true);
+        for n in [4, 20] {
+            let x: Vec<f32> = rng.vec(n * 512, 1.0).iter().map(|v| v * scale).collect();
+            let got = product(b, &view, &x, n);
+            let want = reference::linear(&dense, 64, 512, &x, n);
+            let what = format!("linear_tc q4 activations ×{scale:e} n={n}");
+            close(&what, &got, &want, TC_TOL);
+            expect_path(&what, &got, &product(exact, &view, &x, n), true);
+        }
     }
 }
 

@@ -76,6 +76,7 @@ kernels!(
         moe_down_tc16,
         moe_down_tc32,
         matvec_qt,
+        matvec_tc,
     }
 );
 

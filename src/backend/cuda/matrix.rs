@@ -21,6 +21,10 @@ const MATVEC_TOK_MAX: usize = 16;
 /// each with its output address.
 type TcSet = ((i32, i32), Vec<(MatArg, u64)>);
 
+/// Matrices of one (format code, group shift) for one staged launch, each
+/// with its output address.
+type StagedSet<'a> = ((i32, i32), Vec<(&'a CudaMatrix, u64)>);
+
 /// Warps that share each row group's columns in `matvec_q`: 4 for a short
 /// wide matrix (at most 4096 rows of at least 4096 columns: o_proj and
 /// out_proj shapes, whose few rows would leave each warp a long serial
@@ -282,19 +286,33 @@ impl CudaMatrix {
     /// token, x in the 48 KiB of shared memory any block has, less the
     /// kernel's 1 KiB of its own) or `matvec_qt` (2 to QT_TOKENS tokens in
     /// one tile): each token's row sums then are the ones it gets alone.
+    /// Where the tensor cores are on, 2 to QT_TOKENS tokens take
+    /// `matvec_tc` instead of `matvec_qt` (within SPEC §6's batched
+    /// tolerance of a token's sums alone, not bit for bit).
     fn staged(&self, gpu: &Gpu, n: usize) -> bool {
         let fits = match n {
             1 => one_fits(self.cols),
-            2..=QT_TOKENS => qt_fits(gpu, self.cols),
+            2..=QT_TOKENS => (n <= super::matvec_tc::MAX_TOKENS && self.step_tc(gpu)) || qt_fits(gpu, self.cols),
             _ => false,
         };
         fits && self.quant_chunks()
     }
 
-    /// The `matvec_q` (one token) or `matvec_qt` launch of `set`.
+    /// Whether `matvec_tc` takes this matrix.
+    fn step_tc(&self, gpu: &Gpu) -> bool {
+        super::matvec_tc::takes(gpu, &self.arg)
+    }
+
+    /// The `matvec_q` (one token), `matvec_tc` or `matvec_qt` launch of
+    /// `set` (matrices of one format code and group size for more than
+    /// one token).
     fn launch_staged(gpu: &Gpu, set: &[(&CudaMatrix, u64)], x: u64, u: u64, n: usize) -> Result<()> {
         match n {
             1 => launch_matvec_q(gpu, set, x, u),
+            _ if n <= super::matvec_tc::MAX_TOKENS && set.iter().all(|(m, _)| m.step_tc(gpu)) => {
+                let args: Vec<(MatArg, u64)> = set.iter().map(|&(m, y)| (m.arg, y)).collect();
+                super::matvec_tc::launch(gpu, &args, x, u, n)
+            }
             _ => launch_matvec_qt(gpu, set, x, u, n),
         }
     }
@@ -400,9 +418,10 @@ impl CudaMatrix {
             }
             return Ok(());
         }
-        // 1 to QT_TOKENS tokens: the matrices matvec_q/matvec_qt take,
-        // MQ_SET to a launch (matvec_qt: of one format code).
-        let mut sets: Vec<(i32, Vec<(&CudaMatrix, u64)>)> = Vec::new();
+        // 1 to QT_TOKENS tokens: the matrices matvec_q/matvec_qt/matvec_tc
+        // take, MQ_SET to a launch (more than one token: of one format code
+        // and group size).
+        let mut sets: Vec<StagedSet> = Vec::new();
         for (w, y) in ws.iter().zip(ys.iter_mut()) {
             if !(w.staged(gpu, n) && w.cols == cols) {
                 w.linear(gpu, x, n, y)?;
@@ -410,7 +429,7 @@ impl CudaMatrix {
             }
             x.want(&format!("linear [{}, {cols}] input", w.rows), n * cols)?;
             y.want(&format!("linear [{}, {cols}] output", w.rows), n * w.rows)?;
-            let key = if n == 1 { 0 } else { w.arg.fmt };
+            let key = if n == 1 { (0, 0) } else { (w.arg.fmt, w.arg.gs_shift) };
             let yp = y.write(gpu, n * w.rows)?;
             match sets.iter_mut().find(|(k, _)| *k == key) {
                 Some((_, s)) => s.push((w, yp)),

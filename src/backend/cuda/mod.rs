@@ -20,6 +20,7 @@ mod host_cpu;
 mod hostmap;
 mod hybrid;
 mod matrix;
+mod matvec_tc;
 mod mixers;
 mod moe;
 mod moe_groups;

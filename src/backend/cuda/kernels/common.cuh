@@ -162,7 +162,7 @@ __device__ __forceinline__ int seq_of(const Seqs& s, int r) {
 #define FG_MOE_UP_ROUTED 3     // moe_up_routed
 #define FG_MOE_DOWN_COMBINE 4  // moe_down_combine
 #define FG_TC 5                // gemm_tc, moe_up_tc, moe_down_tc
-#define FG_MATVEC_Q 6          // matvec_qt
+#define FG_MATVEC_Q 6          // matvec_qt, matvec_tc
 #define FG_BASE 7              // everything else
 #define FG_ATTENTION 8         // the attention module (flash.cu; cuda/compile.rs)
 #ifndef MOEFLUX_GROUP

@@ -1,0 +1,259 @@
+// Quantized dense matrices for 2 to 8 tokens (batched decode steps) on
+// tensor cores: `matvec_tc` (the fast path, SPEC §6; `--exact` keeps
+// matvec_qt).
+//
+// A warp multiplies up to MT_RT tiles of 16 weight rows by the 8 tokens of
+// an mma.sync m16n8k16 (tokens past n are zeros), one quantization group
+// at a time; the MT_WARPS warps of a block share the block's rows, warp w
+// taking groups w, w + MT_WARPS, ..., and their sums are added in warp
+// order (the same order whatever the launch: a token's result does not
+// depend on the tokens beside it or on the tiles per warp).
+//
+// The weights go from global memory straight into the A fragments, with no
+// shared memory: in a group, lane (r = lane/4, c = lane%4) loads the c-th
+// quarter of rows r and r + 8 of each tile (L words). The 16 columns of a
+// k-step are two pairs of levels from each of the four quarters: the sum
+// over a group's columns takes any order, as long as the activations take
+// the same one. Lane (t = lane/4, c) builds the same quarter of token t's
+// activations as f16 parts, v·2^e = hi + lo, e per token and group (the
+// group's largest magnitude below 2^14, as `to_half` does per row); both
+// parts are multiplied, so nothing is rounded further than f32 does. Levels
+// are exact in f16. Per row, token and group: y += s·2^-e·Σq·(hi + lo) +
+// b·Σv, in f32.
+
+#define MT_WARPS 8
+#define MT_RT 4  // most 16-row tiles per warp (the launch's `rt`: 1, 2 or 4)
+
+// The warps' sums before they are added: [warp][row of the block][token],
+// rows padded to 9 tokens.
+typedef float MtRed[MT_WARPS][MT_RT * 16][9];
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+
+// L consecutive words of packed weights (L·4 bytes, aligned to that).
+template <int L>
+__device__ __forceinline__ void mt_words(const char* p, u32 (&w)[L]) {
+    if constexpr (L == 1) {
+        w[0] = __ldg((const u32*)p);
+    } else if constexpr (L == 2) {
+        const uint2 v = __ldg((const uint2*)p);
+        w[0] = v.x;
+        w[1] = v.y;
+    } else {
+        const uint4 v = __ldg((const uint4*)p);
+        w[0] = v.x;
+        w[1] = v.y;
+        w[2] = v.z;
+        w[3] = v.w;
+    }
+}
+
+// Pair i of a word: levels i (low half) and i + 16/BITS (high half) as
+// exact f16, (1024 + q) − 1024.
+template <int BITS>
+__device__ __forceinline__ u32 mt_pair(u32 w, int i) {
+    const u32 M = ((1u << BITS) - 1) * 0x10001u;
+    const u32 p = ((w >> (BITS * i)) & M) | 0x64006400u;
+    u32 r;
+    asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(p), "r"(0x64006400u));
+    return r;
+}
+
+// Pair p of a lane's quarter (word p / (EPW/2), pair p % (EPW/2)).
+template <int BITS, int L>
+__device__ __forceinline__ u32 mt_level_pair(const u32 (&w)[L], int p) {
+    const int HALF = 16 / BITS;  // pairs in a word
+    return mt_pair<BITS>(w[p / HALF], p % HALF);
+}
+
+// y[t0 .. t0 + n)[rows of m] for the block `blk` of the `nblk` that share
+// m: see the top of this file. v_t = x_t, or silu(x_t) ⊙ u_t when `u` is
+// not null. L: words of a row's quarter group (gs·BITS/128).
+template <int BITS, bool F16S, int L>
+__device__ __forceinline__ void matvec_tc_t(const Mat& m, const float* x, const float* u, float* y, int blk,
+                                            int nblk, int rt, int n, MtRed& red) {
+    const int EPW = 32 / BITS;     // levels per word
+    const int HALF = EPW / 2;      // pairs per word
+    const int PAIRS = L * HALF;    // pairs of a quarter
+    const int KS = PAIRS / 2;      // k-steps of a group
+    const int Q = L * EPW;         // columns of a quarter
+    const int GS = 4 * Q;          // columns of a group
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    const int r = lane >> 2, c = lane & 3;
+    const int groups = m.cols / GS;
+    GRID_DEP();
+    for (int base = blk * rt * 16; base < m.rows; base += nblk * rt * 16) {
+        float acc[MT_RT][4];
+        Row rows[MT_RT][2];
+#pragma unroll
+        for (int mt = 0; mt < MT_RT; mt++) {
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                // A row past the end reads the last row again and is not written.
+                const int ri = base + mt * 16 + r + 8 * h;
+                rows[mt][h] = mat_row(m, ri < m.rows ? ri : m.rows - 1);
+            }
+#pragma unroll
+            for (int k = 0; k < 4; k++) acc[mt][k] = 0.0f;
+        }
+        for (int g = wid; g < groups; g += MT_WARPS) {
+            // This lane's quarter of token r's vector in this group.
+            float f[Q];
+            if (r < n) {
+                const i64 off = (i64)r * m.cols + g * GS + c * Q;
+#pragma unroll
+                for (int j = 0; j < Q; j += 4) {
+                    const float4 v = __ldg((const float4*)(x + off + j));
+                    f[j] = v.x;
+                    f[j + 1] = v.y;
+                    f[j + 2] = v.z;
+                    f[j + 3] = v.w;
+                }
+                if (u) {
+#pragma unroll
+                    for (int j = 0; j < Q; j += 4) {
+                        const float4 v = __ldg((const float4*)(u + off + j));
+                        f[j] = silu_f(f[j]) * v.x;
+                        f[j + 1] = silu_f(f[j + 1]) * v.y;
+                        f[j + 2] = silu_f(f[j + 2]) * v.z;
+                        f[j + 3] = silu_f(f[j + 3]) * v.w;
+                    }
+                }
+            } else {
+#pragma unroll
+                for (int j = 0; j < Q; j++) f[j] = 0.0f;
+            }
+            // The weights of every tile, in flight while the vector is split.
+            u32 wv[MT_RT][2][L];
+            float sc[MT_RT][2], bi[MT_RT][2];
+#pragma unroll
+            for (int mt = 0; mt < MT_RT; mt++) {
+                if (mt < rt) {
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        mt_words<L>(rows[mt][h].w + g * (GS / 8 * BITS) + c * (4 * L), wv[mt][h]);
+                        sc[mt][h] = scale_of(rows[mt][h].s, g, F16S);
+                        bi[mt][h] = scale_of(rows[mt][h].b, g, F16S);
+                    }
+                }
+            }
+            // Token r's group: its largest magnitude, its sum (the four
+            // quarters added by the same butterfly in every lane).
+            float mx = 0.0f, sum = 0.0f;
+#pragma unroll
+            for (int j = 0; j < Q; j++) {
+                mx = fmaxf(mx, fabsf(f[j]));
+                sum += f[j];
+            }
+            mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 2));
+            sum += __shfl_xor_sync(FULL_MASK, sum, 1);
+            sum += __shfl_xor_sync(FULL_MASK, sum, 2);
+            int e = 0;
+            if (mx > 0.0f && mx <= 3.0e38f) {
+                const int ex = (int)((__float_as_uint(mx) >> 23) & 0xffu) - 126;  // mx < 2^ex
+                e = min(14 - ex, 126);
+            }
+            const float sc_e = __uint_as_float((u32)(e + 127) << 23);
+            const float inv = __uint_as_float((u32)(127 - e) << 23);
+            u32 bh[PAIRS], bl[PAIRS];
+#pragma unroll
+            for (int p = 0; p < PAIRS; p++) {
+                const float a = f[(p / HALF) * EPW + p % HALF] * sc_e;
+                const float b = f[(p / HALF) * EPW + p % HALF + HALF] * sc_e;
+                asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(bh[p]) : "f"(b), "f"(a));
+                float h0, h1;
+                asm("{ .reg .f16 a, b; mov.b32 {a, b}, %2; cvt.f32.f16 %0, a; cvt.f32.f16 %1, b; }"
+                    : "=f"(h0), "=f"(h1)
+                    : "r"(bh[p]));
+                asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(bl[p]) : "f"(b - h1), "f"(a - h0));
+            }
+            // Tokens 2c and 2c + 1 (the columns of this lane's sums): their
+            // 2^-e and Σv, from lanes 8c and 8c + 4.
+            const float inv0 = __shfl_sync(FULL_MASK, inv, 8 * c);
+            const float inv1 = __shfl_sync(FULL_MASK, inv, 8 * c + 4);
+            const float sx0 = __shfl_sync(FULL_MASK, sum, 8 * c);
+            const float sx1 = __shfl_sync(FULL_MASK, sum, 8 * c + 4);
+#pragma unroll
+            for (int mt = 0; mt < MT_RT; mt++) {
+                if (mt < rt) {
+                    float d[4];
+#pragma unroll
+                    for (int ks = 0; ks < KS; ks++) {
+                        u32 a[4];
+                        a[0] = mt_level_pair<BITS, L>(wv[mt][0], 2 * ks);
+                        a[1] = mt_level_pair<BITS, L>(wv[mt][1], 2 * ks);
+                        a[2] = mt_level_pair<BITS, L>(wv[mt][0], 2 * ks + 1);
+                        a[3] = mt_level_pair<BITS, L>(wv[mt][1], 2 * ks + 1);
+                        if (ks == 0)
+                            mma16816z(d, a, bh[0], bh[1]);
+                        else
+                            mma16816(d, a, bh[2 * ks], bh[2 * ks + 1]);
+                        mma16816(d, a, bl[2 * ks], bl[2 * ks + 1]);
+                    }
+                    acc[mt][0] = fmaf(sc[mt][0], d[0] * inv0, fmaf(bi[mt][0], sx0, acc[mt][0]));
+                    acc[mt][1] = fmaf(sc[mt][0], d[1] * inv1, fmaf(bi[mt][0], sx1, acc[mt][1]));
+                    acc[mt][2] = fmaf(sc[mt][1], d[2] * inv0, fmaf(bi[mt][1], sx0, acc[mt][2]));
+                    acc[mt][3] = fmaf(sc[mt][1], d[3] * inv1, fmaf(bi[mt][1], sx1, acc[mt][3]));
+                }
+            }
+        }
+        // The warps' sums of each (row, token), added in warp order.
+#pragma unroll
+        for (int mt = 0; mt < MT_RT; mt++) {
+            if (mt < rt) {
+                red[wid][mt * 16 + r][2 * c] = acc[mt][0];
+                red[wid][mt * 16 + r][2 * c + 1] = acc[mt][1];
+                red[wid][mt * 16 + r + 8][2 * c] = acc[mt][2];
+                red[wid][mt * 16 + r + 8][2 * c + 1] = acc[mt][3];
+            }
+        }
+        __syncthreads();
+        const int brows = rt * 16;
+        for (int o = threadIdx.x; o < n * brows; o += blockDim.x) {
+            const int t = o / brows, row = o - t * brows;
+            if (base + row < m.rows) {
+                float s = red[0][row][t];
+#pragma unroll
+                for (int w = 1; w < MT_WARPS; w++) s += red[w][row][t];
+                y[(i64)t * m.rows + base + row] = s;
+            }
+        }
+        __syncthreads();
+    }
+}
+
+#endif
+
+#if FMT_GROUP_ON(FG_MATVEC_Q)
+// ys[i][n, rows_i] = v[n, cols]·W_iᵀ for the matrices of `s` (all of this
+// module's format, each row's quarter group a whole 1, 2 or 4 words), v =
+// x or silu(x) ⊙ u, 2 ≤ n ≤ 8: grid first[count] blocks of MT_WARPS
+// warps, each block `rt` tiles of 16 rows at a time (rows stride over the
+// matrix's blocks).
+template <int FMT, bool F16S>
+__device__ __forceinline__ void matvec_tc_fmt(const MatSet& s, const float* x, const float* u, int n, int rt) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    if constexpr (Fmt<FMT>::BITS != 0) {
+        const int BITS = Fmt<FMT>::BITS;
+        __shared__ MtRed red;
+        Mat m;
+        float* y;
+        int blk, nblk;
+        set_pick(s, blockIdx.x, m, y, blk, nblk);
+        // Words of a quarter group: gs·BITS/128.
+        switch (m.gs_shift + (BITS == 2 ? 1 : BITS == 4 ? 2 : 3) - 7) {
+            case 0: matvec_tc_t<BITS, F16S, 1>(m, x, u, y, blk, nblk, rt, n, red); break;
+            case 1: matvec_tc_t<BITS, F16S, 2>(m, x, u, y, blk, nblk, rt, n, red); break;
+            case 2: matvec_tc_t<BITS, F16S, 4>(m, x, u, y, blk, nblk, rt, n, red); break;
+            default: break;
+        }
+    }
+#endif
+}
+
+extern "C" __global__ void __launch_bounds__(MT_WARPS * 32, 2) matvec_tc(MatSet s, const float* x, const float* u,
+                                                                        int n, int rt) {
+    FOR_FMT(s.m[0].fmt, (matvec_tc_fmt<F, S>(s, x, u, n, rt)));
+}
+#endif
