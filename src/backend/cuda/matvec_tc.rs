@@ -11,8 +11,17 @@ use crate::error::Result;
 /// Most tokens of one launch: the 8 columns of an mma m16n8k16.
 pub(crate) const MAX_TOKENS: usize = 8;
 
-/// Threads of a block (`MT_WARPS` warps in kernels/matvec_tc.cu).
-const THREADS: u32 = 8 * 32;
+/// Warps of a block of `rt` tiles a warp: 8 of 4 tiles (two blocks an
+/// SM at 128 registers a thread), else 16, so that a small matrix's
+/// groups are split 16 ways and each warp's chain of groups is short
+/// (`nw·rt·16` is at most `MT_SLOTS` in kernels/matvec_tc.cu).
+fn warps(rt: usize) -> u32 {
+    if rt == 4 {
+        8
+    } else {
+        16
+    }
+}
 
 /// Whether `matvec_tc` takes matrices of `arg`'s format: tensor cores on,
 /// quantized, rows 16-byte aligned, and a quarter of a quantization group
@@ -30,9 +39,11 @@ pub(crate) fn takes(gpu: &Gpu, arg: &MatArg) -> bool {
 }
 
 /// 16-row tiles per warp: 4 where blocks of 64 rows still give every SM
-/// one, else 2, else 1 (a block's 8 warps share its rows and split their
+/// one, else 2, else 1 (a block's warps share its rows and split their
 /// groups, so fewer rows a block spread a small matrix over more SMs). A
-/// row's sums do not depend on it.
+/// row's sums depend on the warps of its block (the order in which its
+/// groups are added), which follow from the launch's matrices alone,
+/// never from the tokens.
 fn tiles_per_warp(gpu: &Gpu, set: &[(MatArg, u64)]) -> usize {
     for rt in [4, 2] {
         let blocks: usize = set.iter().map(|(m, _)| (m.rows as usize).div_ceil(16 * rt)).sum();
@@ -58,6 +69,7 @@ pub(crate) fn launch(gpu: &Gpu, set: &[(MatArg, u64)], x: u64, u: u64, n: usize)
         .collect();
     let (arg, blocks) = MatSet::new("matvec_tc", &parts)?;
     let f = gpu.k.fmt(first.fmt)?.matvec_tc;
+    let threads = 32 * warps(rt);
     let (n, rt) = (n as i32, rt as i32);
-    gpu.launch(f, (blocks as u32, 1, 1), THREADS, 0, cuda_args![arg, x, u, n, rt])
+    gpu.launch(f, (blocks as u32, 1, 1), threads, 0, cuda_args![arg, x, u, n, rt])
 }

@@ -4,10 +4,12 @@
 //
 // A warp multiplies up to MT_RT tiles of 16 weight rows by the 8 tokens of
 // an mma.sync m16n8k16 (tokens past n are zeros), one quantization group
-// at a time; the MT_WARPS warps of a block share the block's rows, warp w
-// taking groups w, w + MT_WARPS, ..., and their sums are added in warp
-// order (the same order whatever the launch: a token's result does not
-// depend on the tokens beside it or on the tiles per warp).
+// at a time; the nw warps of a block share the block's rows, warp w
+// taking groups w, w + nw, ..., and their sums are added in warp order (a
+// token's result does not depend on the tokens beside it; the launch's
+// nw follows from its matrices alone). Each warp's groups strided over
+// the row (not a contiguous run: 1026-1028 tok/s against 1044 at 8
+// streams, BENCHMARKS.md).
 //
 // The weights go from global memory straight into the A fragments, with no
 // shared memory: in a group, lane (r = lane/4, c = lane%4) loads the c-th
@@ -21,12 +23,13 @@
 // are exact in f16. Per row, token and group: y += s·2^-e·Σq·(hi + lo) +
 // b·Σv, in f32.
 
-#define MT_WARPS 8
 #define MT_RT 4  // most 16-row tiles per warp (the launch's `rt`: 1, 2 or 4)
+// Slots of the warps' sums: warps × rows of a block (8 × 64 or 16 × 32).
+#define MT_SLOTS 512
 
-// The warps' sums before they are added: [warp][row of the block][token],
-// rows padded to 9 tokens.
-typedef float MtRed[MT_WARPS][MT_RT * 16][9];
+// The warps' sums before they are added: [warp · rows of the block + row]
+// [token], rows padded to 9 tokens.
+typedef float MtRed[MT_SLOTS][9];
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
 
@@ -48,22 +51,33 @@ __device__ __forceinline__ void mt_words(const char* p, u32 (&w)[L]) {
     }
 }
 
-// Pair i of a word: levels i (low half) and i + 16/BITS (high half) as
-// exact f16, (1024 + q) − 1024.
+// The HALF = 16/BITS pairs of a word: pair i holds levels i (low half)
+// and i + HALF (high half) as exact f16, built as 1024 + q (or 1024 + 16q
+// for 4-bit levels in the high nibble of a byte) in f16 by one lop3, less
+// 1024 (scaled by 1/16).
 template <int BITS>
-__device__ __forceinline__ u32 mt_pair(u32 w, int i) {
-    const u32 M = ((1u << BITS) - 1) * 0x10001u;
-    const u32 p = ((w >> (BITS * i)) & M) | 0x64006400u;
-    u32 r;
-    asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(p), "r"(0x64006400u));
-    return r;
-}
-
-// Pair p of a lane's quarter (word p / (EPW/2), pair p % (EPW/2)).
-template <int BITS, int L>
-__device__ __forceinline__ u32 mt_level_pair(const u32 (&w)[L], int p) {
-    const int HALF = 16 / BITS;  // pairs in a word
-    return mt_pair<BITS>(w[p / HALF], p % HALF);
+__device__ __forceinline__ void mt_pairs(u32 w, u32 (&p)[16 / BITS]) {
+    const u32 MAGIC = 0x64006400u;  // 1024 in each half
+    if constexpr (BITS == 4) {
+        const u32 MUL = 0x2c002c00u;  // 1/16 in each half
+        const u32 SUB = 0xd400d400u;  // −64 in each half
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const u32 v = h ? w >> 8 : w;
+            u32 lo, hi;
+            asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(lo) : "r"(v), "r"(0x000f000fu), "r"(MAGIC));
+            asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(hi) : "r"(v), "r"(0x00f000f0u), "r"(MAGIC));
+            asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(p[2 * h]) : "r"(lo), "r"(MAGIC));
+            asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(p[2 * h + 1]) : "r"(hi), "r"(MUL), "r"(SUB));
+        }
+    } else {
+        const u32 M = ((1u << BITS) - 1) * 0x10001u;
+#pragma unroll
+        for (int i = 0; i < 16 / BITS; i++) {
+            const u32 v = ((w >> (BITS * i)) & M) | MAGIC;
+            asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(p[i]) : "r"(v), "r"(MAGIC));
+        }
+    }
 }
 
 // y[t0 .. t0 + n)[rows of m] for the block `blk` of the `nblk` that share
@@ -78,7 +92,7 @@ __device__ __forceinline__ void matvec_tc_t(const Mat& m, const float* x, const 
     const int KS = PAIRS / 2;      // k-steps of a group
     const int Q = L * EPW;         // columns of a quarter
     const int GS = 4 * Q;          // columns of a group
-    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
     const int r = lane >> 2, c = lane & 3;
     const int groups = m.cols / GS;
     GRID_DEP();
@@ -96,7 +110,7 @@ __device__ __forceinline__ void matvec_tc_t(const Mat& m, const float* x, const 
 #pragma unroll
             for (int k = 0; k < 4; k++) acc[mt][k] = 0.0f;
         }
-        for (int g = wid; g < groups; g += MT_WARPS) {
+        for (int g = wid; g < groups; g += nw) {
             // This lane's quarter of token r's vector in this group.
             float f[Q];
             if (r < n) {
@@ -177,14 +191,24 @@ __device__ __forceinline__ void matvec_tc_t(const Mat& m, const float* x, const 
 #pragma unroll
             for (int mt = 0; mt < MT_RT; mt++) {
                 if (mt < rt) {
+                    u32 pr[2][PAIRS];
+#pragma unroll
+                    for (int h = 0; h < 2; h++)
+#pragma unroll
+                        for (int j = 0; j < L; j++) {
+                            u32 pj[HALF];
+                            mt_pairs<BITS>(wv[mt][h][j], pj);
+#pragma unroll
+                            for (int i = 0; i < HALF; i++) pr[h][j * HALF + i] = pj[i];
+                        }
                     float d[4];
 #pragma unroll
                     for (int ks = 0; ks < KS; ks++) {
                         u32 a[4];
-                        a[0] = mt_level_pair<BITS, L>(wv[mt][0], 2 * ks);
-                        a[1] = mt_level_pair<BITS, L>(wv[mt][1], 2 * ks);
-                        a[2] = mt_level_pair<BITS, L>(wv[mt][0], 2 * ks + 1);
-                        a[3] = mt_level_pair<BITS, L>(wv[mt][1], 2 * ks + 1);
+                        a[0] = pr[0][2 * ks];
+                        a[1] = pr[1][2 * ks];
+                        a[2] = pr[0][2 * ks + 1];
+                        a[3] = pr[1][2 * ks + 1];
                         if (ks == 0)
                             mma16816z(d, a, bh[0], bh[1]);
                         else
@@ -202,10 +226,11 @@ __device__ __forceinline__ void matvec_tc_t(const Mat& m, const float* x, const 
 #pragma unroll
         for (int mt = 0; mt < MT_RT; mt++) {
             if (mt < rt) {
-                red[wid][mt * 16 + r][2 * c] = acc[mt][0];
-                red[wid][mt * 16 + r][2 * c + 1] = acc[mt][1];
-                red[wid][mt * 16 + r + 8][2 * c] = acc[mt][2];
-                red[wid][mt * 16 + r + 8][2 * c + 1] = acc[mt][3];
+                const int q = (wid * rt + mt) * 16 + r;
+                red[q][2 * c] = acc[mt][0];
+                red[q][2 * c + 1] = acc[mt][1];
+                red[q + 8][2 * c] = acc[mt][2];
+                red[q + 8][2 * c + 1] = acc[mt][3];
             }
         }
         __syncthreads();
@@ -213,9 +238,8 @@ __device__ __forceinline__ void matvec_tc_t(const Mat& m, const float* x, const 
         for (int o = threadIdx.x; o < n * brows; o += blockDim.x) {
             const int t = o / brows, row = o - t * brows;
             if (base + row < m.rows) {
-                float s = red[0][row][t];
-#pragma unroll
-                for (int w = 1; w < MT_WARPS; w++) s += red[w][row][t];
+                float s = red[row][t];
+                for (int w = 1; w < nw; w++) s += red[w * brows + row][t];
                 y[(i64)t * m.rows + base + row] = s;
             }
         }
@@ -228,9 +252,9 @@ __device__ __forceinline__ void matvec_tc_t(const Mat& m, const float* x, const 
 #if FMT_GROUP_ON(FG_MATVEC_Q)
 // ys[i][n, rows_i] = v[n, cols]·W_iᵀ for the matrices of `s` (all of this
 // module's format, each row's quarter group a whole 1, 2 or 4 words), v =
-// x or silu(x) ⊙ u, 2 ≤ n ≤ 8: grid first[count] blocks of MT_WARPS
-// warps, each block `rt` tiles of 16 rows at a time (rows stride over the
-// matrix's blocks).
+// x or silu(x) ⊙ u, 2 ≤ n ≤ 8: grid first[count] blocks of nw warps
+// (nw·rt·16 ≤ MT_SLOTS), each block `rt` tiles of 16 rows at a time (rows
+// stride over the matrix's blocks).
 template <int FMT, bool F16S>
 __device__ __forceinline__ void matvec_tc_fmt(const MatSet& s, const float* x, const float* u, int n, int rt) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
@@ -252,7 +276,7 @@ __device__ __forceinline__ void matvec_tc_fmt(const MatSet& s, const float* x, c
 #endif
 }
 
-extern "C" __global__ void __launch_bounds__(MT_WARPS * 32, 2) matvec_tc(MatSet s, const float* x, const float* u,
+extern "C" __global__ void __launch_bounds__(512) matvec_tc(MatSet s, const float* x, const float* u,
                                                                         int n, int rt) {
     FOR_FMT(s.m[0].fmt, (matvec_tc_fmt<F, S>(s, x, u, n, rt)));
 }
