@@ -28,12 +28,8 @@ use std::arch::x86_64::*;
 use std::cell::RefCell;
 use std::sync::OnceLock;
 
-/// Tokens from which a product takes this kernel: fewer (a batched decode
-/// step of up to 8 sequences) take `vnni::quant_tile`, which repacks
-/// nothing (8 streams on the 16-core H100 host, `--device cpu -p 0 -n 32
-/// -r 2 --parallel 8`, two rounds: 43.4, 43.4 tok/s against 41.8, 39.6
-/// from 4 tokens; BENCHMARKS.md, issue 13).
-pub(crate) const MIN_TOKENS: usize = 9;
+/// Tokens from which a product takes this kernel.
+pub(crate) const MIN_TOKENS: usize = 4;
 
 /// Rows, tokens and columns of one tile product.
 const TR: usize = 16;

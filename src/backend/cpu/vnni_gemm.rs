@@ -31,8 +31,8 @@ use std::cell::RefCell;
 use std::sync::{Arc, Mutex};
 
 /// Tokens from which a product takes this kernel (fewer take
-/// `vnni::quant_tile`, which needs no repacking; as `amx::MIN_TOKENS`).
-pub(crate) const MIN_TOKENS: usize = 9;
+/// `vnni::quant_tile`, which needs no repacking).
+pub(crate) const MIN_TOKENS: usize = 4;
 
 /// Rows of a register tile.
 const R: usize = 4;
