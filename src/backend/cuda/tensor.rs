@@ -6,8 +6,10 @@
 //! rounded to f16, products accumulated in f32. They run where the device
 //! has compute capability 8.0 or later and the model was not opened
 //! `exact` (`CudaOptions::tensor_cores`), for products of more than
-//! `PDL_MAX_TOKENS` tokens (prefill chunks; decode keeps the f32 kernels)
-//! through matrices the kernels take ([`takes`]).
+//! `PDL_MAX_TOKENS` tokens (prefill chunks) and of 9 to 16 (batched decode
+//! steps) through matrices the kernels take ([`takes`]); 2 to 8 tokens
+//! through quantized matrices take `matvec_tc` (`matvec_tc.rs`), one token
+//! the f32 kernels.
 
 use super::buf::DevMem;
 use super::driver::Gpu;
@@ -28,7 +30,7 @@ pub(crate) const TC_THREADS: u32 = 128;
 pub(crate) const MIN_TOKENS: usize = super::driver::PDL_MAX_TOKENS + 1;
 
 /// A batched decode step (5 to 16 tokens; quantized matrices, 9 to 16:
-/// up to 8 take `matvec_qt`, see matrix.rs) takes the tensor cores, in one
+/// up to 8 take `matvec_tc` or `matvec_qt`, see matrix.rs) takes the tensor cores, in one
 /// 16-token tile (`gemm_tc16`) with the columns split so that the tiles
 /// fill the GPU, for matrices of at least this many rows: `matvec_tok4/8`
 /// re-read every token's x for each 4 rows of a warp and were bound by
