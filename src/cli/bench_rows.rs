@@ -100,8 +100,6 @@ pub(super) fn routing_note(dir: &Path) -> String {
     moeflux::synth::synth_routing(dir).map_or(String::new(), |r| format!(" | routing {} (synth)", r.name()))
 }
 
-/// Per row, what came from storage rather than the page cache or memory
-/// (`/proc/self/io`), when the timed runs read more than a megabyte.
 /// The RAM tier's counters for `--json` (null without one).
 pub(super) fn ram_json(ram: Option<RamStats>) -> serde_json::Value {
     match ram {
@@ -126,6 +124,8 @@ pub(super) fn print_ram(out: &mut impl Write, ram: Option<RamStats>) -> std::io:
     Ok(())
 }
 
+/// Per row, what came from storage rather than the page cache or memory
+/// (`/proc/self/io`), when the timed runs read more than a megabyte.
 pub(super) fn print_storage(out: &mut impl Write, rows: &[Row]) -> std::io::Result<()> {
     for r in rows {
         if let Some(b) = r.storage.filter(|&b| b > 1 << 20) {

@@ -99,15 +99,15 @@ impl GuessTuner {
         self.sum = 0.0;
         let here = self.count;
         match self.before {
-            // Faster than where it came from (or the first window): on.
+            // Not faster than where it came from by the margin: back to the
+            // count before, measured afresh, and the other way next.
             Some((_, m)) if mean >= m * (1.0 - MARGIN) => {
-                // Slower: back to the count before, measured afresh, and
-                // the other way next.
                 let (c, _) = self.before.take().unwrap_or((here, mean));
                 self.count = c;
                 self.dir = -self.dir;
                 return;
             }
+            // Faster (or the first window): on in the same direction.
             _ => self.before = Some((here, mean)),
         }
         let next = here as isize + self.dir;

@@ -35,8 +35,8 @@ impl Readback {
     }
 
     /// Queue the copies of `parts` into the buffer on `stream` (the
-    /// context bound, `fits(parts)`); after `wait()` returns, `finish`
-    /// moves them to their destinations.
+    /// context bound, `fits(parts)`), call `wait` (the stream's sync),
+    /// then move them to their destinations.
     pub fn read(
         &mut self,
         stream: sys::CUstream,
