@@ -253,10 +253,37 @@ fn scheduler_matches_alone(name: &str, model: &Model) {
 }
 
 fn check(name: &str, flags: &[&str], device: Device, tol: f64, exact: bool) {
-    let model = open_with(&packed_with(name, flags), device, exact);
+    let dir = packed_with(name, flags);
+    let model = open_with(&dir, device, exact);
     same_logits(name, &model, tol);
     same_greedy_tokens(name, &model);
     scheduler_matches_alone(name, &model);
+    if device != Device::Cpu {
+        streamed_same_bits(name, &dir, &model, exact);
+    }
+}
+
+/// The batched steps with every expert missing from a three-slot cache
+/// (the host's groups of pairs) against the resident run (each pair found
+/// on the device): bit-identical logits (SPEC §6, cache hit vs miss).
+fn streamed_same_bits(name: &str, dir: &std::path::Path, resident: &Model, exact: bool) {
+    let opts = Options {
+        device: Device::Cuda(0),
+        exact,
+        expert_cache: three_slots(resident),
+        hybrid: moeflux::experts::Hybrid::Off,
+        ..Options::default()
+    };
+    let streamed = Model::open(dir, &opts).expect("open with a three-slot cache");
+    assert!(
+        !streamed.expert_cache().expect("a cache report").resident,
+        "{name}: three slots hold every expert"
+    );
+    let bits = |v: &Vec<Vec<Vec<f32>>>| -> Vec<u32> { v.iter().flatten().flatten().map(|x| x.to_bits()).collect() };
+    assert!(
+        bits(&run(&streamed, true)) == bits(&run(resident, true)),
+        "{name}: batched logits with streamed experts differ from the resident run"
+    );
 }
 
 /// Bad items are refused before anything runs: no session moves.

@@ -65,17 +65,6 @@ fn open_fast_with(dir: &std::path::Path, cache: CacheSize, hybrid: Hybrid) -> Mo
     Model::open(dir, &opts).expect("open converted model on CUDA")
 }
 
-/// A cache of three experts' slots: every step misses.
-fn three_slots(model: &Model) -> CacheSize {
-    let store = model.expert_store();
-    let size = (0..model.config().num_hidden_layers)
-        .filter_map(|l| store.layer_layout(l).ok())
-        .map(|l| l.expert_size)
-        .max()
-        .expect("a MoE layer");
-    CacheSize::Bytes(3 * size.div_ceil(256) as u64 * 256)
-}
-
 /// The logits of every position, as one chunk and token by token.
 fn run(model: &Model, tokens: &[u32]) -> (Vec<f32>, Vec<f32>) {
     let mut s = model.session().expect("session");

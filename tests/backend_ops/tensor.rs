@@ -154,6 +154,22 @@ pub fn check_moe_tc(b: &CudaBackend, exact: &CudaBackend) {
         ((4, 64), (128, 64, 16), 24, 2, &softmax, true),
         // 2-bit in groups of 32: shorter than a 16-byte chunk, f32 kernels.
         ((2, 32), (128, 64, 6), 40, 2, &softmax, false),
+        // Batched decode steps of 5 to 16 tokens (moe_up_mt /
+        // moe_down_mt): groups of one pair to more than an mma's 8
+        // columns, every layout of a quarter group (1, 2 or 4 words).
+        ((4, 64), (128, 64, 8), 6, 2, &softmax, true),
+        ((4, 32), (256, 64, 4), 8, 2, &softmax, true),
+        ((8, 64), (128, 192, 4), 16, 2, &noaux, true),
+        ((2, 64), (128, 64, 16), 5, 4, &softmax, true),
+        ((4, 128), (256, 128, 6), 12, 3, &softmax, true),
+        // Enough blocks on a 132-SM H100 for blocks of 2 tiles of down,
+        // the last block's second past the matrix's last row (1040 rows:
+        // 65 tiles); a larger expert.
+        ((8, 16), (1040, 128, 34), 16, 8, &softmax, true),
+        ((4, 64), (256, 512, 34), 16, 8, &softmax, true),
+        // Fewer tokens keep the f32 kernels.
+        ((4, 64), (128, 64, 8), 1, 2, &softmax, false),
+        ((4, 64), (128, 64, 8), 4, 2, &softmax, false),
     ];
     for (q, shape, n, k, routing, tc) in cases {
         // The same inputs through both backends (the same seed).

@@ -20,7 +20,7 @@ use std::ffi::{c_char, CStr, CString};
 use std::path::PathBuf;
 
 /// The sources of the base module, in the order they are concatenated.
-const SOURCES: [&str; 12] = [
+const SOURCES: [&str; 13] = [
     include_str!("kernels/common.cuh"),
     include_str!("kernels/matvec.cu"),
     include_str!("kernels/matvec_q.cu"),
@@ -32,6 +32,7 @@ const SOURCES: [&str; 12] = [
     include_str!("kernels/mma.cuh"),
     include_str!("kernels/tensor.cu"),
     include_str!("kernels/matvec_tc.cu"),
+    include_str!("kernels/moe_mt.cu"),
     include_str!("kernels/prep.cu"),
 ];
 
@@ -48,7 +49,7 @@ const ATTENTION_SOURCES: [&str; 3] = [
 /// The sources of a format module: the files that hold `FOR_FMT` kernels.
 /// (`elementwise.cu`, `attention.cu`, `delta.cu`, `flash.cu` and `prep.cu`
 /// hold none.)
-const FORMAT_SOURCES: [&str; 8] = [
+const FORMAT_SOURCES: [&str; 9] = [
     include_str!("kernels/common.cuh"),
     include_str!("kernels/matvec.cu"),
     include_str!("kernels/matvec_q.cu"),
@@ -57,6 +58,7 @@ const FORMAT_SOURCES: [&str; 8] = [
     include_str!("kernels/mma.cuh"),
     include_str!("kernels/tensor.cu"),
     include_str!("kernels/matvec_tc.cu"),
+    include_str!("kernels/moe_mt.cu"),
 ];
 
 /// Every weight format code (`FMT_*` in `kernels/common.cuh`, `+ 8` for f16

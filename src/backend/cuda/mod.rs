@@ -24,6 +24,7 @@ mod matvec_tc;
 mod mixers;
 mod moe;
 mod moe_groups;
+mod moe_mt;
 mod ops;
 mod probe;
 mod readback;

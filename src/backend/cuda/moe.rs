@@ -14,6 +14,7 @@ use super::cache::ExpertCache;
 use super::driver::{Gpu, MAX_GRID_Y};
 use super::hybrid::{self, HostStep, HYBRID_TOKENS};
 use super::moe_groups::{expert_layout, experts_tc, run_experts, run_experts_tc, ELayout, Groups};
+use super::moe_mt;
 use super::tensor;
 use crate::backend::{MoeArgs, MoeInputs};
 use crate::config::Routing;
@@ -186,6 +187,17 @@ pub(crate) fn moe(gpu: &Arc<Gpu>, cache: Option<&ExpertCache>, io: MoeIo, a: Moe
     let (kk, hid, inter) = (k as i32, a.hidden as i32, a.inter as i32);
     let table = cache.filter(|c| c.resident()).and_then(|c| c.table_row(a.layer));
     match table {
+        // A batched decode step on tensor cores: the same kernels as the
+        // host's groups, each pair its own group.
+        Some(t) if n <= DEVICE_ROUTE_TOKENS && moe_mt::takes(gpu, &el, n) => {
+            let d = CudaBuf::zeroed(gpu, n * k * a.hidden)?; // [pairs, hidden]
+            let experts = moe_mt::Experts::Table {
+                table: t,
+                ids: ids.ptr(),
+            };
+            moe_mt::run(gpu, el, &moe_mt::split_x(gpu, &el, io.x, &a)?, &h, &d, experts, &a)?;
+            combine(gpu, op, &d, &wts, &a, assign)
+        }
         Some(t) if n <= DEVICE_ROUTE_TOKENS => {
             // All on the device: gate/up per pair, then down + combine per token.
             let (xp, hw, ip) = (io.x.read(gpu)?, h.write(gpu, h.len())?, ids.ptr());
@@ -222,21 +234,28 @@ pub(crate) fn moe(gpu: &Arc<Gpu>, cache: Option<&ExpertCache>, io: MoeIo, a: Moe
                 }
                 _ => grouped(gpu, cache, &io, el, &ids, &wts, hint.map(|h| h.0), &h, &d, &a)?,
             };
-            let (dp, wp, nn) = (d.read(gpu)?, wts.read(gpu)?, n as i32);
-            let grid = ((n * a.hidden).div_ceil(256).clamp(1, 8192) as u32, 1, 1);
-            gpu.launch(
-                gpu.k.moe_combine,
-                grid,
-                256,
-                0,
-                cuda_args![op, dp, wp, nn, kk, hid, assign],
-            )?;
+            combine(gpu, op, &d, &wts, &a, assign)?;
             match cpu_part {
                 Some(p) => super::ops::add(gpu, out, &p, n * a.hidden),
                 None => Ok(()),
             }
         }
     }
+}
+
+/// `out[t] (+)= Σ_j w[t, j]·d[t·k + j]` (`assign`: out reads as zeros and
+/// is written, not added to); `op` is out's address.
+fn combine(gpu: &Gpu, op: u64, d: &CudaBuf, wts: &CudaBuf, a: &MoeArgs, assign: i32) -> Result<()> {
+    let (dp, wp) = (d.read(gpu)?, wts.read(gpu)?);
+    let (nn, kk, hid) = (a.n as i32, a.k as i32, a.hidden as i32);
+    let grid = ((a.n * a.hidden).div_ceil(256).clamp(1, 8192) as u32, 1, 1);
+    gpu.launch(
+        gpu.k.moe_combine,
+        grid,
+        256,
+        0,
+        cuda_args![op, dp, wp, nn, kk, hid, assign],
+    )
 }
 
 /// The resident path of a long step: the pairs grouped by expert on the
@@ -332,17 +351,8 @@ fn grouped(
     };
     // x in f16 once for every launch of the step, when the experts run on
     // tensor cores.
-    let x16 = match experts_tc(gpu, &el, n, a) {
-        true => Some(tensor::to_half(
-            gpu,
-            io.x.read(gpu)?,
-            None,
-            n,
-            n,
-            a.hidden,
-            el.fmt,
-            el.gs_shift,
-        )?),
+    let x16 = match experts_tc(gpu, &el, n, a) || moe_mt::takes(gpu, &el, n) {
+        true => Some(moe_mt::split_x(gpu, &el, io.x, a)?),
         false => None,
     };
     let per_launch = if cache.resident() {

@@ -159,8 +159,8 @@ __device__ __forceinline__ int seq_of(const Seqs& s, int r) {
 #define FG_MATVEC 0            // matvec, gemm, embed
 #define FG_MOE_UP 1            // moe_up
 #define FG_MOE_DOWN 2          // moe_down
-#define FG_MOE_UP_ROUTED 3     // moe_up_routed
-#define FG_MOE_DOWN_COMBINE 4  // moe_down_combine
+#define FG_MOE_UP_ROUTED 3     // moe_up_routed, moe_up_mt
+#define FG_MOE_DOWN_COMBINE 4  // moe_down_combine, moe_down_mt
 #define FG_TC 5                // gemm_tc, moe_up_tc, moe_down_tc
 #define FG_MATVEC_Q 6          // matvec_qt, matvec_tc
 #define FG_BASE 7              // everything else

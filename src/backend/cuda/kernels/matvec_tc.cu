@@ -80,6 +80,114 @@ __device__ __forceinline__ void mt_pairs(u32 w, u32 (&p)[16 / BITS]) {
     }
 }
 
+// Q floats of a vector from p (16-byte aligned): v = x, or silu(x) ⊙ u
+// with u at the same offset when `u` is not null; zeros for a null p.
+template <int Q>
+__device__ __forceinline__ void mt_load(const float* p, const float* u, float (&f)[Q]) {
+    if (!p) {
+#pragma unroll
+        for (int j = 0; j < Q; j++) f[j] = 0.0f;
+        return;
+    }
+#pragma unroll
+    for (int j = 0; j < Q; j += 4) {
+        const float4 v = __ldg((const float4*)(p + j));
+        f[j] = v.x;
+        f[j + 1] = v.y;
+        f[j + 2] = v.z;
+        f[j + 3] = v.w;
+    }
+    if (u) {
+#pragma unroll
+        for (int j = 0; j < Q; j += 4) {
+            const float4 v = __ldg((const float4*)(u + j));
+            f[j] = silu_f(f[j]) * v.x;
+            f[j + 1] = silu_f(f[j + 1]) * v.y;
+            f[j + 2] = silu_f(f[j + 2]) * v.z;
+            f[j + 3] = silu_f(f[j + 3]) * v.w;
+        }
+    }
+}
+
+// Token r's group, of which lane (r, c) holds quarter c (f: words of HALF
+// pairs of levels, EPW = 2·HALF columns each), as the f16 parts of
+// v·2^e = hi + lo in the order the mma B fragments take them (e: the
+// group's largest magnitude below 2^14); and for this lane's columns
+// (tokens 2c and 2c + 1, from lanes 8c and 8c + 4), 2^-e and Σv (the four
+// quarters added by the same butterfly in every lane).
+template <int Q, int HALF>
+__device__ __forceinline__ void mt_split(const float (&f)[Q], u32 (&bh)[Q / 2], u32 (&bl)[Q / 2], float (&inv)[2],
+                                         float (&sx)[2]) {
+    const int EPW = 2 * HALF;
+    const int c = threadIdx.x & 3;
+    float mx = 0.0f, sum = 0.0f;
+#pragma unroll
+    for (int j = 0; j < Q; j++) {
+        mx = fmaxf(mx, fabsf(f[j]));
+        sum += f[j];
+    }
+    mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 2));
+    sum += __shfl_xor_sync(FULL_MASK, sum, 1);
+    sum += __shfl_xor_sync(FULL_MASK, sum, 2);
+    int e = 0;
+    if (mx > 0.0f && mx <= 3.0e38f) {
+        const int ex = (int)((__float_as_uint(mx) >> 23) & 0xffu) - 126;  // mx < 2^ex
+        e = min(14 - ex, 126);
+    }
+    const float sc_e = __uint_as_float((u32)(e + 127) << 23);
+    const float ie = __uint_as_float((u32)(127 - e) << 23);
+#pragma unroll
+    for (int p = 0; p < Q / 2; p++) {
+        const float a = f[(p / HALF) * EPW + p % HALF] * sc_e;
+        const float b = f[(p / HALF) * EPW + p % HALF + HALF] * sc_e;
+        split_f16x2(a, b, bh[p], bl[p]);
+    }
+    inv[0] = __shfl_sync(FULL_MASK, ie, 8 * c);
+    inv[1] = __shfl_sync(FULL_MASK, ie, 8 * c + 4);
+    sx[0] = __shfl_sync(FULL_MASK, sum, 8 * c);
+    sx[1] = __shfl_sync(FULL_MASK, sum, 8 * c + 4);
+}
+
+// One tile's group: acc += s·2^-e·Σq·(hi + lo) + b·Σv for this lane's
+// rows (r, r + 8: weight words w[0], w[1]; scales sc, biases bi) and
+// columns (2c, 2c + 1), the tile's levels through the tensor cores.
+template <int BITS, int L>
+__device__ __forceinline__ void mt_group(const u32 (&w)[2][L], const float (&sc)[2], const float (&bi)[2],
+                                         const u32 (&bh)[2 * L * (8 / BITS)], const u32 (&bl)[2 * L * (8 / BITS)],
+                                         const float (&inv)[2], const float (&sx)[2], float (&acc)[4]) {
+    const int HALF = 16 / BITS;
+    const int PAIRS = L * HALF;
+    u32 pr[2][PAIRS];
+#pragma unroll
+    for (int h = 0; h < 2; h++)
+#pragma unroll
+        for (int j = 0; j < L; j++) {
+            u32 pj[HALF];
+            mt_pairs<BITS>(w[h][j], pj);
+#pragma unroll
+            for (int i = 0; i < HALF; i++) pr[h][j * HALF + i] = pj[i];
+        }
+    float d[4];
+#pragma unroll
+    for (int ks = 0; ks < PAIRS / 2; ks++) {
+        u32 a[4];
+        a[0] = pr[0][2 * ks];
+        a[1] = pr[1][2 * ks];
+        a[2] = pr[0][2 * ks + 1];
+        a[3] = pr[1][2 * ks + 1];
+        if (ks == 0)
+            mma16816z(d, a, bh[0], bh[1]);
+        else
+            mma16816(d, a, bh[2 * ks], bh[2 * ks + 1]);
+        mma16816(d, a, bl[2 * ks], bl[2 * ks + 1]);
+    }
+    acc[0] = fmaf(sc[0], d[0] * inv[0], fmaf(bi[0], sx[0], acc[0]));
+    acc[1] = fmaf(sc[0], d[1] * inv[1], fmaf(bi[0], sx[1], acc[1]));
+    acc[2] = fmaf(sc[1], d[2] * inv[0], fmaf(bi[1], sx[0], acc[2]));
+    acc[3] = fmaf(sc[1], d[3] * inv[1], fmaf(bi[1], sx[1], acc[3]));
+}
+
 // y[t0 .. t0 + n)[rows of m] for the block `blk` of the `nblk` that share
 // m: see the top of this file. v_t = x_t, or silu(x_t) ⊙ u_t when `u` is
 // not null. L: words of a row's quarter group (gs·BITS/128).
@@ -89,7 +197,6 @@ __device__ __forceinline__ void matvec_tc_t(const Mat& m, const float* x, const 
     const int EPW = 32 / BITS;     // levels per word
     const int HALF = EPW / 2;      // pairs per word
     const int PAIRS = L * HALF;    // pairs of a quarter
-    const int KS = PAIRS / 2;      // k-steps of a group
     const int Q = L * EPW;         // columns of a quarter
     const int GS = 4 * Q;          // columns of a group
     const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
@@ -113,30 +220,8 @@ __device__ __forceinline__ void matvec_tc_t(const Mat& m, const float* x, const 
         for (int g = wid; g < groups; g += nw) {
             // This lane's quarter of token r's vector in this group.
             float f[Q];
-            if (r < n) {
-                const i64 off = (i64)r * m.cols + g * GS + c * Q;
-#pragma unroll
-                for (int j = 0; j < Q; j += 4) {
-                    const float4 v = __ldg((const float4*)(x + off + j));
-                    f[j] = v.x;
-                    f[j + 1] = v.y;
-                    f[j + 2] = v.z;
-                    f[j + 3] = v.w;
-                }
-                if (u) {
-#pragma unroll
-                    for (int j = 0; j < Q; j += 4) {
-                        const float4 v = __ldg((const float4*)(u + off + j));
-                        f[j] = silu_f(f[j]) * v.x;
-                        f[j + 1] = silu_f(f[j + 1]) * v.y;
-                        f[j + 2] = silu_f(f[j + 2]) * v.z;
-                        f[j + 3] = silu_f(f[j + 3]) * v.w;
-                    }
-                }
-            } else {
-#pragma unroll
-                for (int j = 0; j < Q; j++) f[j] = 0.0f;
-            }
+            const i64 off = (i64)r * m.cols + g * GS + c * Q;
+            mt_load<Q>(r < n ? x + off : nullptr, u ? u + off : nullptr, f);
             // The weights of every tile, in flight while the vector is split.
             u32 wv[MT_RT][2][L];
             float sc[MT_RT][2], bi[MT_RT][2];
@@ -151,76 +236,12 @@ __device__ __forceinline__ void matvec_tc_t(const Mat& m, const float* x, const 
                     }
                 }
             }
-            // Token r's group: its largest magnitude, its sum (the four
-            // quarters added by the same butterfly in every lane).
-            float mx = 0.0f, sum = 0.0f;
-#pragma unroll
-            for (int j = 0; j < Q; j++) {
-                mx = fmaxf(mx, fabsf(f[j]));
-                sum += f[j];
-            }
-            mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 2));
-            sum += __shfl_xor_sync(FULL_MASK, sum, 1);
-            sum += __shfl_xor_sync(FULL_MASK, sum, 2);
-            int e = 0;
-            if (mx > 0.0f && mx <= 3.0e38f) {
-                const int ex = (int)((__float_as_uint(mx) >> 23) & 0xffu) - 126;  // mx < 2^ex
-                e = min(14 - ex, 126);
-            }
-            const float sc_e = __uint_as_float((u32)(e + 127) << 23);
-            const float inv = __uint_as_float((u32)(127 - e) << 23);
             u32 bh[PAIRS], bl[PAIRS];
+            float inv[2], sx[2];
+            mt_split<Q, HALF>(f, bh, bl, inv, sx);
 #pragma unroll
-            for (int p = 0; p < PAIRS; p++) {
-                const float a = f[(p / HALF) * EPW + p % HALF] * sc_e;
-                const float b = f[(p / HALF) * EPW + p % HALF + HALF] * sc_e;
-                asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(bh[p]) : "f"(b), "f"(a));
-                float h0, h1;
-                asm("{ .reg .f16 a, b; mov.b32 {a, b}, %2; cvt.f32.f16 %0, a; cvt.f32.f16 %1, b; }"
-                    : "=f"(h0), "=f"(h1)
-                    : "r"(bh[p]));
-                asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(bl[p]) : "f"(b - h1), "f"(a - h0));
-            }
-            // Tokens 2c and 2c + 1 (the columns of this lane's sums): their
-            // 2^-e and Σv, from lanes 8c and 8c + 4.
-            const float inv0 = __shfl_sync(FULL_MASK, inv, 8 * c);
-            const float inv1 = __shfl_sync(FULL_MASK, inv, 8 * c + 4);
-            const float sx0 = __shfl_sync(FULL_MASK, sum, 8 * c);
-            const float sx1 = __shfl_sync(FULL_MASK, sum, 8 * c + 4);
-#pragma unroll
-            for (int mt = 0; mt < MT_RT; mt++) {
-                if (mt < rt) {
-                    u32 pr[2][PAIRS];
-#pragma unroll
-                    for (int h = 0; h < 2; h++)
-#pragma unroll
-                        for (int j = 0; j < L; j++) {
-                            u32 pj[HALF];
-                            mt_pairs<BITS>(wv[mt][h][j], pj);
-#pragma unroll
-                            for (int i = 0; i < HALF; i++) pr[h][j * HALF + i] = pj[i];
-                        }
-                    float d[4];
-#pragma unroll
-                    for (int ks = 0; ks < KS; ks++) {
-                        u32 a[4];
-                        a[0] = pr[0][2 * ks];
-                        a[1] = pr[1][2 * ks];
-                        a[2] = pr[0][2 * ks + 1];
-                        a[3] = pr[1][2 * ks + 1];
-                        if (ks == 0)
-                            mma16816z(d, a, bh[0], bh[1]);
-                        else
-                            mma16816(d, a, bh[2 * ks], bh[2 * ks + 1]);
-                        mma16816(d, a, bl[2 * ks], bl[2 * ks + 1]);
-                    }
-                    acc[mt][0] = fmaf(sc[mt][0], d[0] * inv0, fmaf(bi[mt][0], sx0, acc[mt][0]));
-                    acc[mt][1] = fmaf(sc[mt][0], d[1] * inv1, fmaf(bi[mt][0], sx1, acc[mt][1]));
-                    acc[mt][2] = fmaf(sc[mt][1], d[2] * inv0, fmaf(bi[mt][1], sx0, acc[mt][2]));
-                    acc[mt][3] = fmaf(sc[mt][1], d[3] * inv1, fmaf(bi[mt][1], sx1, acc[mt][3]));
-                }
-            }
+            for (int mt = 0; mt < MT_RT; mt++)
+                if (mt < rt) mt_group<BITS, L>(wv[mt], sc[mt], bi[mt], bh, bl, inv, sx, acc[mt]);
         }
         // The warps' sums of each (row, token), added in warp order.
 #pragma unroll
@@ -249,6 +270,16 @@ __device__ __forceinline__ void matvec_tc_t(const Mat& m, const float* x, const 
 
 #endif
 
+// Runs CALL with L, the words of a quarter of a quantization group
+// (gs·BITS/128), where that is 1, 2 or 4; else nothing.
+#define MT_WORDS(BITS, gs_shift, CALL)                                  \
+    switch ((gs_shift) + ((BITS) == 2 ? 1 : (BITS) == 4 ? 2 : 3) - 7) { \
+        case 0: { const int L = 1; CALL; } break;                       \
+        case 1: { const int L = 2; CALL; } break;                       \
+        case 2: { const int L = 4; CALL; } break;                       \
+        default: break;                                                 \
+    }
+
 #if FMT_GROUP_ON(FG_MATVEC_Q)
 // ys[i][n, rows_i] = v[n, cols]·W_iᵀ for the matrices of `s` (all of this
 // module's format, each row's quarter group a whole 1, 2 or 4 words), v =
@@ -265,13 +296,7 @@ __device__ __forceinline__ void matvec_tc_fmt(const MatSet& s, const float* x, c
         float* y;
         int blk, nblk;
         set_pick(s, blockIdx.x, m, y, blk, nblk);
-        // Words of a quarter group: gs·BITS/128.
-        switch (m.gs_shift + (BITS == 2 ? 1 : BITS == 4 ? 2 : 3) - 7) {
-            case 0: matvec_tc_t<BITS, F16S, 1>(m, x, u, y, blk, nblk, rt, n, red); break;
-            case 1: matvec_tc_t<BITS, F16S, 2>(m, x, u, y, blk, nblk, rt, n, red); break;
-            case 2: matvec_tc_t<BITS, F16S, 4>(m, x, u, y, blk, nblk, rt, n, red); break;
-            default: break;
-        }
+        MT_WORDS(BITS, m.gs_shift, (matvec_tc_t<BITS, F16S, L>(m, x, u, y, blk, nblk, rt, n, red)));
     }
 #endif
 }

@@ -40,12 +40,7 @@ __device__ __forceinline__ void to_half_row(const float* xr, u16* hi, u16* lo, f
                 // The pair this word of output holds.
                 const float a = PB >= 4 ? f[(2 * j) / PB * PB + j % (PB / 2)] : f[2 * j];
                 const float b = PB >= 4 ? f[(2 * j) / PB * PB + j % (PB / 2) + PB / 2] : f[2 * j + 1];
-                asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(h[j]) : "f"(b), "f"(a));
-                float h0, h1;
-                asm("{ .reg .f16 a, b; mov.b32 {a, b}, %2; cvt.f32.f16 %0, a; cvt.f32.f16 %1, b; }"
-                    : "=f"(h0), "=f"(h1)
-                    : "r"(h[j]));
-                asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(l[j]) : "f"(b - h1), "f"(a - h0));
+                split_f16x2(a, b, h[j], l[j]);
             }
 #pragma unroll
             for (int j = 0; j < U / 2; j += 2) {
