@@ -387,7 +387,10 @@ fn grouped(
             counts: base + 12 * groups as u64,
             pairs: base + 16 * groups as u64,
         };
-        run_experts(gpu, el, io.x, x16.as_ref(), h, d, &g, a)?;
+        match &x16 {
+            Some(xh) if moe_mt::takes(gpu, &el, n) => moe_mt::run(gpu, el, xh, h, d, moe_mt::Experts::Groups(&g), a)?,
+            _ => run_experts(gpu, el, io.x, x16.as_ref(), h, d, &g, a)?,
+        }
         cache.release(a.layer, chunk)
     };
     // Copies for the next layer: the experts it used at the last token and

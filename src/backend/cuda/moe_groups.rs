@@ -167,9 +167,8 @@ fn launch_up(gpu: &Gpu, el: ELayout, x: &CudaBuf, h: &CudaBuf, g: &Groups, a: &M
 }
 
 /// gate/up, then down into d, for every pair of the (host-made) groups:
-/// on tensor cores from `xh` (x in f16) when given (a batched decode
-/// step: `moe_up_mt` / `moe_down_mt`; a prefill chunk: `moe_up_tc` /
-/// `moe_down_tc`).
+/// on tensor cores from `xh` (x in f16) when given (a prefill chunk;
+/// batched decode steps take `moe_mt::run` instead).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn run_experts(
     gpu: &Arc<Gpu>,
@@ -182,9 +181,6 @@ pub(crate) fn run_experts(
     a: &MoeArgs,
 ) -> Result<()> {
     if let Some(xh) = xh {
-        if super::moe_mt::takes(gpu, &el, a.n) {
-            return super::moe_mt::run(gpu, el, xh, h, d, super::moe_mt::Experts::Groups(g), a);
-        }
         return run_experts_tc(gpu, el, xh, h, d, g, a);
     }
     launch_up(gpu, el, x, h, g, a)?;
