@@ -10,13 +10,13 @@
 // levels straight into the A fragments, the scale and bias applied in
 // f32 per group), on vectors split into f16 parts hi + lo beforehand
 // (`to_half`, once per token and once per pair: the split in every warp
-// took a third of the instructions). Its MM_WARPS warps split a row's groups (warp w: groups w,
-// w + MM_WARPS, ...), and their sums are added in warp order. Nothing in
-// that order depends on the launch, and a column's sums depend on that
-// column alone: a pair gets the same bits whether its expert's pairs come
-// as one group (the host's groups: streamed experts) or one by one (the
-// resident table: each pair its own group), so hits, misses and resident
-// experts agree bit for bit.
+// took a third of the instructions). Its MM_WARPS warps split a row's
+// groups (warp w: groups w, w + MM_WARPS, ...), and their sums are added
+// in warp order. Nothing in that order depends on the launch, and a
+// column's sums depend on that column alone: a pair gets the same bits
+// whether its expert's pairs come as one group (the host's groups:
+// streamed experts) or one by one (the resident table: each pair its own
+// group), so hits, misses and resident experts agree bit for bit.
 
 #define MM_RT 4     // most 16-row tiles of a block (moe_up_mt: 2 of gate and 2 of up)
 #define MM_WARPS 8  // warps of a block
