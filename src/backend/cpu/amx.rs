@@ -12,12 +12,16 @@
 //! scale, bias and middle-level terms are applied to the 16 tokens at once
 //! (one register of tokens per row).
 //!
-//! Tiles: A (tmm0) is 16 rows × 64 levels of one 64-column block, unpacked
-//! to bytes by the task (once for all tokens); B (tmm1 `hi`, tmm2 `lo`) is
-//! the block's 64 columns × 16 tokens in the VNNI layout (four columns of
-//! a token per dword), laid out once per call; C (tmm3, tmm4) is 16 rows ×
-//! 16 tokens. A 4-bit block's levels are in `Order::Blocks` (its even
-//! columns, then its odd ones), so x needs no other permutation.
+//! Tiles: A (tmm0, and tmm5 for a second row tile) is 16 rows × 64 levels
+//! of one 64-column block, unpacked to bytes by the task (once for all
+//! tokens); B (tmm1 `hi`, tmm2 `lo`) is the block's 64 columns × 16 tokens
+//! in the VNNI layout (four columns of a token per dword), laid out once
+//! per call; C (tmm3, tmm4; tmm6, tmm7) is 16 rows × 16 tokens. Two row
+//! tiles share each load of B and give the tile unit four independent
+//! products a group: tiles are not renamed, so with one row tile each
+//! group's loads waited for the previous group's products. A 4-bit
+//! block's levels are in `Order::Blocks` (its even columns, then its odd
+//! ones), so x needs no other permutation.
 //!
 //! The tile instructions are written as inline assembly (their intrinsics
 //! are not stable Rust); the kernel is generic over [`TileOps`] so that
@@ -126,18 +130,20 @@ pub(crate) fn tile_x(m: &QuantMat, xq: &QuantX, xsum: &[f32], n: usize) -> Tiled
 
 /// The tile operations the kernel uses, on fixed tile registers.
 pub(crate) trait TileOps {
-    /// Configure the five tiles (16 rows of 64 bytes each).
+    /// Configure the eight tiles (16 rows of 64 bytes each).
     unsafe fn config(&mut self);
-    /// C (hi and lo) = 0.
+    /// C (hi and lo) of both row tiles = 0.
     unsafe fn zero_c(&mut self);
-    /// A = 16 rows of 64 bytes at `p`, `stride` bytes apart.
-    unsafe fn load_a(&mut self, p: *const u8, stride: usize);
+    /// A of row tile `i` (0 or 1) = 16 rows of 64 bytes at `p`, `stride`
+    /// bytes apart.
+    unsafe fn load_a(&mut self, i: usize, p: *const u8, stride: usize);
     /// B hi and lo = 16 rows of 64 bytes at `hi` and `lo`.
     unsafe fn load_b(&mut self, hi: *const u8, lo: *const u8);
-    /// C hi += A (unsigned) · B hi (signed); C lo += A · B lo (unsigned).
+    /// For both row tiles: C hi += A (unsigned) · B hi (signed); C lo +=
+    /// A · B lo (unsigned).
     unsafe fn dot(&mut self);
-    /// C hi and lo to 16 rows of 16 i32 at `hi` and `lo`.
-    unsafe fn store_c(&mut self, hi: *mut i32, lo: *mut i32);
+    /// C hi and lo of row tile `i` to 16 rows of 16 i32 at `hi` and `lo`.
+    unsafe fn store_c(&mut self, i: usize, hi: *mut i32, lo: *mut i32);
     /// Give the tile state back.
     unsafe fn release(&mut self);
 }
@@ -148,12 +154,12 @@ pub(crate) struct Amx;
 #[repr(C, align(64))]
 struct Config([u8; 64]);
 
-/// Palette 1; tiles 0–4 of 16 rows × 64 bytes.
+/// Palette 1; tiles 0–7 of 16 rows × 64 bytes.
 static CONFIG: Config = {
     let mut c = [0u8; 64];
     c[0] = 1;
     let mut t = 0;
-    while t < 5 {
+    while t < 8 {
         c[16 + 2 * t] = 64;
         c[48 + t] = 16;
         t += 1;
@@ -168,11 +174,24 @@ impl TileOps for Amx {
     }
     #[inline(always)]
     unsafe fn zero_c(&mut self) {
-        std::arch::asm!("tilezero tmm3", "tilezero tmm4", options(nomem, nostack));
+        std::arch::asm!(
+            "tilezero tmm3",
+            "tilezero tmm4",
+            "tilezero tmm6",
+            "tilezero tmm7",
+            options(nomem, nostack)
+        );
     }
     #[inline(always)]
-    unsafe fn load_a(&mut self, p: *const u8, stride: usize) {
-        std::arch::asm!("tileloadd tmm0, [{p} + {s}*1]", p = in(reg) p, s = in(reg) stride, options(nostack, readonly));
+    unsafe fn load_a(&mut self, i: usize, p: *const u8, stride: usize) {
+        match i {
+            0 => {
+                std::arch::asm!("tileloadd tmm0, [{p} + {s}*1]", p = in(reg) p, s = in(reg) stride, options(nostack, readonly))
+            }
+            _ => {
+                std::arch::asm!("tileloadd tmm5, [{p} + {s}*1]", p = in(reg) p, s = in(reg) stride, options(nostack, readonly))
+            }
+        }
     }
     #[inline(always)]
     unsafe fn load_b(&mut self, hi: *const u8, lo: *const u8) {
@@ -190,19 +209,31 @@ impl TileOps for Amx {
         std::arch::asm!(
             "tdpbusd tmm3, tmm0, tmm1",
             "tdpbuud tmm4, tmm0, tmm2",
+            "tdpbusd tmm6, tmm5, tmm1",
+            "tdpbuud tmm7, tmm5, tmm2",
             options(nomem, nostack)
         );
     }
     #[inline(always)]
-    unsafe fn store_c(&mut self, hi: *mut i32, lo: *mut i32) {
-        std::arch::asm!(
-            "tilestored [{h} + {s}*1], tmm3",
-            "tilestored [{l} + {s}*1], tmm4",
-            h = in(reg) hi,
-            l = in(reg) lo,
-            s = in(reg) 64usize,
-            options(nostack)
-        );
+    unsafe fn store_c(&mut self, i: usize, hi: *mut i32, lo: *mut i32) {
+        match i {
+            0 => std::arch::asm!(
+                "tilestored [{h} + {s}*1], tmm3",
+                "tilestored [{l} + {s}*1], tmm4",
+                h = in(reg) hi,
+                l = in(reg) lo,
+                s = in(reg) 64usize,
+                options(nostack)
+            ),
+            _ => std::arch::asm!(
+                "tilestored [{h} + {s}*1], tmm6",
+                "tilestored [{l} + {s}*1], tmm7",
+                h = in(reg) hi,
+                l = in(reg) lo,
+                s = in(reg) 64usize,
+                options(nostack)
+            ),
+        }
     }
     #[inline(always)]
     unsafe fn release(&mut self) {
@@ -239,32 +270,34 @@ pub(crate) unsafe fn quant_rows(m: &QuantMat, xa: &Tiled, r0: usize, out: &mut [
 pub(crate) unsafe fn quant_rows_on<O: TileOps>(ops: &mut O, m: &QuantMat, xa: &Tiled, r0: usize, out: &mut [f32]) {
     let n = xa.n;
     let rows = out.len() / n;
-    let padded = rows.div_ceil(TR) * TR;
+    // Pairs of row tiles.
+    let padded = rows.div_ceil(2 * TR) * 2 * TR;
     let (cols, groups) = (m.cols, xa.groups);
     SCRATCH.with(|s| {
         let mut s = s.borrow_mut();
         let Scratch { w, sc } = &mut *s;
         w.resize(padded * cols, 0);
         sc.resize(padded * groups * 3, 0.0);
-        unpack_rows(m, r0, rows, &mut w[..rows * cols], &mut sc[..rows * groups * 3]);
-        w[rows * cols..].fill(0);
+        // A last row tile of fewer than 16 rows: zero weights past the end.
+        w[rows / TR * TR * cols..].fill(0);
+        unpack_rows(m, r0, rows, &mut w[..padded * cols], &mut sc[..rows * groups * 3]);
         sc[rows * groups * 3..].fill(0.0);
         ops.config();
         for tt in 0..n.div_ceil(TT) {
             let tn = TT.min(n - tt * TT);
-            for rt in 0..padded / TR {
-                let mut acc = [[0.0f32; TT]; TR];
+            for rp in 0..padded / (2 * TR) {
+                let mut acc = [[0.0f32; TT]; 2 * TR];
                 block_rows(
                     ops,
                     m,
                     xa,
                     tt,
-                    &w[rt * TR * cols..],
-                    &sc[rt * TR * groups * 3..],
+                    &w[2 * rp * TR * cols..],
+                    &sc[2 * rp * TR * groups * 3..],
                     &mut acc,
                 );
-                for (r, a) in acc.iter().enumerate().take(rows.saturating_sub(rt * TR)) {
-                    out[(rt * TR + r) * n + tt * TT..][..tn].copy_from_slice(&a[..tn]);
+                for (r, a) in acc.iter().enumerate().take(rows.saturating_sub(2 * rp * TR)) {
+                    out[(2 * rp * TR + r) * n + tt * TT..][..tn].copy_from_slice(&a[..tn]);
                 }
             }
         }
@@ -272,9 +305,11 @@ pub(crate) unsafe fn quant_rows_on<O: TileOps>(ops: &mut O, m: &QuantMat, xa: &T
     });
 }
 
-/// Rows `r0..r0 + rows` of `m`: levels to bytes in `w` (`[rows, cols]`,
-/// a 4-bit block's even columns then its odd ones), and `[s, b, m·s]` per
-/// group in `sc`.
+/// Rows `r0..r0 + rows` of `m`: levels to bytes in `w` as A tiles
+/// (`[row tiles, blocks, 16, 64]`: a tile load reads 1 KiB in a row; rows
+/// `cols` bytes apart, a power of two, fell into two sets of L1), a 4-bit
+/// block's even columns then its odd ones, and `[s, b, m·s]` per group in
+/// `sc`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
 unsafe fn unpack_rows(m: &QuantMat, r0: usize, rows: usize, w: &mut [u8], sc: &mut [f32]) {
     let (cols, groups) = (m.cols, m.groups());
@@ -293,16 +328,18 @@ unsafe fn unpack_rows(m: &QuantMat, r0: usize, rows: usize, w: &mut [u8], sc: &m
             2 * groups,
             pf,
         );
-        let dst = w.as_mut_ptr().add(i * cols);
-        if m.bits == 8 {
-            std::ptr::copy_nonoverlapping(src, dst, cols);
-        } else {
-            for kb in 0..cols / TK {
+        // Row i % 16 of its row tile's blocks, 1 KiB apart.
+        let dst = w.as_mut_ptr().add((i / TR) * TR * cols + (i % TR) * TK);
+        for kb in 0..cols / TK {
+            let d = dst.add(kb * TR * TK);
+            if m.bits == 8 {
+                std::ptr::copy_nonoverlapping(src.add(TK * kb), d, TK);
+            } else {
                 let v = _mm256_loadu_si256(src.add(32 * kb) as *const __m256i);
                 let lo = _mm256_and_si256(v, nib);
                 let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), nib);
-                _mm256_storeu_si256(dst.add(TK * kb) as *mut __m256i, lo);
-                _mm256_storeu_si256(dst.add(TK * kb + 32) as *mut __m256i, hi);
+                _mm256_storeu_si256(d as *mut __m256i, lo);
+                _mm256_storeu_si256(d.add(32) as *mut __m256i, hi);
             }
         }
         for g in 0..groups {
@@ -315,7 +352,8 @@ unsafe fn unpack_rows(m: &QuantMat, r0: usize, rows: usize, w: &mut [u8], sc: &m
     }
 }
 
-/// 16 rows (`w`, `sc` at their first) × token tile `tt` into `acc[row][token]`.
+/// 32 rows, two row tiles sharing each load of B (`w`, `sc` at their
+/// first) × token tile `tt` into `acc[row][token]`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
 unsafe fn block_rows<O: TileOps>(
     ops: &mut O,
@@ -324,25 +362,31 @@ unsafe fn block_rows<O: TileOps>(
     tt: usize,
     w: &[u8],
     sc: &[f32],
-    acc: &mut [[f32; TT]; TR],
+    acc: &mut [[f32; TT]; 2 * TR],
 ) {
     #[repr(C, align(64))]
-    struct C([[i32; TT]; TR]);
-    let (mut ch, mut cl) = (C([[0; TT]; TR]), C([[0; TT]; TR]));
+    struct C([[i32; TT]; 2 * TR]);
+    let (mut ch, mut cl) = (C([[0; TT]; 2 * TR]), C([[0; TT]; 2 * TR]));
     let (cols, groups, blocks) = (m.cols, xa.groups, xa.blocks);
     let per_group = m.group_size / TK;
-    let mut sums = [_mm512_setzero_ps(); TR];
+    let mut sums = [_mm512_setzero_ps(); 2 * TR];
     let bt = xa.b.as_ptr().add(tt * blocks * 2 * TK * TT);
     let lt = xa.lanes.as_ptr().add(tt * groups * 3 * TT);
     for g in 0..groups {
         ops.zero_c();
         for kb in g * per_group..(g + 1) * per_group {
-            ops.load_a(w.as_ptr().add(kb * TK), cols);
+            ops.load_a(0, w.as_ptr().add(kb * TR * TK), TK);
+            ops.load_a(1, w.as_ptr().add((blocks + kb) * TR * TK), TK);
             let b = bt.add(kb * 2 * TK * TT);
             ops.load_b(b, b.add(TK * TT));
             ops.dot();
         }
-        ops.store_c(ch.0.as_mut_ptr() as *mut i32, cl.0.as_mut_ptr() as *mut i32);
+        ops.store_c(0, ch.0.as_mut_ptr() as *mut i32, cl.0.as_mut_ptr() as *mut i32);
+        ops.store_c(
+            1,
+            ch.0[TR..].as_mut_ptr() as *mut i32,
+            cl.0[TR..].as_mut_ptr() as *mut i32,
+        );
         let lg = lt.add(g * 3 * TT);
         let (xs, xsum, resid) = (
             _mm512_loadu_ps(lg),

@@ -7,22 +7,22 @@ use crate::backend::cpu::fast_tests::check_against_vnni_tiles;
 
 /// The tiles as the instruction set reference defines them.
 struct Emu {
-    a: [[u8; 64]; 16],
+    a: [[[u8; 64]; 16]; 2],
     bh: [[u8; 64]; 16],
     bl: [[u8; 64]; 16],
-    ch: [[i32; 16]; 16],
-    cl: [[i32; 16]; 16],
+    ch: [[[i32; 16]; 16]; 2],
+    cl: [[[i32; 16]; 16]; 2],
     configured: bool,
 }
 
 impl Emu {
     fn new() -> Emu {
         Emu {
-            a: [[0; 64]; 16],
+            a: [[[0; 64]; 16]; 2],
             bh: [[0; 64]; 16],
             bl: [[0; 64]; 16],
-            ch: [[0; 16]; 16],
-            cl: [[0; 16]; 16],
+            ch: [[[0; 16]; 16]; 2],
+            cl: [[[0; 16]; 16]; 2],
             configured: false,
         }
     }
@@ -40,11 +40,11 @@ impl TileOps for Emu {
     }
     unsafe fn zero_c(&mut self) {
         assert!(self.configured);
-        self.ch = [[0; 16]; 16];
-        self.cl = [[0; 16]; 16];
+        self.ch = [[[0; 16]; 16]; 2];
+        self.cl = [[[0; 16]; 16]; 2];
     }
-    unsafe fn load_a(&mut self, p: *const u8, stride: usize) {
-        load(&mut self.a, p, stride);
+    unsafe fn load_a(&mut self, i: usize, p: *const u8, stride: usize) {
+        load(&mut self.a[i], p, stride);
     }
     unsafe fn load_b(&mut self, hi: *const u8, lo: *const u8) {
         load(&mut self.bh, hi, 64);
@@ -52,22 +52,24 @@ impl TileOps for Emu {
     }
     // tdpbusd / tdpbuud: C[m][n] += Σ_k Σ_j A[m][4k+j] · B[k][4n+j].
     unsafe fn dot(&mut self) {
-        for m in 0..16 {
-            for n in 0..16 {
-                for k in 0..16 {
-                    for j in 0..4 {
-                        let a = self.a[m][4 * k + j] as i32;
-                        self.ch[m][n] += a * (self.bh[k][4 * n + j] as i8) as i32;
-                        self.cl[m][n] += a * self.bl[k][4 * n + j] as i32;
+        for i in 0..2 {
+            for m in 0..16 {
+                for n in 0..16 {
+                    for k in 0..16 {
+                        for j in 0..4 {
+                            let a = self.a[i][m][4 * k + j] as i32;
+                            self.ch[i][m][n] += a * (self.bh[k][4 * n + j] as i8) as i32;
+                            self.cl[i][m][n] += a * self.bl[k][4 * n + j] as i32;
+                        }
                     }
                 }
             }
         }
     }
-    unsafe fn store_c(&mut self, hi: *mut i32, lo: *mut i32) {
+    unsafe fn store_c(&mut self, i: usize, hi: *mut i32, lo: *mut i32) {
         for r in 0..16 {
-            std::ptr::copy_nonoverlapping(self.ch[r].as_ptr(), hi.add(16 * r), 16);
-            std::ptr::copy_nonoverlapping(self.cl[r].as_ptr(), lo.add(16 * r), 16);
+            std::ptr::copy_nonoverlapping(self.ch[i][r].as_ptr(), hi.add(16 * r), 16);
+            std::ptr::copy_nonoverlapping(self.cl[i][r].as_ptr(), lo.add(16 * r), 16);
         }
     }
     unsafe fn release(&mut self) {
@@ -96,14 +98,14 @@ fn tile_products_match_the_vnni_kernel() {
     });
 }
 
-/// The tile configuration: palette 1, five tiles of 16 rows × 64 bytes.
+/// The tile configuration: palette 1, eight tiles of 16 rows × 64 bytes.
 #[test]
-fn the_configuration_names_five_tiles_of_16_rows_of_64_bytes() {
+fn the_configuration_names_eight_tiles_of_16_rows_of_64_bytes() {
     let c = &CONFIG.0;
     assert_eq!(c[0], 1);
-    for t in 0..5 {
+    for t in 0..8 {
         assert_eq!(u16::from_le_bytes([c[16 + 2 * t], c[17 + 2 * t]]), 64);
         assert_eq!(c[48 + t], 16);
     }
-    assert!(c[16 + 10..48].iter().all(|&v| v == 0) && c[53..].iter().all(|&v| v == 0));
+    assert!(c[1..16].iter().all(|&v| v == 0) && c[56..].iter().all(|&v| v == 0));
 }
