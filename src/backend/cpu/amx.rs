@@ -367,7 +367,7 @@ unsafe fn block_rows<O: TileOps>(
     #[repr(C, align(64))]
     struct C([[i32; TT]; 2 * TR]);
     let (mut ch, mut cl) = (C([[0; TT]; 2 * TR]), C([[0; TT]; 2 * TR]));
-    let (cols, groups, blocks) = (m.cols, xa.groups, xa.blocks);
+    let (groups, blocks) = (xa.groups, xa.blocks);
     let per_group = m.group_size / TK;
     let mut sums = [_mm512_setzero_ps(); 2 * TR];
     let bt = xa.b.as_ptr().add(tt * blocks * 2 * TK * TT);
