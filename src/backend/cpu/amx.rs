@@ -134,16 +134,17 @@ pub(crate) trait TileOps {
     unsafe fn config(&mut self);
     /// C (hi and lo) of both row tiles = 0.
     unsafe fn zero_c(&mut self);
-    /// A of row tile `i` (0 or 1) = 16 rows of 64 bytes at `p`, `stride`
-    /// bytes apart.
-    unsafe fn load_a(&mut self, i: usize, p: *const u8, stride: usize);
+    /// A of both row tiles = 16 rows of 64 bytes each at `p0` and `p1`,
+    /// contiguous.
+    unsafe fn load_a(&mut self, p0: *const u8, p1: *const u8);
     /// B hi and lo = 16 rows of 64 bytes at `hi` and `lo`.
     unsafe fn load_b(&mut self, hi: *const u8, lo: *const u8);
     /// For both row tiles: C hi += A (unsigned) · B hi (signed); C lo +=
     /// A · B lo (unsigned).
     unsafe fn dot(&mut self);
-    /// C hi and lo of row tile `i` to 16 rows of 16 i32 at `hi` and `lo`.
-    unsafe fn store_c(&mut self, i: usize, hi: *mut i32, lo: *mut i32);
+    /// C hi and lo of both row tiles to 32 rows of 16 i32 at `hi` and
+    /// `lo` (the first row tile's 16, then the second's).
+    unsafe fn store_c(&mut self, hi: *mut i32, lo: *mut i32);
     /// Give the tile state back.
     unsafe fn release(&mut self);
 }
@@ -183,15 +184,15 @@ impl TileOps for Amx {
         );
     }
     #[inline(always)]
-    unsafe fn load_a(&mut self, i: usize, p: *const u8, stride: usize) {
-        match i {
-            0 => {
-                std::arch::asm!("tileloadd tmm0, [{p} + {s}*1]", p = in(reg) p, s = in(reg) stride, options(nostack, readonly))
-            }
-            _ => {
-                std::arch::asm!("tileloadd tmm5, [{p} + {s}*1]", p = in(reg) p, s = in(reg) stride, options(nostack, readonly))
-            }
-        }
+    unsafe fn load_a(&mut self, p0: *const u8, p1: *const u8) {
+        std::arch::asm!(
+            "tileloadd tmm0, [{a} + {s}*1]",
+            "tileloadd tmm5, [{b} + {s}*1]",
+            a = in(reg) p0,
+            b = in(reg) p1,
+            s = in(reg) 64usize,
+            options(nostack, readonly)
+        );
     }
     #[inline(always)]
     unsafe fn load_b(&mut self, hi: *const u8, lo: *const u8) {
@@ -215,25 +216,19 @@ impl TileOps for Amx {
         );
     }
     #[inline(always)]
-    unsafe fn store_c(&mut self, i: usize, hi: *mut i32, lo: *mut i32) {
-        match i {
-            0 => std::arch::asm!(
-                "tilestored [{h} + {s}*1], tmm3",
-                "tilestored [{l} + {s}*1], tmm4",
-                h = in(reg) hi,
-                l = in(reg) lo,
-                s = in(reg) 64usize,
-                options(nostack)
-            ),
-            _ => std::arch::asm!(
-                "tilestored [{h} + {s}*1], tmm6",
-                "tilestored [{l} + {s}*1], tmm7",
-                h = in(reg) hi,
-                l = in(reg) lo,
-                s = in(reg) 64usize,
-                options(nostack)
-            ),
-        }
+    unsafe fn store_c(&mut self, hi: *mut i32, lo: *mut i32) {
+        std::arch::asm!(
+            "tilestored [{h} + {s}*1], tmm3",
+            "tilestored [{l} + {s}*1], tmm4",
+            "tilestored [{h2} + {s}*1], tmm6",
+            "tilestored [{l2} + {s}*1], tmm7",
+            h = in(reg) hi,
+            l = in(reg) lo,
+            h2 = in(reg) hi.add(TR * TT),
+            l2 = in(reg) lo.add(TR * TT),
+            s = in(reg) 64usize,
+            options(nostack)
+        );
     }
     #[inline(always)]
     unsafe fn release(&mut self) {
@@ -375,18 +370,12 @@ unsafe fn block_rows<O: TileOps>(
     for g in 0..groups {
         ops.zero_c();
         for kb in g * per_group..(g + 1) * per_group {
-            ops.load_a(0, w.as_ptr().add(kb * TR * TK), TK);
-            ops.load_a(1, w.as_ptr().add((blocks + kb) * TR * TK), TK);
+            ops.load_a(w.as_ptr().add(kb * TR * TK), w.as_ptr().add((blocks + kb) * TR * TK));
             let b = bt.add(kb * 2 * TK * TT);
             ops.load_b(b, b.add(TK * TT));
             ops.dot();
         }
-        ops.store_c(0, ch.0.as_mut_ptr() as *mut i32, cl.0.as_mut_ptr() as *mut i32);
-        ops.store_c(
-            1,
-            ch.0[TR..].as_mut_ptr() as *mut i32,
-            cl.0[TR..].as_mut_ptr() as *mut i32,
-        );
+        ops.store_c(ch.0.as_mut_ptr() as *mut i32, cl.0.as_mut_ptr() as *mut i32);
         let lg = lt.add(g * 3 * TT);
         let (xs, xsum, resid) = (
             _mm512_loadu_ps(lg),

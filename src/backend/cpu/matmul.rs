@@ -239,10 +239,11 @@ pub fn linear_set_with(kernel: Kernel, ps: &mut [Product]) -> Result<()> {
         let row_cost = mats[i].row_bytes() * n.div_ceil(4);
         let mut block = (task_bytes / row_cost.max(1)).clamp(1, rows);
         if kernels[i] == Kernel::Amx {
-            // Whole tiles of 16 rows, and at least four of them: a task
-            // reads each token tile's activations (64 KiB at 2048 columns)
-            // once for all its row tiles, from L2 instead of L3.
-            block = block.max(AMX_TASK_ROWS).next_multiple_of(16).min(rows);
+            // Whole pairs of 16-row tiles (the kernel's unit), and at
+            // least two of them: a task reads each token tile's
+            // activations (64 KiB at 2048 columns) once for all its row
+            // tiles, from L2 instead of L3.
+            block = block.max(AMX_TASK_ROWS).next_multiple_of(32).min(rows);
         }
         tasks.extend(out.chunks_mut(block * n).enumerate().map(|(bi, o)| (i, bi * block, o)));
     }

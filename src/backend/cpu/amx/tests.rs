@@ -4,6 +4,7 @@
 
 use super::*;
 use crate::backend::cpu::fast_tests::check_against_vnni_tiles;
+use crate::backend::cpu::qmatvec::Acts;
 
 /// The tiles as the instruction set reference defines them.
 struct Emu {
@@ -43,8 +44,9 @@ impl TileOps for Emu {
         self.ch = [[[0; 16]; 16]; 2];
         self.cl = [[[0; 16]; 16]; 2];
     }
-    unsafe fn load_a(&mut self, i: usize, p: *const u8, stride: usize) {
-        load(&mut self.a[i], p, stride);
+    unsafe fn load_a(&mut self, p0: *const u8, p1: *const u8) {
+        load(&mut self.a[0], p0, 64);
+        load(&mut self.a[1], p1, 64);
     }
     unsafe fn load_b(&mut self, hi: *const u8, lo: *const u8) {
         load(&mut self.bh, hi, 64);
@@ -66,10 +68,13 @@ impl TileOps for Emu {
             }
         }
     }
-    unsafe fn store_c(&mut self, i: usize, hi: *mut i32, lo: *mut i32) {
-        for r in 0..16 {
-            std::ptr::copy_nonoverlapping(self.ch[i][r].as_ptr(), hi.add(16 * r), 16);
-            std::ptr::copy_nonoverlapping(self.cl[i][r].as_ptr(), lo.add(16 * r), 16);
+    unsafe fn store_c(&mut self, hi: *mut i32, lo: *mut i32) {
+        for i in 0..2 {
+            for r in 0..16 {
+                let at = 16 * (16 * i + r);
+                std::ptr::copy_nonoverlapping(self.ch[i][r].as_ptr(), hi.add(at), 16);
+                std::ptr::copy_nonoverlapping(self.cl[i][r].as_ptr(), lo.add(at), 16);
+            }
         }
     }
     unsafe fn release(&mut self) {
@@ -77,10 +82,21 @@ impl TileOps for Emu {
     }
 }
 
+/// The kernel on emulated tiles.
+fn emulated(m: &QuantMat, a: &Acts, r0: usize, out: &mut [f32]) {
+    assert!(quant_supported(m));
+    let xa = tile_x(m, &a.xq, &a.xsum, a.n);
+    // SAFETY: the sizes match and `xa` is x laid out for this layout; the
+    // tiles are emulated.
+    unsafe { quant_rows_on(&mut Emu::new(), m, &xa, r0, out) };
+}
+
 /// The kernel (on emulated tiles) gives the VNNI tiles' results: the
 /// same integer group sums, f32 additions in another order. Row counts
 /// and token counts that are not multiples of 16, groups of one and two
-/// blocks, 4 and 8 bits, f16 and bf16 scales.
+/// blocks, 4 and 8 bits, f16 and bf16 scales; 18 rows (one pair of row
+/// tiles, the second short) and 70 (three pairs, the last a short tile
+/// and an empty one).
 #[test]
 fn tile_products_match_the_vnni_kernel() {
     let layouts = [
@@ -89,13 +105,8 @@ fn tile_products_match_the_vnni_kernel() {
         (8, 64, 1280, false),
         (4, 128, 640, false),
     ];
-    check_against_vnni_tiles(9, &layouts, 21, 3, &[4, 16, 19, 35], |m, a, r0, out| {
-        assert!(quant_supported(m));
-        let xa = tile_x(m, &a.xq, &a.xsum, a.n);
-        // SAFETY: the sizes match and `xa` is x laid out for this layout;
-        // the tiles are emulated.
-        unsafe { quant_rows_on(&mut Emu::new(), m, &xa, r0, out) };
-    });
+    check_against_vnni_tiles(9, &layouts, 21, 3, &[4, 16, 19, 35], emulated);
+    check_against_vnni_tiles(13, &layouts[1..3], 75, 5, &[4, 19], emulated);
 }
 
 /// The tile configuration: palette 1, eight tiles of 16 rows × 64 bytes.
