@@ -13,8 +13,8 @@
 //! (one register of tokens per row).
 //!
 //! Tiles: A (tmm0, and tmm5 for a second row tile) is 16 rows × 64 levels
-//! of one 64-column block, unpacked to bytes by the task (once for all
-//! tokens); B (tmm1 `hi`, tmm2 `lo`) is the block's 64 columns × 16 tokens
+//! of one 64-column block, unpacked to bytes group by group just before
+//! its products with every token tile (the bytes stay in L1); B (tmm1 `hi`, tmm2 `lo`) is the block's 64 columns × 16 tokens
 //! in the VNNI layout (four columns of a token per dword), laid out once
 //! per call; C (tmm3, tmm4; tmm6, tmm7) is 16 rows × 16 tokens. Two row
 //! tiles share each load of B and give the tile unit four independent
@@ -82,7 +82,7 @@ pub(crate) struct Tiled {
     /// `[n/16, blocks, 2 (hi, lo), 16 (4 columns each), 64 (16 tokens × 4)]`.
     b: Vec<u8>,
     /// `[n/16, groups, 3, 16]`: per token, the group's scale of x, sum of x
-    /// and rounding residual.
+    /// and rounding residual times the weights' middle level.
     lanes: Vec<f32>,
 }
 
@@ -92,6 +92,7 @@ pub(crate) fn tile_x(m: &QuantMat, xq: &QuantX, xsum: &[f32], n: usize) -> Tiled
     let (cols, groups) = (m.cols, m.groups());
     let blocks = cols / TK;
     let tiles = n.div_ceil(TT);
+    let mid = ((1u32 << m.bits) - 1) as f32 / 2.0;
     let mut b = vec![0u8; tiles * blocks * 2 * TK * TT];
     let mut lanes = vec![0.0f32; tiles * groups * 3 * TT];
     crate::parallel::for_each_chunk2(
@@ -114,7 +115,7 @@ pub(crate) fn tile_x(m: &QuantMat, xq: &QuantX, xsum: &[f32], n: usize) -> Tiled
                 for (g, lg) in lt.chunks_exact_mut(3 * TT).enumerate() {
                     lg[u] = xq.scale[t * groups + g];
                     lg[TT + u] = xsum[t * groups + g];
-                    lg[2 * TT + u] = xq.resid[t * groups + g];
+                    lg[2 * TT + u] = mid * xq.resid[t * groups + g];
                 }
             }
         },
@@ -236,13 +237,23 @@ impl TileOps for Amx {
     }
 }
 
-/// A task's rows unpacked to one byte per level, `[rows, cols]`, and their
-/// scales, biases and middle-level terms, `[rows, groups, 3]`.
+/// A task's scratch: one group of a pair of row tiles unpacked to one
+/// byte per level (`[blocks of the group, 2 row tiles, 16, 64]`), the
+/// scales and biases of the task's rows (`[rows, 2, groups]`), and the
+/// f32 sums of a pair of row tiles for every token tile (`[token tiles,
+/// 32 rows, 16 tokens]`).
 #[derive(Default)]
 struct Scratch {
-    w: Vec<u8>,
+    w: Vec<Line>,
     sc: Vec<f32>,
+    acc: Vec<[f32; TT]>,
 }
+
+/// 64 bytes on a cache line of their own: a tile row, loaded and stored
+/// whole.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Line([u8; 64]);
 
 thread_local! {
     static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
@@ -260,39 +271,49 @@ pub(crate) unsafe fn quant_rows(m: &QuantMat, xa: &Tiled, r0: usize, out: &mut [
 
 /// [`quant_rows`] on the tile operations `ops`.
 ///
+/// Pairs of row tiles one after another; for each, group by group: the
+/// group's levels of the 32 rows are unpacked into a 2 KiB block (per 64
+/// columns) that stays in L1, then multiplied by every token tile. The
+/// weights are read from memory once, as they are multiplied, and the
+/// unpacked levels never leave L1.
+///
 /// # Safety
 /// As for `quant_rows`, `available()` only where `ops` is the tile unit.
 pub(crate) unsafe fn quant_rows_on<O: TileOps>(ops: &mut O, m: &QuantMat, xa: &Tiled, r0: usize, out: &mut [f32]) {
     let n = xa.n;
     let rows = out.len() / n;
-    // Pairs of row tiles.
-    let padded = rows.div_ceil(2 * TR) * 2 * TR;
-    let (cols, groups) = (m.cols, xa.groups);
+    let (groups, per_group) = (xa.groups, m.group_size / TK);
+    let tiles = n.div_ceil(TT);
     SCRATCH.with(|s| {
         let mut s = s.borrow_mut();
-        let Scratch { w, sc } = &mut *s;
-        w.resize(padded * cols, 0);
-        sc.resize(padded * groups * 3, 0.0);
-        // A last row tile of fewer than 16 rows: zero weights past the end.
-        w[rows / TR * TR * cols..].fill(0);
-        unpack_rows(m, r0, rows, &mut w[..padded * cols], &mut sc[..rows * groups * 3]);
-        sc[rows * groups * 3..].fill(0.0);
+        let Scratch { w, sc, acc } = &mut *s;
+        w.resize(per_group * 2 * TR, Line([0; 64]));
+        sc.resize(rows * 2 * groups, 0.0);
+        acc.resize(tiles * 2 * TR, [0.0; TT]);
+        scales(m, r0, rows, sc);
         ops.config();
-        for tt in 0..n.div_ceil(TT) {
-            let tn = TT.min(n - tt * TT);
-            for rp in 0..padded / (2 * TR) {
-                let mut acc = [[0.0f32; TT]; 2 * TR];
-                block_rows(
-                    ops,
-                    m,
-                    xa,
-                    tt,
-                    &w[2 * rp * TR * cols..],
-                    &sc[2 * rp * TR * groups * 3..],
-                    &mut acc,
-                );
-                for (r, a) in acc.iter().enumerate().take(rows.saturating_sub(2 * rp * TR)) {
-                    out[(2 * rp * TR + r) * n + tt * TT..][..tn].copy_from_slice(&a[..tn]);
+        for p0 in (0..rows).step_by(2 * TR) {
+            let live = (rows - p0).min(2 * TR);
+            acc.fill([0.0; TT]);
+            for g in 0..groups {
+                unpack_group(m, r0 + p0, live, g, rows - p0 - live, w);
+                for tt in 0..tiles {
+                    group_tile(
+                        ops,
+                        xa,
+                        tt,
+                        g,
+                        w,
+                        &sc[p0 * 2 * groups..],
+                        live,
+                        &mut acc[tt * 2 * TR..][..2 * TR],
+                    );
+                }
+            }
+            for tt in 0..tiles {
+                let tn = TT.min(n - tt * TT);
+                for (r, a) in acc[tt * 2 * TR..][..live].iter().enumerate() {
+                    out[(p0 + r) * n + tt * TT..][..tn].copy_from_slice(&a[..tn]);
                 }
             }
         }
@@ -300,102 +321,117 @@ pub(crate) unsafe fn quant_rows_on<O: TileOps>(ops: &mut O, m: &QuantMat, xa: &T
     });
 }
 
-/// Rows `r0..r0 + rows` of `m`: levels to bytes in `w` as A tiles
-/// (`[row tiles, blocks, 16, 64]`: a tile load reads 1 KiB in a row; rows
-/// `cols` bytes apart, a power of two, fell into two sets of L1), a 4-bit
-/// block's even columns then its odd ones, and `[s, b, m·s]` per group in
-/// `sc`.
+/// The scales and biases of rows `r0..r0 + rows` as f32, `[rows, 2,
+/// groups]` in `sc`, 16 groups at a time.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-unsafe fn unpack_rows(m: &QuantMat, r0: usize, rows: usize, w: &mut [u8], sc: &mut [f32]) {
-    let (cols, groups) = (m.cols, m.groups());
-    let rb = m.row_bytes();
-    let mid = ((1u32 << m.bits) - 1) as f32 / 2.0;
-    let nib = _mm256_set1_epi8(0x0F);
-    let pf = super::simd512::prefetch_rows(rb);
+unsafe fn scales(m: &QuantMat, r0: usize, rows: usize, sc: &mut [f32]) {
+    let groups = m.groups();
     for i in 0..rows {
-        let r = r0 + i;
-        let src = m.weight.as_ptr().add(r * rb);
-        super::simd512::prefetch_row(
-            src,
-            m.scales.as_ptr().add(2 * r * groups),
-            m.biases.as_ptr().add(2 * r * groups),
-            rb,
-            2 * groups,
-            pf,
-        );
-        // Row i % 16 of its row tile's blocks, 1 KiB apart.
-        let dst = w.as_mut_ptr().add((i / TR) * TR * cols + (i % TR) * TK);
-        for kb in 0..cols / TK {
-            let d = dst.add(kb * TR * TK);
-            if m.bits == 8 {
-                std::ptr::copy_nonoverlapping(src.add(TK * kb), d, TK);
-            } else {
-                let v = _mm256_loadu_si256(src.add(32 * kb) as *const __m256i);
-                let lo = _mm256_and_si256(v, nib);
-                let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), nib);
-                _mm256_storeu_si256(d as *mut __m256i, lo);
-                _mm256_storeu_si256(d.add(32) as *mut __m256i, hi);
-            }
-        }
-        for g in 0..groups {
-            let (s, b) = (m.scale(r, g), m.bias(r, g));
-            let at = (i * groups + g) * 3;
-            sc[at] = s;
-            sc[at + 1] = b;
-            sc[at + 2] = mid * s;
+        let row = sc.as_mut_ptr().add(i * 2 * groups);
+        let at = 2 * (r0 + i) * groups;
+        let (ps, pb) = (m.scales.as_ptr().add(at), m.biases.as_ptr().add(at));
+        for g in (0..groups).step_by(16) {
+            let (len, mask) = ((groups - g).min(16), mask16(groups - g));
+            let s = super::simd512::halves16(ps.add(2 * g), len, m.f16_scales);
+            let b = super::simd512::halves16(pb.add(2 * g), len, m.f16_scales);
+            _mm512_mask_storeu_ps(row.add(g), mask, s);
+            _mm512_mask_storeu_ps(row.add(groups + g), mask, b);
         }
     }
 }
 
-/// 32 rows, two row tiles sharing each load of B (`w`, `sc` at their
-/// first) × token tile `tt` into `acc[row][token]`.
+/// The first `len` of 16 lanes.
+fn mask16(len: usize) -> __mmask16 {
+    if len >= 16 {
+        0xFFFF
+    } else {
+        (1u16 << len) - 1
+    }
+}
+
+/// Group `g` of rows `r0..r0 + live` (live ≤ 32) as bytes into `w`: A
+/// tiles `[blocks of the group, 2, 16, 64]`, a 4-bit block's even columns
+/// then its odd ones; rows past `live` zero. The same columns of the next
+/// pair of row tiles (`ahead` rows remain after these) are asked for
+/// meanwhile, into L2.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-unsafe fn block_rows<O: TileOps>(
+unsafe fn unpack_group(m: &QuantMat, r0: usize, live: usize, g: usize, ahead: usize, w: &mut [Line]) {
+    let rb = m.row_bytes();
+    let per_group = m.group_size / TK;
+    let gb = m.group_size * m.bits / 8;
+    let nib = _mm256_set1_epi8(0x0F);
+    let base = m.weight.as_ptr().add(r0 * rb + g * gb);
+    // The next pair's rows, a line at a time.
+    if (g * gb).is_multiple_of(64) {
+        for i in 0..ahead.min(2 * TR) {
+            _mm_prefetch::<_MM_HINT_T1>(base.add((2 * TR + i) * rb) as *const i8);
+        }
+    }
+    for j in 0..per_group {
+        let tile = &mut w[j * 2 * TR..][..2 * TR];
+        for (i, line) in tile.iter_mut().enumerate() {
+            let d = line.0.as_mut_ptr();
+            if i >= live {
+                _mm512_store_si512(d as *mut _, _mm512_setzero_si512());
+            } else if m.bits == 8 {
+                let v = _mm512_loadu_si512(base.add(i * rb + j * TK) as *const _);
+                _mm512_store_si512(d as *mut _, v);
+            } else {
+                let v = _mm256_loadu_si256(base.add(i * rb + j * TK / 2) as *const __m256i);
+                let lo = _mm256_and_si256(v, nib);
+                let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), nib);
+                _mm512_store_si512(d as *mut _, _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi));
+            }
+        }
+    }
+}
+
+/// Group `g` of a pair of row tiles (`w` from `unpack_group`; `sc` at the
+/// pair's first row; `live` rows) × token tile `tt`, added to `acc[row]
+/// [token]`.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn group_tile<O: TileOps>(
     ops: &mut O,
-    m: &QuantMat,
     xa: &Tiled,
     tt: usize,
-    w: &[u8],
+    g: usize,
+    w: &[Line],
     sc: &[f32],
-    acc: &mut [[f32; TT]; 2 * TR],
+    live: usize,
+    acc: &mut [[f32; TT]],
 ) {
     #[repr(C, align(64))]
     struct C([[i32; TT]; 2 * TR]);
     let (mut ch, mut cl) = (C([[0; TT]; 2 * TR]), C([[0; TT]; 2 * TR]));
     let (groups, blocks) = (xa.groups, xa.blocks);
-    let per_group = m.group_size / TK;
-    let mut sums = [_mm512_setzero_ps(); 2 * TR];
+    let per_group = w.len() / (2 * TR);
     let bt = xa.b.as_ptr().add(tt * blocks * 2 * TK * TT);
-    let lt = xa.lanes.as_ptr().add(tt * groups * 3 * TT);
-    for g in 0..groups {
-        ops.zero_c();
-        for kb in g * per_group..(g + 1) * per_group {
-            ops.load_a(w.as_ptr().add(kb * TR * TK), w.as_ptr().add((blocks + kb) * TR * TK));
-            let b = bt.add(kb * 2 * TK * TT);
-            ops.load_b(b, b.add(TK * TT));
-            ops.dot();
-        }
-        ops.store_c(ch.0.as_mut_ptr() as *mut i32, cl.0.as_mut_ptr() as *mut i32);
-        let lg = lt.add(g * 3 * TT);
-        let (xs, xsum, resid) = (
-            _mm512_loadu_ps(lg),
-            _mm512_loadu_ps(lg.add(TT)),
-            _mm512_loadu_ps(lg.add(2 * TT)),
-        );
-        for (r, sum) in sums.iter_mut().enumerate() {
-            let c = _mm512_add_epi32(
-                _mm512_slli_epi32::<8>(_mm512_loadu_si512(ch.0[r].as_ptr() as *const _)),
-                _mm512_loadu_si512(cl.0[r].as_ptr() as *const _),
-            );
-            let p = sc.as_ptr().add((r * groups + g) * 3);
-            let d = _mm512_mul_ps(_mm512_set1_ps(*p), xs);
-            let mut v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(c), d, *sum);
-            v = _mm512_fmadd_ps(_mm512_set1_ps(*p.add(1)), xsum, v);
-            *sum = _mm512_fmadd_ps(_mm512_set1_ps(*p.add(2)), resid, v);
-        }
+    ops.zero_c();
+    for j in 0..per_group {
+        let a = w.as_ptr().add(j * 2 * TR) as *const u8;
+        ops.load_a(a, a.add(TR * TK));
+        let b = bt.add((g * per_group + j) * 2 * TK * TT);
+        ops.load_b(b, b.add(TK * TT));
+        ops.dot();
     }
-    for (a, s) in acc.iter_mut().zip(&sums) {
-        _mm512_storeu_ps(a.as_mut_ptr(), *s);
+    ops.store_c(ch.0.as_mut_ptr() as *mut i32, cl.0.as_mut_ptr() as *mut i32);
+    // Per row: acc += s·(xs·c + m·resid) + b·Σx, 16 tokens at once.
+    let lg = xa.lanes.as_ptr().add((tt * groups + g) * 3 * TT);
+    let (xs, xsum, mres) = (
+        _mm512_loadu_ps(lg),
+        _mm512_loadu_ps(lg.add(TT)),
+        _mm512_loadu_ps(lg.add(2 * TT)),
+    );
+    for (r, a) in acc.iter_mut().enumerate().take(live) {
+        let c = _mm512_add_epi32(
+            _mm512_slli_epi32::<8>(_mm512_load_si512(ch.0[r].as_ptr() as *const _)),
+            _mm512_load_si512(cl.0[r].as_ptr() as *const _),
+        );
+        let u = _mm512_fmadd_ps(_mm512_cvtepi32_ps(c), xs, mres);
+        let p = sc.as_ptr().add(r * 2 * groups + g);
+        let v = _mm512_fmadd_ps(_mm512_set1_ps(*p), u, _mm512_loadu_ps(a.as_ptr()));
+        _mm512_storeu_ps(a.as_mut_ptr(), _mm512_fmadd_ps(_mm512_set1_ps(*p.add(groups)), xsum, v));
     }
 }
 

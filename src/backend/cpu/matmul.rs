@@ -240,9 +240,8 @@ pub fn linear_set_with(kernel: Kernel, ps: &mut [Product]) -> Result<()> {
         let mut block = (task_bytes / row_cost.max(1)).clamp(1, rows);
         if kernels[i] == Kernel::Amx {
             // Whole pairs of 16-row tiles (the kernel's unit), and at
-            // least two of them: a task reads each token tile's
-            // activations (64 KiB at 2048 columns) once for all its row
-            // tiles, from L2 instead of L3.
+            // least two of them: within a task the next pair's rows are
+            // read ahead while a pair is multiplied.
             block = block.max(AMX_TASK_ROWS).next_multiple_of(32).min(rows);
         }
         tasks.extend(out.chunks_mut(block * n).enumerate().map(|(bi, o)| (i, bi * block, o)));
