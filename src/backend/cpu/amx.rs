@@ -291,23 +291,18 @@ pub(crate) unsafe fn quant_rows_on<O: TileOps>(ops: &mut O, m: &QuantMat, xa: &T
         sc.resize(rows * 2 * groups, 0.0);
         acc.resize(tiles * 2 * TR, [0.0; TT]);
         scales(m, r0, rows, sc);
+        let mut c = Sums([[0; TT]; 2 * TR], [[0; TT]; 2 * TR]);
         ops.config();
         for p0 in (0..rows).step_by(2 * TR) {
             let live = (rows - p0).min(2 * TR);
+            let sc = &sc[p0 * 2 * groups..];
             acc.fill([0.0; TT]);
             for g in 0..groups {
                 unpack_group(m, r0 + p0, live, g, rows - p0 - live, w);
                 for tt in 0..tiles {
-                    group_tile(
-                        ops,
-                        xa,
-                        tt,
-                        g,
-                        w,
-                        &sc[p0 * 2 * groups..],
-                        live,
-                        &mut acc[tt * 2 * TR..][..2 * TR],
-                    );
+                    products(ops, xa, tt, g, w);
+                    ops.store_c(c.0.as_mut_ptr() as *mut i32, c.1.as_mut_ptr() as *mut i32);
+                    scale(xa, tt, g, sc, live, &c, &mut acc[tt * 2 * TR..][..2 * TR]);
                 }
             }
             for tt in 0..tiles {
@@ -386,27 +381,17 @@ unsafe fn unpack_group(m: &QuantMat, r0: usize, live: usize, g: usize, ahead: us
     }
 }
 
-/// Group `g` of a pair of row tiles (`w` from `unpack_group`; `sc` at the
-/// pair's first row; `live` rows) × token tile `tt`, added to `acc[row]
-/// [token]`.
-#[allow(clippy::too_many_arguments)]
+/// The integer sums of a pair of row tiles for one group, `hi` and `lo`,
+/// as the tiles store them (`[32 rows, 16 tokens]` each).
+#[repr(C, align(64))]
+struct Sums([[i32; TT]; 2 * TR], [[i32; TT]; 2 * TR]);
+
+/// Group `g` of a pair of row tiles (`w` from `unpack_group`) × token
+/// tile `tt` into the accumulator tiles.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-unsafe fn group_tile<O: TileOps>(
-    ops: &mut O,
-    xa: &Tiled,
-    tt: usize,
-    g: usize,
-    w: &[Line],
-    sc: &[f32],
-    live: usize,
-    acc: &mut [[f32; TT]],
-) {
-    #[repr(C, align(64))]
-    struct C([[i32; TT]; 2 * TR]);
-    let (mut ch, mut cl) = (C([[0; TT]; 2 * TR]), C([[0; TT]; 2 * TR]));
-    let (groups, blocks) = (xa.groups, xa.blocks);
+unsafe fn products<O: TileOps>(ops: &mut O, xa: &Tiled, tt: usize, g: usize, w: &[Line]) {
     let per_group = w.len() / (2 * TR);
-    let bt = xa.b.as_ptr().add(tt * blocks * 2 * TK * TT);
+    let bt = xa.b.as_ptr().add(tt * xa.blocks * 2 * TK * TT);
     ops.zero_c();
     for j in 0..per_group {
         let a = w.as_ptr().add(j * 2 * TR) as *const u8;
@@ -415,8 +400,14 @@ unsafe fn group_tile<O: TileOps>(
         ops.load_b(b, b.add(TK * TT));
         ops.dot();
     }
-    ops.store_c(ch.0.as_mut_ptr() as *mut i32, cl.0.as_mut_ptr() as *mut i32);
-    // Per row: acc += s·(xs·c + m·resid) + b·Σx, 16 tokens at once.
+}
+
+/// The stored sums `c` of group `g` × token tile `tt` (`sc` at the pair's
+/// first row; `live` rows), added to `acc[row][token]`: per row, `s·(xs·c
+/// + m·resid) + b·Σx`, 16 tokens at once.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn scale(xa: &Tiled, tt: usize, g: usize, sc: &[f32], live: usize, c: &Sums, acc: &mut [[f32; TT]]) {
+    let groups = xa.groups;
     let lg = xa.lanes.as_ptr().add((tt * groups + g) * 3 * TT);
     let (xs, xsum, mres) = (
         _mm512_loadu_ps(lg),
@@ -425,8 +416,8 @@ unsafe fn group_tile<O: TileOps>(
     );
     for (r, a) in acc.iter_mut().enumerate().take(live) {
         let c = _mm512_add_epi32(
-            _mm512_slli_epi32::<8>(_mm512_load_si512(ch.0[r].as_ptr() as *const _)),
-            _mm512_load_si512(cl.0[r].as_ptr() as *const _),
+            _mm512_slli_epi32::<8>(_mm512_load_si512(c.0[r].as_ptr() as *const _)),
+            _mm512_load_si512(c.1[r].as_ptr() as *const _),
         );
         let u = _mm512_fmadd_ps(_mm512_cvtepi32_ps(c), xs, mres);
         let p = sc.as_ptr().add(r * 2 * groups + g);
