@@ -10,6 +10,7 @@ pub mod config;
 pub mod error;
 pub mod format;
 pub mod generate;
+pub mod heap;
 
 pub use config::{Arch, ModelConfig};
 pub use error::{Error, Result};

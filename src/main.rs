@@ -36,6 +36,7 @@ enum Command {
 }
 
 fn main() {
+    moeflux::heap::retain_freed_memory();
     let cli = Cli::parse();
     let r = match cli.command {
         Command::Run(a) => cli::run::run(a),
