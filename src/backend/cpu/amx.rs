@@ -16,9 +16,10 @@
 //! of one 64-column block, unpacked to bytes group by group just before
 //! its products with every token tile (the bytes stay in L1); B (tmm1
 //! `hi`, tmm2 `lo`) is the block's 64 columns × 16 tokens in the VNNI
-//! layout (four columns of a token per dword), laid out once per call; C (tmm3, tmm4; tmm6, tmm7) is 16 rows × 16 tokens. Two row
-//! tiles share each load of B and give the tile unit four independent
-//! products a group: tiles are not renamed, so with one row tile each
+//! layout (four columns of a token per dword), laid out once per call; C
+//! (tmm3, tmm4; tmm6, tmm7) is 16 rows × 16 tokens. Two row tiles share
+//! each load of B and give the tile unit four independent products a
+//! group: tiles are not renamed, so with one row tile each
 //! group's loads waited for the previous group's products. A 4-bit
 //! block's levels are in `Order::Blocks` (its even columns, then its odd
 //! ones), so x needs no other permutation.
