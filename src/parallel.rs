@@ -307,9 +307,73 @@ pub(crate) fn for_each_chunk2<A: Send, B: Send>(
     for_each(ca.count().min(cb.count()), |i| unsafe { f(i, ca.get(i), cb.get(i)) });
 }
 
+/// Elements from which `zeros` and `for_each_span` split their work
+/// among the threads, and the span each task takes.
+const SPLIT_MIN: usize = 1 << 16;
+const SPAN: usize = 1 << 14;
+
+/// `len` zeros; a long vector is zeroed by all threads. A 512-token
+/// prefill chunk's buffers are 4–16 MiB, and memory that the heap keeps
+/// (`heap::retain_freed_memory`) is zeroed by the allocating thread: one
+/// thread took about a millisecond a buffer.
+pub(crate) fn zeros<T: Copy + Default + Send>(len: usize) -> Vec<T> {
+    if len < SPLIT_MIN {
+        return vec![T::default(); len];
+    }
+    let mut v = Vec::with_capacity(len);
+    for_each_chunk(&mut v.spare_capacity_mut()[..len], SPAN, |_, c| {
+        c.fill(std::mem::MaybeUninit::new(T::default()))
+    });
+    // SAFETY: the loop above wrote all `len` elements.
+    unsafe { v.set_len(len) };
+    v
+}
+
+/// `f(offset, span)` for consecutive spans of `out` (`offset` the span's
+/// first index): in parallel when `out` is long, in one call when short.
+pub(crate) fn for_each_span<T: Send>(out: &mut [T], f: impl Fn(usize, &mut [T]) + Sync) {
+    if out.len() < SPLIT_MIN {
+        return f(0, out);
+    }
+    for_each_chunk(out, SPAN, |i, c| f(i * SPAN, c));
+}
+
+/// `f(r, row r)` for the rows of `dim` elements of `out`: in parallel
+/// when `out` is long, one after another when short.
+pub(crate) fn for_each_row<T: Send>(out: &mut [T], dim: usize, f: impl Fn(usize, &mut [T]) + Sync) {
+    if out.len() < SPLIT_MIN {
+        return out.chunks_mut(dim.max(1)).enumerate().for_each(|(r, c)| f(r, c));
+    }
+    for_each_chunk(out, dim.max(1), f);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Long and short vectors come back zeroed whatever memory they got,
+    /// and spans and rows cover every element once, with their offsets.
+    #[test]
+    fn zeros_spans_and_rows() {
+        let pool = SpinPool::new(3).expect("threads");
+        pool.install(|| {
+            for len in [0, 5, SPLIT_MIN - 1, SPLIT_MIN, 3 * SPAN + 7 + SPLIT_MIN] {
+                // Leave garbage where the next vector may be placed.
+                drop(vec![7.5f32; len]);
+                let z: Vec<f32> = zeros(len);
+                assert_eq!(z.len(), len);
+                assert!(z.iter().all(|&v| v == 0.0), "len {len}");
+                let mut v = vec![0usize; len];
+                for_each_span(&mut v, |o, s| {
+                    s.iter_mut().enumerate().for_each(|(j, e)| *e += o + j + 1)
+                });
+                assert!(v.iter().enumerate().all(|(i, &e)| e == i + 1), "spans of {len}");
+                let mut w = vec![0usize; len];
+                for_each_row(&mut w, 100, |r, row| row.iter_mut().for_each(|e| *e += r + 1));
+                assert!(w.iter().enumerate().all(|(i, &e)| e == i / 100 + 1), "rows of {len}");
+            }
+        });
+    }
 
     /// Every task runs once, on the pool and without one, also loops
     /// nested in a task and loops after the workers slept.

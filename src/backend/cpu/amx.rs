@@ -94,7 +94,7 @@ pub(crate) fn tile_x(m: &QuantMat, xq: &QuantX, xsum: &[f32], n: usize) -> Tiled
     let blocks = cols / TK;
     let tiles = n.div_ceil(TT);
     let mid = ((1u32 << m.bits) - 1) as f32 / 2.0;
-    let mut b = vec![0u8; tiles * blocks * 2 * TK * TT];
+    let mut b = crate::parallel::zeros(tiles * blocks * 2 * TK * TT);
     let mut lanes = vec![0.0f32; tiles * groups * 3 * TT];
     crate::parallel::for_each_chunk2(
         &mut b,

@@ -83,7 +83,7 @@ pub fn gated_delta(
     check(qkv, a_in, b_in, &w, &st, a, out)?;
     let conv_dim = 2 * a.k_heads * a.k_dim + a.v_heads * a.v_dim;
     let isa = isa();
-    let mut xs = vec![0.0f32; a.n * conv_dim]; // [n, conv_dim]
+    let mut xs = crate::parallel::zeros(a.n * conv_dim); // [n, conv_dim]
     conv(qkv, w.conv_w, st.conv, a, isa, &mut xs);
     let (gates, kq) = prepare(&mut xs, a_in, b_in, &w, a);
     let x = Inputs {
@@ -144,7 +144,7 @@ pub fn gated_delta_each(
     let isa = isa();
     let convs: Vec<SharedMut> = states.iter_mut().map(|(c, _)| SharedMut(c.as_mut_ptr())).collect();
     let ssms: Vec<SharedMut> = states.iter_mut().map(|(_, s)| SharedMut(s.as_mut_ptr())).collect();
-    let mut xs = vec![0.0f32; n * conv_dim]; // [n, conv_dim]
+    let mut xs = crate::parallel::zeros(n * conv_dim); // [n, conv_dim]
     conv_each(qkv, rows, w.conv_w, &convs, a, isa, &mut xs);
     let (gates, kq) = prepare(&mut xs, &ac, &bc, &w, a);
     let x = Inputs {

@@ -223,7 +223,7 @@ pub fn linear_set_with(kernel: Kernel, ps: &mut [Product]) -> Result<()> {
     let task_bytes = (total / (8 * rayon::current_num_threads())).max(TASK_BYTES);
     let mut scratch: Vec<Vec<f32>> = ps
         .iter()
-        .map(|p| vec![0.0f32; if p.n > 1 { p.w.rows * p.n } else { 0 }])
+        .map(|p| crate::parallel::zeros(if p.n > 1 { p.w.rows * p.n } else { 0 }))
         .collect();
     let mut tasks: Vec<(usize, usize, &mut [f32])> = Vec::new();
     for (i, (p, s)) in ps.iter_mut().zip(scratch.iter_mut()).enumerate() {

@@ -28,6 +28,7 @@ use super::seqs::{check_segs, Seg, StatePair};
 use super::{AttnArgs, Backend, DeltaArgs, DeltaState, DeltaWeights, MlaArgs, MoeArgs, MoeInputs, RopeArgs, Strided};
 use crate::error::{Error, Result};
 use crate::format::MatrixView;
+use crate::parallel::for_each_span;
 use matmul::{CpuMatrix, Kernel};
 pub use pool::PoolInfo;
 pub use profile::OpTime;
@@ -162,7 +163,7 @@ impl Backend for CpuBackend {
     }
 
     fn alloc(&self, len: usize) -> Result<Vec<f32>> {
-        Ok(vec![0.0; len])
+        Ok(crate::parallel::zeros(len))
     }
     fn upload(&self, data: &[f32]) -> Result<Vec<f32>> {
         Ok(data.to_vec())
@@ -247,10 +248,13 @@ impl Backend for CpuBackend {
     }
 
     fn add(&self, y: &mut Vec<f32>, x: &Vec<f32>, len: usize) -> Result<()> {
+        let x = &x[..len];
         self.prof.time(Op::Elementwise, || {
-            for (a, b) in y[..len].iter_mut().zip(&x[..len]) {
-                *a += b;
-            }
+            for_each_span(&mut y[..len], |o, ys| {
+                for (a, b) in ys.iter_mut().zip(&x[o..]) {
+                    *a += b;
+                }
+            });
             Ok(())
         })
     }
@@ -264,31 +268,38 @@ impl Backend for CpuBackend {
         dim: usize,
         sigmoid_gate: bool,
     ) -> Result<()> {
+        let (x, scale) = (&x[..rows * dim], &scale[..rows]);
         self.prof.time(Op::Elementwise, || {
-            for r in 0..rows {
+            crate::parallel::for_each_row(&mut y[..rows * dim], dim, |r, yr| {
                 let s = if sigmoid_gate { sigmoid(scale[r]) } else { scale[r] };
-                for (a, b) in y[r * dim..(r + 1) * dim].iter_mut().zip(&x[r * dim..(r + 1) * dim]) {
+                for (a, b) in yr.iter_mut().zip(&x[r * dim..]) {
                     *a += s * b;
                 }
-            }
+            });
             Ok(())
         })
     }
 
     fn swiglu(&self, gate: &Vec<f32>, up: &Vec<f32>, len: usize, y: &mut Vec<f32>) -> Result<()> {
+        let (gate, up) = (&gate[..len], &up[..len]);
         self.prof.time(Op::Elementwise, || {
-            for ((o, g), u) in y[..len].iter_mut().zip(&gate[..len]).zip(&up[..len]) {
-                *o = silu(*g) * u;
-            }
+            for_each_span(&mut y[..len], |off, ys| {
+                for ((o, g), u) in ys.iter_mut().zip(&gate[off..]).zip(&up[off..]) {
+                    *o = silu(*g) * u;
+                }
+            });
             Ok(())
         })
     }
 
     fn sigmoid_mul(&self, x: &mut Vec<f32>, gate: &Vec<f32>, len: usize) -> Result<()> {
+        let gate = &gate[..len];
         self.prof.time(Op::Elementwise, || {
-            for (v, g) in x[..len].iter_mut().zip(&gate[..len]) {
-                *v *= sigmoid(*g);
-            }
+            for_each_span(&mut x[..len], |o, xs| {
+                for (v, g) in xs.iter_mut().zip(&gate[o..]) {
+                    *v *= sigmoid(*g);
+                }
+            });
             Ok(())
         })
     }

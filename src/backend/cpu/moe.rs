@@ -151,7 +151,7 @@ fn flat<'a>(
     h: usize,
     mats: &[[MatrixView; 3]],
 ) -> Result<Vec<Vec<f32>>> {
-    let mut g: Vec<Vec<f32>> = (0..mats.len()).map(|i| vec![0.0f32; m(i) * inter]).collect();
+    let mut g: Vec<Vec<f32>> = (0..mats.len()).map(|i| crate::parallel::zeros(m(i) * inter)).collect();
     let mut u = g.clone();
     let mut ps: Vec<Product> = Vec::with_capacity(2 * mats.len());
     for (i, (gi, ui)) in g.iter_mut().zip(u.iter_mut()).enumerate() {
@@ -172,7 +172,7 @@ fn flat<'a>(
             *gv = silu(*gv) * uv;
         }
     });
-    let mut d: Vec<Vec<f32>> = (0..mats.len()).map(|i| vec![0.0f32; m(i) * h]).collect();
+    let mut d: Vec<Vec<f32>> = (0..mats.len()).map(|i| crate::parallel::zeros(m(i) * h)).collect();
     let mut ps: Vec<Product> = d
         .iter_mut()
         .enumerate()

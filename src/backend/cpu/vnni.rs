@@ -56,7 +56,7 @@ pub(crate) fn quantize_x(x: &[f32], xsum: &[f32], cols: usize, gs: usize, bits: 
         return super::qmatvec::quantize_x(x, cols, gs, bits, order);
     }
     let mut out = QuantX {
-        q: vec![0i16; x.len()],
+        q: crate::parallel::zeros(x.len()),
         scale: vec![0.0; x.len() / gs],
         resid: vec![0.0; x.len() / gs],
         order,
