@@ -1,5 +1,6 @@
 //! 16 floats in registers (`Lanes`): the vector operations of the
-//! GatedDeltaNet recurrence (`delta.rs`), one generic body compiled for
+//! GatedDeltaNet recurrence (`delta.rs`) and of attention (`attn.rs`),
+//! one generic body compiled for
 //! AVX-512, for AVX2 and without either. The x86 types may only be used
 //! in functions compiled for their instructions (`#[target_feature]`),
 //! into which their methods are inlined.
@@ -29,6 +30,8 @@ pub(super) trait Lanes: Copy {
     fn mul(a: Self, b: Self) -> Self;
     fn add(a: Self, b: Self) -> Self;
     fn sub(a: Self, b: Self) -> Self;
+    /// The sum of the lanes.
+    fn sum(self) -> f32;
 }
 
 /// Plain arrays (the compiler's vectors, unfused).
@@ -73,6 +76,10 @@ impl Lanes for Plain {
     fn sub(a: Self, b: Self) -> Self {
         Plain::map(a, b, |x, y| x - y)
     }
+    #[inline(always)]
+    fn sum(self) -> f32 {
+        self.0.iter().sum()
+    }
 }
 
 /// One AVX-512 register.
@@ -116,6 +123,11 @@ impl Lanes for Avx512 {
     fn sub(a: Self, b: Self) -> Self {
         // SAFETY: a value exists, so the CPU has AVX-512 F.
         Avx512(unsafe { _mm512_sub_ps(a.0, b.0) })
+    }
+    #[inline(always)]
+    fn sum(self) -> f32 {
+        // SAFETY: a value exists, so the CPU has AVX-512 F.
+        unsafe { _mm512_reduce_add_ps(self.0) }
     }
 }
 
@@ -164,5 +176,15 @@ impl Lanes for Avx2 {
     fn sub(a: Self, b: Self) -> Self {
         // SAFETY: a value exists, so the CPU has AVX2 and FMA.
         unsafe { Avx2(_mm256_sub_ps(a.0, b.0), _mm256_sub_ps(a.1, b.1)) }
+    }
+    #[inline(always)]
+    fn sum(self) -> f32 {
+        // SAFETY: a value exists, so the CPU has AVX2 and FMA.
+        unsafe {
+            let v = _mm256_add_ps(self.0, self.1);
+            let h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+            let h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+            _mm_cvtss_f32(_mm_add_ss(h, _mm_shuffle_ps::<1>(h, h)))
+        }
     }
 }
