@@ -6,26 +6,43 @@ use super::vector::dot;
 use crate::backend::{AttnArgs, MlaArgs, RopeArgs};
 use std::cell::RefCell;
 
+/// RoPE on `n_tokens` rows of x in place: each pair's angle, cosine and
+/// sine once per token for all its heads; the tokens in parallel when
+/// each one's heads lie within its own row (`token_stride`).
 pub fn rope(x: &mut [f32], inv_freq: &[f32], a: RopeArgs) {
     let half = a.rot_dim / 2;
-    for t in 0..a.n_tokens {
+    let token = |t: usize, row: &mut [f32]| {
         let pos = (a.pos0 + t) as f32;
+        let cs: Vec<(f32, f32)> = inv_freq[..half]
+            .iter()
+            .map(|f| {
+                let (s, c) = (pos * f).sin_cos();
+                (c * a.mscale, s * a.mscale)
+            })
+            .collect();
         for h in 0..a.n_heads {
-            let base = t * a.token_stride + h * a.head_stride + a.rot_off;
-            for (j, f) in inv_freq[..half].iter().enumerate() {
-                let ang = pos * f;
-                let (s, c) = ang.sin_cos();
-                let (c, s) = (c * a.mscale, s * a.mscale);
+            let base = h * a.head_stride + a.rot_off;
+            for (j, &(c, s)) in cs.iter().enumerate() {
                 let (i0, i1) = if a.interleaved {
                     (2 * j, 2 * j + 1)
                 } else {
                     (j, j + half)
                 };
-                let x0 = x[base + i0];
-                let x1 = x[base + i1];
-                x[base + i0] = x0 * c - x1 * s;
-                x[base + i1] = x1 * c + x0 * s;
+                let x0 = row[base + i0];
+                let x1 = row[base + i1];
+                row[base + i0] = x0 * c - x1 * s;
+                row[base + i1] = x1 * c + x0 * s;
             }
+        }
+    };
+    // The elements of a token's heads, from the start of its row.
+    let span = a.n_heads.saturating_sub(1) * a.head_stride + a.rot_off + a.rot_dim;
+    let rows = a.n_tokens * a.token_stride;
+    if a.n_tokens > 1 && a.token_stride >= span && x.len() >= rows {
+        crate::parallel::for_each_chunk(&mut x[..rows], a.token_stride, token);
+    } else {
+        for t in 0..a.n_tokens {
+            token(t, &mut x[t * a.token_stride..]);
         }
     }
 }
