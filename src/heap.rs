@@ -14,9 +14,9 @@
 /// Keep freed blocks of up to 32 MiB (more than any buffer of a
 /// 512-token chunk) in the process's heap rather than returning them to
 /// the kernel (glibc's `M_MMAP_THRESHOLD` at 32 MiB, which also stops it
-/// from moving with the sizes freed, and no trimming of the heap's top). The resident
-/// memory then stays at its peak between passes, which is what an
-/// inference process holds anyway. The `moeflux` binary calls it at
+/// from moving with the sizes freed, and no trimming of the heap's top).
+/// The resident memory then stays at its peak between passes, which is
+/// what an inference process holds anyway. The `moeflux` binary calls it at
 /// start; a program that embeds the library may too. Returns whether the
 /// allocator took the settings (false where the C library is not glibc).
 pub fn retain_freed_memory() -> bool {
