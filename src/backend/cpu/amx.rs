@@ -21,14 +21,14 @@
 //! each load of B and give the tile unit four independent products a
 //! group: tiles are not renamed, so with one row tile each
 //! group's loads waited for the previous group's products. A 4-bit
-//! block's levels are in `Order::Blocks` (its even columns, then its odd
-//! ones), so x needs no other permutation.
+//! block's levels are unpacked as its even columns, then its odd ones;
+//! `tile_x` lays out x's columns in that order.
 //!
 //! The tile instructions are written as inline assembly (their intrinsics
 //! are not stable Rust); the kernel is generic over [`TileOps`] so that
 //! the tests run it on an emulation of the tiles on machines without AMX.
 
-use super::qmatvec::{QuantMat, QuantX};
+use super::qmatvec::{Order, QuantMat, QuantX};
 use std::arch::x86_64::*;
 use std::cell::RefCell;
 use std::sync::OnceLock;
@@ -88,39 +88,49 @@ pub(crate) struct Tiled {
 }
 
 /// The tiles of x `[n, cols]` from its 16-bit levels `xq` (in
-/// `Order::Blocks`) and group sums.
+/// `Order::Natural`: each block's columns are put here in the order in
+/// which `unpack_group` lays out the weights) and group sums. Blocks of
+/// token tiles in parallel.
 pub(crate) fn tile_x(m: &QuantMat, xq: &QuantX, xsum: &[f32], n: usize) -> Tiled {
+    debug_assert_eq!(xq.order, Order::Natural);
     let (cols, groups) = (m.cols, m.groups());
     let blocks = cols / TK;
     let tiles = n.div_ceil(TT);
     let mid = ((1u32 << m.bits) - 1) as f32 / 2.0;
+    // The column of a block at each place of its A tile rows: a 4-bit
+    // block's even columns, then its odd ones.
+    let at: [usize; TK] = std::array::from_fn(|p| match m.bits {
+        4 => (p % 32) * 2 + p / 32,
+        _ => p,
+    });
     let mut b = crate::parallel::zeros(tiles * blocks * 2 * TK * TT);
-    let mut lanes = vec![0.0f32; tiles * groups * 3 * TT];
-    crate::parallel::for_each_chunk2(
-        &mut b,
-        blocks * 2 * TK * TT,
-        &mut lanes,
-        groups * 3 * TT,
-        |tt, bt, lt| {
-            for u in 0..TT.min(n - tt * TT) {
-                let t = tt * TT + u;
-                let q = &xq.q[t * cols..(t + 1) * cols];
-                for (kb, bb) in bt.chunks_exact_mut(2 * TK * TT).enumerate() {
-                    let (hi, lo) = bb.split_at_mut(TK * TT);
-                    for (p, &v) in q[kb * TK..(kb + 1) * TK].iter().enumerate() {
-                        let at = (p / 4) * 4 * TT + 4 * u + p % 4;
-                        hi[at] = (v >> 8) as u8;
-                        lo[at] = v as u8;
-                    }
-                }
-                for (g, lg) in lt.chunks_exact_mut(3 * TT).enumerate() {
-                    lg[u] = xq.scale[t * groups + g];
-                    lg[TT + u] = xsum[t * groups + g];
-                    lg[2 * TT + u] = mid * xq.resid[t * groups + g];
-                }
+    crate::parallel::for_each_chunk(&mut b, 2 * TK * TT, |i, bb| {
+        let (tt, kb) = (i / blocks, i % blocks);
+        let (hi, lo) = bb.split_at_mut(TK * TT);
+        for u in 0..TT.min(n - tt * TT) {
+            let t = tt * TT + u;
+            let q = &xq.q[t * cols + kb * TK..][..TK];
+            // Row j of B: columns at[4j..4j + 4] of every token, 4 bytes
+            // a token.
+            for j in 0..TK / 4 {
+                let v: [i16; 4] = std::array::from_fn(|k| q[at[4 * j + k]]);
+                let o = (j * TT + u) * 4;
+                hi[o..o + 4].copy_from_slice(&v.map(|x| (x >> 8) as u8));
+                lo[o..o + 4].copy_from_slice(&v.map(|x| x as u8));
             }
-        },
-    );
+        }
+    });
+    let mut lanes = vec![0.0f32; tiles * groups * 3 * TT];
+    crate::parallel::for_each_chunk(&mut lanes, groups * 3 * TT, |tt, lt| {
+        for u in 0..TT.min(n - tt * TT) {
+            let t = tt * TT + u;
+            for (g, lg) in lt.chunks_exact_mut(3 * TT).enumerate() {
+                lg[u] = xq.scale[t * groups + g];
+                lg[TT + u] = xsum[t * groups + g];
+                lg[2 * TT + u] = mid * xq.resid[t * groups + g];
+            }
+        }
+    });
     Tiled {
         n,
         blocks,

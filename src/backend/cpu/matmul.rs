@@ -324,9 +324,10 @@ fn prepare<'a>(kernel: Kernel, mat: &Mat, x: &'a [f32], n: usize, cols: usize) -
                     let plan = (kernel != Kernel::Amx && n >= MIN_TOKENS)
                         .then(|| Plan::new(q))
                         .flatten();
-                    let order = match kernel == Kernel::Amx || plan.is_some() {
-                        true => Order::Blocks,
-                        false => Order::Words,
+                    let order = match (kernel, &plan) {
+                        (Kernel::Amx, _) => Order::Natural,
+                        (_, Some(_)) => Order::Blocks,
+                        _ => Order::Words,
                     };
                     acts.xq = super::vnni::quantize_x(acts.x, &acts.xsum, cols, q.group_size, q.bits, order);
                     if kernel == Kernel::Amx {

@@ -269,6 +269,9 @@ pub(crate) enum Order {
     /// tile kernel (`vnni`) reads this: a chunk's level `k` is one shift and
     /// one mask of the words, with no widening.
     Words,
+    /// Columns as they are: the AMX kernel places them itself as it lays
+    /// x out in tiles (`amx::tile_x`).
+    Natural,
 }
 
 impl Order {
@@ -279,6 +282,7 @@ impl Order {
         let (span, unit) = match self {
             Order::Blocks => (32 * per, per),
             Order::Words => (64 * per, 2 * per),
+            Order::Natural => return,
         };
         if unit == 1 {
             return;

@@ -85,7 +85,10 @@ impl TileOps for Emu {
 /// The kernel on emulated tiles.
 fn emulated(m: &QuantMat, a: &Acts, r0: usize, out: &mut [f32]) {
     assert!(quant_supported(m));
-    let xa = tile_x(m, &a.xq, &a.xsum, a.n);
+    // The kernel reads x's levels in natural order (the test's `a` has
+    // them in `Order::Blocks`, as the VNNI tiles read them).
+    let xq = crate::backend::cpu::vnni::quantize_x(a.x, &a.xsum, m.cols, m.group_size, m.bits, Order::Natural);
+    let xa = tile_x(m, &xq, &a.xsum, a.n);
     // SAFETY: the sizes match and `xa` is x laid out for this layout; the
     // tiles are emulated.
     unsafe { quant_rows_on(&mut Emu::new(), m, &xa, r0, out) };
