@@ -20,9 +20,9 @@
 //! (tmm3, tmm4; tmm6, tmm7) is 16 rows × 16 tokens. Two row tiles share
 //! each load of B and give the tile unit four independent products a
 //! group: tiles are not renamed, so with one row tile each
-//! group's loads waited for the previous group's products. A 4-bit
-//! block's levels are unpacked as its even columns, then its odd ones;
-//! `tile_x` lays out x's columns in that order.
+//! group's loads waited for the previous group's products. Levels and x
+//! are both in natural column order (a 4-bit byte is widened to a word
+//! whose two bytes take its two levels), so x needs no permutation.
 //!
 //! The tile instructions are written as inline assembly (their intrinsics
 //! are not stable Rust); the kernel is generic over [`TileOps`] so that
@@ -88,21 +88,14 @@ pub(crate) struct Tiled {
 }
 
 /// The tiles of x `[n, cols]` from its 16-bit levels `xq` (in
-/// `Order::Natural`: each block's columns are put here in the order in
-/// which `unpack_group` lays out the weights) and group sums. Blocks of
-/// token tiles in parallel.
+/// `Order::Natural`, as `unpack_group` lays out the weights) and group
+/// sums. Blocks of token tiles in parallel.
 pub(crate) fn tile_x(m: &QuantMat, xq: &QuantX, xsum: &[f32], n: usize) -> Tiled {
     debug_assert_eq!(xq.order, Order::Natural);
     let (cols, groups) = (m.cols, m.groups());
     let blocks = cols / TK;
     let tiles = n.div_ceil(TT);
     let mid = ((1u32 << m.bits) - 1) as f32 / 2.0;
-    // The column of a block at each place of its A tile rows: a 4-bit
-    // block's even columns, then its odd ones.
-    let at: [usize; TK] = std::array::from_fn(|p| match m.bits {
-        4 => (p % 32) * 2 + p / 32,
-        _ => p,
-    });
     let mut b = crate::parallel::zeros(tiles * blocks * 2 * TK * TT);
     crate::parallel::for_each_chunk(&mut b, 2 * TK * TT, |i, bb| {
         let (tt, kb) = (i / blocks, i % blocks);
@@ -110,10 +103,10 @@ pub(crate) fn tile_x(m: &QuantMat, xq: &QuantX, xsum: &[f32], n: usize) -> Tiled
         for u in 0..TT.min(n - tt * TT) {
             let t = tt * TT + u;
             let q = &xq.q[t * cols + kb * TK..][..TK];
-            // Row j of B: columns at[4j..4j + 4] of every token, 4 bytes
-            // a token.
-            for j in 0..TK / 4 {
-                let v: [i16; 4] = std::array::from_fn(|k| q[at[4 * j + k]]);
+            // Row j of B: columns 4j..4j + 4 of every token, 4 bytes a
+            // token.
+            for (j, v) in q.chunks_exact(4).enumerate() {
+                let v: [i16; 4] = [v[0], v[1], v[2], v[3]];
                 let o = (j * TT + u) * 4;
                 hi[o..o + 4].copy_from_slice(&v.map(|x| (x >> 8) as u8));
                 lo[o..o + 4].copy_from_slice(&v.map(|x| x as u8));
@@ -356,16 +349,15 @@ fn mask16(len: usize) -> __mmask16 {
 }
 
 /// Group `g` of rows `r0..r0 + live` (live ≤ 32) as bytes into `w`: A
-/// tiles `[blocks of the group, 2, 16, 64]`, a 4-bit block's even columns
-/// then its odd ones; rows past `live` zero. The same columns of the next
-/// pair of row tiles (`ahead` rows remain after these) are asked for
-/// meanwhile, into L2.
+/// tiles `[blocks of the group, 2, 16, 64]`, columns in natural order;
+/// rows past `live` zero. The same columns of the next pair of row tiles
+/// (`ahead` rows remain after these) are asked for meanwhile, into L2.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
 unsafe fn unpack_group(m: &QuantMat, r0: usize, live: usize, g: usize, ahead: usize, w: &mut [Line]) {
     let rb = m.row_bytes();
     let per_group = m.group_size / TK;
     let gb = m.group_size * m.bits / 8;
-    let nib = _mm256_set1_epi8(0x0F);
+    let nib = _mm512_set1_epi8(0x0F);
     let base = m.weight.as_ptr().add(r0 * rb + g * gb);
     // The next pair's rows, a line at a time.
     if (g * gb).is_multiple_of(64) {
@@ -383,10 +375,12 @@ unsafe fn unpack_group(m: &QuantMat, r0: usize, live: usize, g: usize, ahead: us
                 let v = _mm512_loadu_si512(base.add(i * rb + j * TK) as *const _);
                 _mm512_store_si512(d as *mut _, v);
             } else {
-                let v = _mm256_loadu_si256(base.add(i * rb + j * TK / 2) as *const __m256i);
-                let lo = _mm256_and_si256(v, nib);
-                let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), nib);
-                _mm512_store_si512(d as *mut _, _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi));
+                // Each byte widened to a word: its low level stays in the
+                // word's low byte, its high level is shifted into the high
+                // byte, and the rest masked off: the 64 levels in order.
+                let v = _mm512_cvtepu8_epi16(_mm256_loadu_si256(base.add(i * rb + j * TK / 2) as *const __m256i));
+                let w = _mm512_ternarylogic_epi32::<0xA8>(v, _mm512_slli_epi16::<4>(v), nib);
+                _mm512_store_si512(d as *mut _, w);
             }
         }
     }

@@ -269,8 +269,8 @@ pub(crate) enum Order {
     /// tile kernel (`vnni`) reads this: a chunk's level `k` is one shift and
     /// one mask of the words, with no widening.
     Words,
-    /// Columns as they are: the AMX kernel places them itself as it lays
-    /// x out in tiles (`amx::tile_x`).
+    /// Columns as they are, the order in which the AMX kernel unpacks its
+    /// weights (`amx::tile_x`).
     Natural,
 }
 
