@@ -33,6 +33,12 @@ use std::arch::x86_64::*;
 use std::cell::RefCell;
 use std::sync::OnceLock;
 
+/// The bytes of B tiles (x) that a task walks with each pair of row
+/// tiles: a quarter of a 2 MiB L2, so that they stay there from one pair
+/// to the next (at 512 tokens and 2048 columns all of x's tiles are 2
+/// MiB, and were read from L3 by every pair).
+const B_BLOCK_BYTES: usize = 512 << 10;
+
 /// Tokens from which a product takes this kernel.
 pub(crate) const MIN_TOKENS: usize = 4;
 
@@ -250,7 +256,7 @@ impl TileOps for Amx {
 struct Scratch {
     w: Vec<Line>,
     sc: Vec<f32>,
-    acc: Vec<[f32; TT]>,
+    acc: Vec<Row>,
 }
 
 /// 64 bytes on a cache line of their own: a tile row, loaded and stored
@@ -263,29 +269,55 @@ thread_local! {
     static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
 }
 
-/// Rows `r0..` into `out` `[rows, n]` on the tile unit.
+/// Where the kernel writes its results: row `r` of the matrix for token
+/// `t` at `p[t * ld + r]` (y `[n, ld]`, the layout products return).
+/// Tasks write disjoint rows of it.
+#[derive(Clone, Copy)]
+pub(crate) struct TokenRows {
+    pub p: *mut f32,
+    pub ld: usize,
+}
+
+// SAFETY: a pointer handed to tasks that write disjoint rows.
+unsafe impl Send for TokenRows {}
+unsafe impl Sync for TokenRows {}
+
+/// Rows `r0..r0 + rows` of every token into `out` on the tile unit.
 ///
 /// # Safety
 /// `available()` must hold, `m` must come from `Mat::new` (sizes
 /// checked) with `quant_supported(m)`, `xa` must be `tile_x` of `m`'s
-/// layout over `n` tokens, and `r0 + out.len()/n` must not pass `m`'s rows.
-pub(crate) unsafe fn quant_rows(m: &QuantMat, xa: &Tiled, r0: usize, out: &mut [f32]) {
-    quant_rows_on(&mut Amx, m, xa, r0, out)
+/// layout over `n` tokens, `r0 + rows` must not pass `m`'s rows nor
+/// `out.ld`, `out.p` must hold `n · out.ld` floats, and no other thread
+/// may touch these rows of it meanwhile.
+pub(crate) unsafe fn quant_rows(m: &QuantMat, xa: &Tiled, r0: usize, rows: usize, out: TokenRows) {
+    quant_rows_on(&mut Amx, m, xa, r0, rows, out, B_BLOCK_BYTES)
 }
 
-/// [`quant_rows`] on the tile operations `ops`.
+/// [`quant_rows`] on the tile operations `ops`, with blocks of token
+/// tiles of at most `block_bytes` of B (at least one tile).
 ///
 /// Pairs of row tiles one after another; for each, group by group: the
 /// group's levels of the 32 rows are unpacked into a 2 KiB block (per 64
-/// columns) that stays in L1, then multiplied by every token tile. The
-/// weights are read from memory once, as they are multiplied, and the
-/// unpacked levels never leave L1.
+/// columns) that stays in L1, then multiplied by every token tile of a
+/// block of them (all of them up to 128 tokens at 2048 columns). The
+/// weights are read from memory once, as they are multiplied (for later
+/// blocks of tokens, again from L2), and the unpacked levels never leave
+/// L1. A pair's sums for a token tile are turned in registers and
+/// written as each token's 32 rows.
 ///
 /// # Safety
 /// As for `quant_rows`, `available()` only where `ops` is the tile unit.
-pub(crate) unsafe fn quant_rows_on<O: TileOps>(ops: &mut O, m: &QuantMat, xa: &Tiled, r0: usize, out: &mut [f32]) {
+pub(crate) unsafe fn quant_rows_on<O: TileOps>(
+    ops: &mut O,
+    m: &QuantMat,
+    xa: &Tiled,
+    r0: usize,
+    rows: usize,
+    out: TokenRows,
+    block_bytes: usize,
+) {
     let n = xa.n;
-    let rows = out.len() / n;
     let (groups, per_group) = (xa.groups, m.group_size / TK);
     let tiles = n.div_ceil(TT);
     SCRATCH.with(|s| {
@@ -293,31 +325,92 @@ pub(crate) unsafe fn quant_rows_on<O: TileOps>(ops: &mut O, m: &QuantMat, xa: &T
         let Scratch { w, sc, acc } = &mut *s;
         w.resize(per_group * 2 * TR, Line([0; 64]));
         sc.resize(rows * 2 * groups, 0.0);
-        acc.resize(tiles * 2 * TR, [0.0; TT]);
+        // Token tiles in blocks whose B tiles stay in L2 while every pair
+        // of the task's rows passes through them.
+        let tblock = (block_bytes / (xa.blocks * 2 * TK * TT)).clamp(1, tiles);
+        acc.resize(tblock * 2 * TR, Row([0.0; TT]));
         scales(m, r0, rows, sc);
         let mut c = Sums([[0; TT]; 2 * TR], [[0; TT]; 2 * TR]);
         ops.config();
-        for p0 in (0..rows).step_by(2 * TR) {
-            let live = (rows - p0).min(2 * TR);
-            let sc = &sc[p0 * 2 * groups..];
-            acc.fill([0.0; TT]);
-            for g in 0..groups {
-                unpack_group(m, r0 + p0, live, g, rows - p0 - live, w);
-                for tt in 0..tiles {
-                    products(ops, xa, tt, g, w);
-                    ops.store_c(c.0.as_mut_ptr() as *mut i32, c.1.as_mut_ptr() as *mut i32);
-                    scale(xa, tt, g, sc, live, &c, &mut acc[tt * 2 * TR..][..2 * TR]);
+        for t0 in (0..tiles).step_by(tblock) {
+            let t1 = (t0 + tblock).min(tiles);
+            for p0 in (0..rows).step_by(2 * TR) {
+                let live = (rows - p0).min(2 * TR);
+                let sc = &sc[p0 * 2 * groups..];
+                acc.fill(Row([0.0; TT]));
+                for g in 0..groups {
+                    unpack_group(m, r0 + p0, live, g, rows - p0 - live, w);
+                    for tt in t0..t1 {
+                        products(ops, xa, tt, g, w);
+                        ops.store_c(c.0.as_mut_ptr() as *mut i32, c.1.as_mut_ptr() as *mut i32);
+                        scale(xa, tt, g, sc, live, &c, &mut acc[(tt - t0) * 2 * TR..][..2 * TR]);
+                    }
                 }
-            }
-            for tt in 0..tiles {
-                let tn = TT.min(n - tt * TT);
-                for (r, a) in acc[tt * 2 * TR..][..live].iter().enumerate() {
-                    out[(p0 + r) * n + tt * TT..][..tn].copy_from_slice(&a[..tn]);
+                for tt in t0..t1 {
+                    let tn = TT.min(n - tt * TT);
+                    let at = out.p.add(tt * TT * out.ld + r0 + p0);
+                    write_tokens(&acc[(tt - t0) * 2 * TR..][..2 * TR], live, tn, at, out.ld);
                 }
             }
         }
         ops.release();
     });
+}
+
+/// 16 floats on a cache line of their own: one row's sums for a token
+/// tile.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Row([f32; TT]);
+
+/// A pair of row tiles' sums for one token tile (`acc` `[32 rows, 16
+/// tokens]`) as `tn` tokens' first `live` rows: token `u`'s at `at + u ·
+/// ld`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn write_tokens(acc: &[Row], live: usize, tn: usize, at: *mut f32, ld: usize) {
+    for h in 0..2 {
+        if live <= h * TR {
+            break;
+        }
+        let mask = mask16(live - h * TR);
+        let mut r: [__m512; 16] = std::array::from_fn(|i| _mm512_load_ps(acc[h * TR + i].0.as_ptr()));
+        transpose16(&mut r);
+        for (u, v) in r.iter().enumerate().take(tn) {
+            _mm512_mask_storeu_ps(at.add(u * ld + h * TR), mask, *v);
+        }
+    }
+}
+
+/// `r` (16 rows of 16 floats) transposed in registers.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn transpose16(r: &mut [__m512; 16]) {
+    // Within each 128-bit lane k: t[2i] = rows 2i, 2i+1 at columns 4k and
+    // 4k + 1 interleaved; t[2i + 1] at 4k + 2 and 4k + 3.
+    let t: [__m512; 16] = std::array::from_fn(|i| match i % 2 {
+        0 => _mm512_unpacklo_ps(r[i], r[i + 1]),
+        _ => _mm512_unpackhi_ps(r[i - 1], r[i]),
+    });
+    // r[4j + m], lane k: column 4k + m of rows 4j..4j + 4.
+    for j in 0..4 {
+        let (a, b) = (_mm512_castps_pd(t[4 * j]), _mm512_castps_pd(t[4 * j + 1]));
+        let (c, d) = (_mm512_castps_pd(t[4 * j + 2]), _mm512_castps_pd(t[4 * j + 3]));
+        r[4 * j] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+        r[4 * j + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+        r[4 * j + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
+        r[4 * j + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
+    }
+    // Column 4k + m: lane k of r[m], r[4 + m], r[8 + m], r[12 + m].
+    let q = *r;
+    for m in 0..4 {
+        let u0 = _mm512_shuffle_f32x4::<0x88>(q[m], q[4 + m]);
+        let u1 = _mm512_shuffle_f32x4::<0xDD>(q[m], q[4 + m]);
+        let u2 = _mm512_shuffle_f32x4::<0x88>(q[8 + m], q[12 + m]);
+        let u3 = _mm512_shuffle_f32x4::<0xDD>(q[8 + m], q[12 + m]);
+        r[m] = _mm512_shuffle_f32x4::<0x88>(u0, u2);
+        r[8 + m] = _mm512_shuffle_f32x4::<0xDD>(u0, u2);
+        r[4 + m] = _mm512_shuffle_f32x4::<0x88>(u1, u3);
+        r[12 + m] = _mm512_shuffle_f32x4::<0xDD>(u1, u3);
+    }
 }
 
 /// The scales and biases of rows `r0..r0 + rows` as f32, `[rows, 2,
@@ -411,7 +504,7 @@ unsafe fn products<O: TileOps>(ops: &mut O, xa: &Tiled, tt: usize, g: usize, w: 
 /// first row; `live` rows), added to `acc[row][token]`: per row, `s·(xs·c
 /// + m·resid) + b·Σx`, 16 tokens at once.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-unsafe fn scale(xa: &Tiled, tt: usize, g: usize, sc: &[f32], live: usize, c: &Sums, acc: &mut [[f32; TT]]) {
+unsafe fn scale(xa: &Tiled, tt: usize, g: usize, sc: &[f32], live: usize, c: &Sums, acc: &mut [Row]) {
     let groups = xa.groups;
     let lg = xa.lanes.as_ptr().add((tt * groups + g) * 3 * TT);
     let (xs, xsum, mres) = (
@@ -426,8 +519,11 @@ unsafe fn scale(xa: &Tiled, tt: usize, g: usize, sc: &[f32], live: usize, c: &Su
         );
         let u = _mm512_fmadd_ps(_mm512_cvtepi32_ps(c), xs, mres);
         let p = sc.as_ptr().add(r * 2 * groups + g);
-        let v = _mm512_fmadd_ps(_mm512_set1_ps(*p), u, _mm512_loadu_ps(a.as_ptr()));
-        _mm512_storeu_ps(a.as_mut_ptr(), _mm512_fmadd_ps(_mm512_set1_ps(*p.add(groups)), xsum, v));
+        let v = _mm512_fmadd_ps(_mm512_set1_ps(*p), u, _mm512_load_ps(a.0.as_ptr()));
+        _mm512_store_ps(
+            a.0.as_mut_ptr(),
+            _mm512_fmadd_ps(_mm512_set1_ps(*p.add(groups)), xsum, v),
+        );
     }
 }
 

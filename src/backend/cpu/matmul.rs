@@ -216,16 +216,17 @@ pub fn linear_set_with(kernel: Kernel, ps: &mut [Product]) -> Result<()> {
     });
     let acts: Vec<Prepared> = acts.into_iter().flatten().collect();
     // Tasks: at least TASK_BYTES of weights each, about eight per thread
-    // over the whole set. One token writes y directly; several go through
-    // [rows, n] and a transpose.
+    // over the whole set.
     let cost = |p: &Product, m: &Mat| p.w.rows * m.row_bytes() * p.n.div_ceil(4);
     let total: usize = ps.iter().zip(&mats).map(|(p, m)| cost(p, m)).sum();
     let task_bytes = (total / (8 * rayon::current_num_threads())).max(TASK_BYTES);
-    let mut scratch: Vec<Vec<f32>> = ps
-        .iter()
-        .map(|p| crate::parallel::zeros(if p.n > 1 { p.w.rows * p.n } else { 0 }))
+    // Several tokens go through [rows, n] and a transpose, except on the
+    // tile unit, which writes y's rows itself.
+    let direct = |i: usize| ps[i].n == 1 || kernels[i] == Kernel::Amx;
+    let mut scratch: Vec<Vec<f32>> = (0..ps.len())
+        .map(|i| crate::parallel::zeros(if direct(i) { 0 } else { ps[i].w.rows * ps[i].n }))
         .collect();
-    let mut tasks: Vec<(usize, usize, &mut [f32])> = Vec::new();
+    let mut tasks: Vec<Task> = Vec::new();
     for (i, (p, s)) in ps.iter_mut().zip(scratch.iter_mut()).enumerate() {
         let (rows, cols, n) = (p.w.rows, p.w.cols, p.n);
         if n == 0 || rows == 0 {
@@ -235,7 +236,6 @@ pub fn linear_set_with(kernel: Kernel, ps: &mut [Product]) -> Result<()> {
             p.y[..n * rows].fill(0.0);
             continue;
         }
-        let out: &mut [f32] = if n == 1 { &mut p.y[..rows] } else { s };
         let row_cost = mats[i].row_bytes() * n.div_ceil(4);
         let mut block = (task_bytes / row_cost.max(1)).clamp(1, rows);
         if kernels[i] == Kernel::Amx {
@@ -243,16 +243,34 @@ pub fn linear_set_with(kernel: Kernel, ps: &mut [Product]) -> Result<()> {
             // least two of them: within a task the next pair's rows are
             // read ahead while a pair is multiplied.
             block = block.max(AMX_TASK_ROWS).next_multiple_of(32).min(rows);
+            #[cfg(target_arch = "x86_64")]
+            if n > 1 {
+                let y = super::amx::TokenRows {
+                    p: p.y.as_mut_ptr(),
+                    ld: rows,
+                };
+                tasks.extend((0..rows).step_by(block).map(|r0| Task {
+                    i,
+                    r0,
+                    out: Out::Tokens(y, block.min(rows - r0)),
+                }));
+                continue;
+            }
         }
-        tasks.extend(out.chunks_mut(block * n).enumerate().map(|(bi, o)| (i, bi * block, o)));
+        let out: &mut [f32] = if n == 1 { &mut p.y[..rows] } else { s };
+        tasks.extend(out.chunks_mut(block * n).enumerate().map(|(bi, o)| Task {
+            i,
+            r0: bi * block,
+            out: Out::Rows(o),
+        }));
     }
-    crate::parallel::for_each_mut(&mut tasks, |(i, r0, o)| {
-        rows_into(kernels[*i], &mats[*i], &acts[act_of[*i]], *r0, o)
+    crate::parallel::for_each_mut(&mut tasks, |t| {
+        rows_into(kernels[t.i], &mats[t.i], &acts[act_of[t.i]], t.r0, &mut t.out)
     });
     // [rows, n] → y [n, rows], the tokens in parallel (serial, this
     // took a large share of a 16-thread prefill product).
     for (p, s) in ps.iter_mut().zip(&scratch) {
-        if p.n > 1 && p.w.cols > 0 {
+        if p.n > 1 && p.w.cols > 0 && !s.is_empty() {
             let (rows, n) = (p.w.rows, p.n);
             crate::parallel::for_each_chunk(&mut p.y[..n * rows], rows, |t, yt| {
                 for (r, y) in yt.iter_mut().enumerate() {
@@ -262,6 +280,21 @@ pub fn linear_set_with(kernel: Kernel, ps: &mut [Product]) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Rows `r0..` of product `i`, and where they go.
+struct Task<'a> {
+    i: usize,
+    r0: usize,
+    out: Out<'a>,
+}
+
+/// A task's output: `[rows, n]` (y itself for one token), or (on the tile
+/// unit) this many rows of y `[n, rows]` in place.
+enum Out<'a> {
+    Rows(&'a mut [f32]),
+    #[cfg(target_arch = "x86_64")]
+    Tokens(super::amx::TokenRows, usize),
 }
 
 /// What makes two products' prepared activations the same.
@@ -363,8 +396,21 @@ fn permuted(kernel: Kernel, q: &qmatvec::QuantMat, x: &[f32]) -> Vec<f32> {
 
 /// Rows `r0..r0 + out.len()/n` into `out` `[rows, n]` with `kernel`, as
 /// chosen by `Kernel::for_product`.
-fn rows_into(kernel: Kernel, mat: &Mat, p: &Prepared, r0: usize, out: &mut [f32]) {
+fn rows_into(kernel: Kernel, mat: &Mat, p: &Prepared, r0: usize, out: &mut Out) {
     let a = &p.acts;
+    let out: &mut [f32] = match out {
+        Out::Rows(o) => o,
+        #[cfg(target_arch = "x86_64")]
+        Out::Tokens(y, rows) => {
+            if let (Mat::Quant(q), Tiles::Amx(xa)) = (mat, &p.tiles) {
+                // SAFETY: `for_product` chose the tile unit for a layout
+                // it takes, `prepare` laid x out as its tiles, and this
+                // task's rows of y are its alone.
+                unsafe { super::amx::quant_rows(q, xa, r0, *rows, *y) };
+            }
+            return;
+        }
+    };
     match (kernel, mat) {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as below; `for_product` chose this kernel for a layout
@@ -372,9 +418,10 @@ fn rows_into(kernel: Kernel, mat: &Mat, p: &Prepared, r0: usize, out: &mut [f32]
         // the tiles it made).
         (Kernel::Amx | Kernel::Avx512Vnni, Mat::Quant(q)) => unsafe {
             match &p.tiles {
-                Tiles::Amx(xa) => super::amx::quant_rows(q, xa, r0, out),
                 Tiles::Vnni(xt) => super::vnni_gemm::quant_rows(q, xt, a.n, r0, out),
                 Tiles::None => super::vnni::quant_rows(q, a, r0, out),
+                // The tile unit writes y in place (`Out::Tokens`).
+                Tiles::Amx(_) => unreachable!("tile products have no [rows, n] output"),
             }
         },
         #[cfg(target_arch = "x86_64")]

@@ -82,16 +82,29 @@ impl TileOps for Emu {
     }
 }
 
-/// The kernel on emulated tiles.
-fn emulated(m: &QuantMat, a: &Acts, r0: usize, out: &mut [f32]) {
-    assert!(quant_supported(m));
-    // The kernel reads x's levels in natural order (the test's `a` has
-    // them in `Order::Blocks`, as the VNNI tiles read them).
-    let xq = crate::backend::cpu::vnni::quantize_x(a.x, &a.xsum, m.cols, m.group_size, m.bits, Order::Natural);
-    let xa = tile_x(m, &xq, &a.xsum, a.n);
-    // SAFETY: the sizes match and `xa` is x laid out for this layout; the
-    // tiles are emulated.
-    unsafe { quant_rows_on(&mut Emu::new(), m, &xa, r0, out) };
+/// The kernel on emulated tiles, with blocks of token tiles of at most
+/// `block_bytes` of B, its output `[n, rows]` turned into `out` `[rows,
+/// n]` (rows `r0..`).
+fn emulated(block_bytes: usize) -> impl FnMut(&QuantMat, &Acts, usize, &mut [f32]) {
+    move |m, a, r0, out| {
+        assert!(quant_supported(m));
+        // The kernel reads x's levels in natural order (the test's `a` has
+        // them in `Order::Blocks`, as the VNNI tiles read them).
+        let xq = crate::backend::cpu::vnni::quantize_x(a.x, &a.xsum, m.cols, m.group_size, m.bits, Order::Natural);
+        let xa = tile_x(m, &xq, &a.xsum, a.n);
+        let (n, rows) = (a.n, out.len() / a.n);
+        let ld = r0 + rows;
+        let mut y = vec![f32::NAN; n * ld];
+        let to = TokenRows { p: y.as_mut_ptr(), ld };
+        // SAFETY: the sizes match and `xa` is x laid out for this layout;
+        // the tiles are emulated; `y` holds n · ld floats.
+        unsafe { quant_rows_on(&mut Emu::new(), m, &xa, r0, rows, to, block_bytes) };
+        for r in 0..rows {
+            for t in 0..n {
+                out[r * n + t] = y[t * ld + r0 + r];
+            }
+        }
+    }
 }
 
 /// The kernel (on emulated tiles) gives the VNNI tiles' results: the
@@ -108,8 +121,11 @@ fn tile_products_match_the_vnni_kernel() {
         (8, 64, 1280, false),
         (4, 128, 640, false),
     ];
-    check_against_vnni_tiles(9, &layouts, 21, 3, &[4, 16, 19, 35], emulated);
-    check_against_vnni_tiles(13, &layouts[1..3], 75, 5, &[4, 19], emulated);
+    check_against_vnni_tiles(9, &layouts, 21, 3, &[4, 16, 19, 35], emulated(B_BLOCK_BYTES));
+    check_against_vnni_tiles(13, &layouts[1..3], 75, 5, &[4, 19], emulated(B_BLOCK_BYTES));
+    // Blocks of one and of two token tiles.
+    check_against_vnni_tiles(17, &layouts[..2], 40, 2, &[35, 50], emulated(1));
+    check_against_vnni_tiles(19, &layouts[2..], 40, 0, &[50], emulated(4 * 20 * TK * TT));
 }
 
 /// The tile configuration: palette 1, eight tiles of 16 rows × 64 bytes.
