@@ -98,11 +98,11 @@ pub(crate) fn apply(
     // (serial, they were a large share of a 16-thread prefill).
     let mut xs: Vec<Vec<f32>> = vec![Vec::new(); if n > 1 { routed.len() } else { 0 }];
     for_each_chunk(&mut xs, 1, |i, xi| {
-        xi[0] = routed[i]
-            .toks
-            .iter()
-            .flat_map(|&t| x[t * h..(t + 1) * h].iter().copied())
-            .collect()
+        let mut v = Vec::with_capacity(routed[i].toks.len() * h);
+        for &t in &routed[i].toks {
+            v.extend_from_slice(&x[t * h..(t + 1) * h]);
+        }
+        xi[0] = v;
     });
     let input = |i: usize| -> &[f32] {
         match n {
