@@ -199,10 +199,20 @@ fn by_expert<'a>(
     h: usize,
     mats: &[[MatrixView; 3]],
 ) -> Result<Vec<Vec<f32>>> {
+    // The experts with the most tokens first, so that the threads'
+    // last tasks are short ones (the loop hands tasks out in order).
+    let mut order: Vec<usize> = (0..mats.len()).collect();
+    order.sort_by_key(|&i| std::cmp::Reverse(m(i)));
     let mut d: Vec<Result<Vec<f32>>> = (0..mats.len()).map(|_| Ok(Vec::new())).collect();
-    for_each_chunk(&mut d, 1, |i, di| {
+    for_each_chunk(&mut d, 1, |k, dk| {
+        let i = order[k];
         let x = input(i);
-        di[0] = flat(kernel, &|_| x, |_| m(i), inter, h, &mats[i..i + 1]).map(|mut one| one.remove(0));
+        dk[0] = flat(kernel, &|_| x, |_| m(i), inter, h, &mats[i..i + 1]).map(|mut one| one.remove(0));
     });
-    d.into_iter().collect()
+    // Back in expert order.
+    let mut out: Vec<Vec<f32>> = vec![Vec::new(); mats.len()];
+    for (k, dk) in d.into_iter().enumerate() {
+        out[order[k]] = dk?;
+    }
+    Ok(out)
 }
