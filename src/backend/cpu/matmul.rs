@@ -394,19 +394,22 @@ fn permuted(kernel: Kernel, q: &qmatvec::QuantMat, x: &[f32]) -> Vec<f32> {
     Vec::new()
 }
 
-/// Rows `r0..r0 + out.len()/n` into `out` `[rows, n]` with `kernel`, as
-/// chosen by `Kernel::for_product`.
+/// Rows `r0..` into `out` with `kernel`, as chosen by
+/// `Kernel::for_product`: `[rows, n]` (`Out::Rows`, `out.len()/n` rows),
+/// or in place in y (`Out::Tokens`, the tile unit's products).
 fn rows_into(kernel: Kernel, mat: &Mat, p: &Prepared, r0: usize, out: &mut Out) {
     let a = &p.acts;
     let out: &mut [f32] = match out {
         Out::Rows(o) => o,
         #[cfg(target_arch = "x86_64")]
         Out::Tokens(y, rows) => {
-            if let (Mat::Quant(q), Tiles::Amx(xa)) = (mat, &p.tiles) {
+            match (mat, &p.tiles) {
                 // SAFETY: `for_product` chose the tile unit for a layout
                 // it takes, `prepare` laid x out as its tiles, and this
                 // task's rows of y are its alone.
-                unsafe { super::amx::quant_rows(q, xa, r0, *rows, *y) };
+                (Mat::Quant(q), Tiles::Amx(xa)) => unsafe { super::amx::quant_rows(q, xa, r0, *rows, *y) },
+                // Tasks write y in place only for the tile unit's products.
+                _ => unreachable!("an in-place output for a product off the tile unit"),
             }
             return;
         }
