@@ -268,9 +268,10 @@ pub fn linear_set_with(kernel: Kernel, ps: &mut [Product]) -> Result<()> {
         rows_into(kernels[t.i], &mats[t.i], &acts[act_of[t.i]], t.r0, &mut t.out)
     });
     // [rows, n] → y [n, rows], the tokens in parallel (serial, this
-    // took a large share of a 16-thread prefill product).
+    // took a large share of a 16-thread prefill product), for the
+    // products that had a scratch (several tokens, off the tile unit).
     for (p, s) in ps.iter_mut().zip(&scratch) {
-        if p.n > 1 && p.w.cols > 0 && !s.is_empty() {
+        if p.w.cols > 0 && !s.is_empty() {
             let (rows, n) = (p.w.rows, p.n);
             crate::parallel::for_each_chunk(&mut p.y[..n * rows], rows, |t, yt| {
                 for (r, y) in yt.iter_mut().enumerate() {
