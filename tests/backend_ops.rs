@@ -340,12 +340,16 @@ pub fn check_mla<B: Backend>(b: &B) {
 /// Two calls in a row (state carried over), then the final states.
 pub fn check_gated_delta<B: Backend>(b: &B) {
     let mut rng = Rng::new(8);
-    // (Key heads over 128 dimensions take CUDA's delta_scan, up to 128 delta_scan128.)
-    for (hk, hv, dk, dv, kern) in [
-        (2, 4, 16, 8, 4),
-        (1, 1, 32, 32, 1),
-        (2, 2, 8, 16, 2),
-        (1, 2, 160, 20, 3),
+    // (Key heads over 128 dimensions take CUDA's delta_scan, up to 128
+    // delta_scan128; heads of 128 and 128 over 64 tokens or more the
+    // chunked form: two whole chunks and part of a third, then a chunk of
+    // exactly 64.)
+    for (hk, hv, dk, dv, kern, calls) in [
+        (2, 4, 16, 8, 4, [3, 1, 40, 2]),
+        (1, 1, 32, 32, 1, [3, 1, 40, 2]),
+        (2, 2, 8, 16, 2, [3, 1, 40, 2]),
+        (1, 2, 160, 20, 3, [3, 1, 40, 2]),
+        (2, 4, 128, 128, 4, [3, 150, 64, 2]),
     ] {
         let cd = 2 * hk * dk + hv * dv;
         let conv_w = rng.vec(cd * kern, 0.6);
@@ -362,7 +366,7 @@ pub fn check_gated_delta<B: Backend>(b: &B) {
         let (mut conv, mut ssm) = (up(b, &conv0), up(b, &ssm0));
         let mut conv_ref: Vec<f64> = conv0.iter().map(|&v| v as f64).collect();
         let mut ssm_ref: Vec<f64> = ssm0.iter().map(|&v| v as f64).collect();
-        for (call, n) in [3, 1, 40, 2].into_iter().enumerate() {
+        for (call, n) in calls.into_iter().enumerate() {
             let qkv = rng.vec(n * cd, 2.0);
             let (av, bv) = (rng.vec(n * hv, 2.0), rng.vec(n * hv, 2.0));
             let args = DeltaArgs {

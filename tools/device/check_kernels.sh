@@ -15,7 +15,7 @@ check() {
         -include tools/device/clang_shim.h "$tmp/$out.cu" -o "$tmp/$out.ptx"
 }
 # The modules of cuda/compile.rs: the base module, the attention module.
-check all common.cuh matvec.cu matvec_q.cu elementwise.cu attention.cu delta.cu moe.cu moe_routed.cu mma.cuh tensor.cu matvec_tc.cu moe_mt.cu prep.cu
+check all common.cuh matvec.cu matvec_q.cu elementwise.cu attention.cu delta.cu delta_chunk.cu moe.cu moe_routed.cu mma.cuh tensor.cu matvec_tc.cu moe_mt.cu prep.cu
 check attention common.cuh mma.cuh flash.cu
 echo "kernels OK: $(cat "$tmp"/*.ptx | grep -c '^.visible .entry') entries"
 rm -rf "$tmp"

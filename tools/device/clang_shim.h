@@ -3,6 +3,7 @@
 // tools/device/check_kernels.sh.
 #define __global__ __attribute__((global))
 #define __device__ __attribute__((device))
+#define __host__ __attribute__((host))
 #define __shared__ __attribute__((shared))
 #define __constant__ __attribute__((constant))
 #define __forceinline__ __inline__ __attribute__((always_inline))
@@ -27,10 +28,12 @@ __device__ inline float __shfl_xor_sync(unsigned m, float v, int o) { return __n
 __device__ inline int __shfl_xor_sync(unsigned m, int v, int o) { return __nvvm_shfl_sync_bfly_i32(m, v, o, 0x1f); }
 __device__ inline float __shfl_sync(unsigned m, float v, int l) { return __nvvm_shfl_sync_idx_f32(m, v, l, 0x1f); }
 __device__ inline int __shfl_sync(unsigned m, int v, int l) { return __nvvm_shfl_sync_idx_i32(m, v, l, 0x1f); }
+__device__ inline float __shfl_up_sync(unsigned m, float v, int d) { return __nvvm_shfl_sync_up_f32(m, v, d, 0); }
 struct __attribute__((aligned(16))) uint4 { unsigned x, y, z, w; };
 struct __attribute__((aligned(16))) float4 { float x, y, z, w; };
 struct __attribute__((aligned(8))) float2 { float x, y; };
 struct __attribute__((aligned(8))) uint2 { unsigned x, y; };
+__device__ inline void __syncwarp(unsigned m = 0xffffffffu) { __nvvm_bar_warp_sync(m); }
 template <typename T> __device__ inline T __ldg(const T* p) { return *p; }
 #define __align__(n) __attribute__((aligned(n)))
 __device__ inline int min(int a, int b) { return a < b ? a : b; }

@@ -20,13 +20,14 @@ use std::ffi::{c_char, CStr, CString};
 use std::path::PathBuf;
 
 /// The sources of the base module, in the order they are concatenated.
-const SOURCES: [&str; 13] = [
+const SOURCES: [&str; 14] = [
     include_str!("kernels/common.cuh"),
     include_str!("kernels/matvec.cu"),
     include_str!("kernels/matvec_q.cu"),
     include_str!("kernels/elementwise.cu"),
     include_str!("kernels/attention.cu"),
     include_str!("kernels/delta.cu"),
+    include_str!("kernels/delta_chunk.cu"),
     include_str!("kernels/moe.cu"),
     include_str!("kernels/moe_routed.cu"),
     include_str!("kernels/mma.cuh"),

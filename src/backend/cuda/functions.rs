@@ -45,6 +45,8 @@ kernels!(
         delta_step,
         delta_scan,
         delta_scan128,
+        delta_chunk_prep,
+        delta_chunk_scan,
         moe_route,
         moe_route_warp,
         moe_combine,

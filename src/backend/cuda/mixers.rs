@@ -6,6 +6,7 @@
 //! than a handful per sequence.
 
 use super::buf::CudaBuf;
+use super::delta_chunk;
 use super::driver::{Gpu, MAX_GRID_Y, PDL_MAX_TOKENS};
 use super::flash;
 use super::ops::{grid_for, limit, ATT_MAX_DIM, ATT_THREADS};
@@ -233,7 +234,8 @@ pub(crate) fn allow_shared_memory(gpu: &Gpu) -> Result<()> {
     match gpu.cc.0 >= 7 {
         true => {
             gpu.allow_shared_memory(gpu.k.delta_scan, DELTA_SCAN_MAX_SMEM)?;
-            gpu.allow_shared_memory(gpu.k.delta_scan128, DELTA_SCAN_MAX_SMEM)
+            gpu.allow_shared_memory(gpu.k.delta_scan128, DELTA_SCAN_MAX_SMEM)?;
+            delta_chunk::allow_shared_memory(gpu)
         }
         false => Ok(()),
     }
@@ -335,7 +337,7 @@ pub(crate) fn gated_delta_seqs(
     let heads = (a.v_heads as u32, a.v_dim.div_ceil(16) as u32);
     let at = |p: u64, row: usize, w: usize| p + 4 * (row * w) as u64;
     for &((_, hp), s) in parts.iter().filter(|(_, s)| scans(s)) {
-        let gb = CudaBuf::zeroed(gpu, s.n * 2 * a.v_heads)?; // [n, 2·Hv]: g, β
+        let gb = CudaBuf::zeroed(gpu, s.n * 2 * a.v_heads)?; // [n, 2·Hv]: log g, β
         let gp = gb.write(gpu, gb.len())?;
         let (xs, as_, bs, os, n) = (
             at(xp, s.off, c),
@@ -352,6 +354,11 @@ pub(crate) fn gated_delta_seqs(
             0,
             cuda_args![xs, as_, bs, lp, dp, gp, n, hk, hv, dk, dv],
         )?;
+        // 64 tokens or more, heads of 128: the chunked form.
+        if delta_chunk::takes(gpu, &a, s.n) {
+            delta_chunk::run(gpu, xs, gp, hp, os, s.n, &a)?;
+            continue;
+        }
         // Key heads of up to 128 dimensions: 4 a lane, not 8.
         let scan = match a.k_dim <= 128 {
             true => gpu.k.delta_scan128,

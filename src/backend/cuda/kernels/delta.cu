@@ -76,8 +76,8 @@ __device__ __forceinline__ float softplus_f(float x) { return x > 20.0f ? x : lo
 
 // What delta_step computes per token before the recurrence, for all
 // tokens at once (prefill): q and k of each key head scaled to unit norm
-// (q also by 1/√Dk) in place in x, and gb [n, 2·Hv] = (g, β) per value
-// head, with the arithmetic delta_step uses inline. One warp per (token,
+// (q also by 1/√Dk) in place in x, and gb [n, 2·Hv] = (log g, β) per
+// value head, with the arithmetic delta_step uses inline (g = exp(log g)). One warp per (token,
 // key head); grid (n·Hk/4), 128 threads.
 extern "C" __global__ void __launch_bounds__(128)
     delta_prep(float* x, const float* a_in, const float* b_in, const float* a_log, const float* dt_bias, float* gb,
@@ -115,7 +115,7 @@ extern "C" __global__ void __launch_bounds__(128)
     const int per = Hv / Hk;
     for (int j = lane; j < per; j += 32) {
         const int h = kh * per + j;
-        gb[(i64)t * 2 * Hv + h] = expf(-expf(a_log[h]) * softplus_f(a_in[(i64)t * Hv + h] + dt_bias[h]));
+        gb[(i64)t * 2 * Hv + h] = -expf(a_log[h]) * softplus_f(a_in[(i64)t * Hv + h] + dt_bias[h]);
         gb[(i64)t * 2 * Hv + Hv + h] = sigmoid_f(b_in[(i64)t * Hv + h]);
     }
 }
@@ -266,7 +266,7 @@ __device__ __forceinline__ float warp_sum4(float (&v)[4]) {
 }
 
 // delta_step's recurrence for a prefill chunk after delta_prep (q, k
-// normalized in x; gb = (g, β) per token and value head), with each
+// normalized in x; gb = (log g, β) per token and value head), with each
 // block's inputs staged in shared memory DS_T tokens at a time (two
 // buffers: the next tokens arrive while these are computed), so that the
 // chain per token never waits on global memory. The arithmetic of
@@ -340,7 +340,7 @@ __device__ __forceinline__ void delta_scan_t(const float* x, const float* gb, fl
                 q[i] = c < Dk ? sq[t * Dk + c] : 0.0f;
                 k[i] = c < Dk ? sk[t * Dk + c] : 0.0f;
             }
-            const float g = sg[2 * t], beta = sg[2 * t + 1];
+            const float g = expf(sg[2 * t]), beta = sg[2 * t + 1];
             // S ← g·S; δ = β(v − S k); S ← S + δ kᵀ; o = S q.
             float d[DELTA_RPW];
 #pragma unroll
