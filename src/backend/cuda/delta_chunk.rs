@@ -26,9 +26,11 @@ const AL: usize = 68;
 /// Shared memory of `delta_chunk_prep` (`DC_PREP_SMEM`): k, q (then v),
 /// A, G, β, β·γ.
 const PREP_SMEM: usize = (2 * T * LD + T * AL + 3 * T) * 4;
-/// Shared memory of `delta_chunk_scan` (`DC_SCAN_SMEM`): W, q, k, P, U,
-/// the state rows, G and the decays.
-const SCAN_SMEM: usize = (3 * T * LD + T * T + T * UL + RB * LD + 2 * T) * 4;
+/// Row stride of the scan's P and transposed U (`DC_PL`).
+const PL: usize = 68;
+/// Shared memory of `delta_chunk_scan` (`DC_SCAN_SMEM`): W, q, k, P, U0,
+/// U transposed, the state rows, G and the decays.
+const SCAN_SMEM: usize = (3 * T * LD + T * PL + T * UL + RB * PL + RB * LD + 2 * T) * 4;
 /// Fewest tokens that take the chunked form (fewer: `delta_scan`).
 const MIN_TOKENS: usize = T;
 

@@ -174,32 +174,38 @@ extern "C" __global__ void __launch_bounds__(256, 2)
 // The recurrence over the chunks of delta_chunk_prep's W, U0, P and G:
 // value head h = blockIdx.x, state rows rb = blockIdx.y·DC_RB .. + DC_RB
 // of ssm [Hv, Dv, Dk] (updated), out [n, Hv·Dv]. 256 threads; dynamic
-// shared memory DC_SCAN_SMEM bytes.
-#define DC_SCAN_SMEM ((3 * DC_T * DC_LD + DC_T * DC_T + DC_T * DC_UL + DC_RB * DC_LD + 2 * DC_T) * 4)
+// shared memory DC_SCAN_SMEM bytes. Each thread's products take a tile of
+// 2 tokens × 4 rows (U, o) or 4 rows × 4 columns (S), laid out so that a
+// warp's shared loads touch each bank once: shared memory traffic, not
+// arithmetic, bounds this kernel.
+#define DC_PL 68  // row stride of P and of U transposed (16-byte rows, banks apart)
+#define DC_SCAN_SMEM ((3 * DC_T * DC_LD + DC_T * DC_PL + DC_T * DC_UL + DC_RB * DC_PL + DC_RB * DC_LD + 2 * DC_T) * 4)
 extern "C" __global__ void __launch_bounds__(256)
     delta_chunk_scan(const float* x, const float* W, const float* U0, const float* P, const float* G, float* ssm,
                      float* out, int n, int Hk, int Hv) {
     GRID_DEP();
     extern __shared__ __align__(16) float dc[];
-    float* ws = dc;                 // W
-    float* qs = ws + DC_T * DC_LD;  // q
-    float* ks = qs + DC_T * DC_LD;  // k, then (γ_T/γ_j) k_j
-    float* ps = ks + DC_T * DC_LD;  // P [DC_T][DC_T]
-    float* us = ps + DC_T * DC_T;   // U0, then U [DC_T][DC_UL]
-    float* ss = us + DC_T * DC_UL;  // S rows [DC_RB][DC_LD]
-    float* gs = ss + DC_RB * DC_LD; // G
-    float* es = gs + DC_T;          // γ_T/γ_j
+    float* ws = dc;                   // W
+    float* qs = ws + DC_T * DC_LD;    // q
+    float* ks = qs + DC_T * DC_LD;    // k, then (γ_T/γ_j) k_j
+    float* ps = ks + DC_T * DC_LD;    // P [DC_T][DC_PL]
+    float* us = ps + DC_T * DC_PL;    // U0 [DC_T][DC_UL]
+    float* ut = us + DC_T * DC_UL;    // U transposed [DC_RB][DC_PL]
+    float* ss = ut + DC_RB * DC_PL;   // S rows [DC_RB][DC_LD]
+    float* gs = ss + DC_RB * DC_LD;   // G
+    float* es = gs + DC_T;            // γ_T/γ_j
     const int h = blockIdx.x, rb = blockIdx.y * DC_RB, kh = h / (Hv / Hk);
     const i64 C = 2 * Hk * DC_D + Hv * DC_D;
-    const int z = threadIdx.x;
+    const int z = threadIdx.x, w = z >> 5, l = z & 31;
     float* sh = ssm + ((i64)h * DC_D + rb) * DC_D;
     for (int i = z; i < DC_RB * DC_D / 4; i += blockDim.x) {
         const int r = i / (DC_D / 4), d = 4 * (i % (DC_D / 4));
         *(float4*)(ss + r * DC_LD + d) = *(const float4*)(sh + r * DC_D + d);
     }
-    // Products of [DC_T, ·] by the state rows: thread (r = z & 15, tg =
-    // z >> 4) takes rows r and r + 16 of the block and tokens tg + 16·a.
-    const int r = z & 15, tg = z >> 4;
+    // U and o: rows rg + 8i, tokens 8w + tq + 4b. S: rows 16·(w >> 2) +
+    // rq + 4i, columns d0 .. d0 + 4.
+    const int rg = l & 7, tq = l >> 3;
+    const int rq = l >> 3, d0 = 4 * (l & 7) + 32 * (w & 3), r16 = 16 * (w >> 2);
     const int nc = (n + DC_T - 1) / DC_T;
     for (int c = 0; c < nc; c++) {
         const int t0 = c * DC_T, tn = min(DC_T, n - t0);
@@ -208,91 +214,106 @@ extern "C" __global__ void __launch_bounds__(256)
         dc_load(qs, DC_LD, x, C, kh * DC_D, DC_D / 4, t0, tn);
         dc_load(ks, DC_LD, x, C, Hk * DC_D + kh * DC_D, DC_D / 4, t0, tn);
         dc_load(us, DC_UL, U0 + (i64)h * DC_D, (i64)Hv * DC_D, rb, DC_RB / 4, t0, DC_T);
-        dc_load(ps, DC_T, P + ((i64)c * Hv + h) * DC_T * DC_T, DC_T, 0, DC_T / 4, 0, DC_T);
+        dc_load(ps, DC_PL, P + ((i64)c * Hv + h) * DC_T * DC_T, DC_T, 0, DC_T / 4, 0, DC_T);
         if (z < DC_T / 4) cp_async16(gs + 4 * z, G + ((i64)c * Hv + h) * DC_T + 4 * z);
         cp_async_wait();
         __syncthreads();
         if (z < DC_T) es[z] = expf(gs[DC_T - 1] - gs[z]);
-        // U = U0 − W S0ᵀ and S0 q for this thread's rows and tokens.
+        // U = U0 − W S0ᵀ (into ut, transposed) and S0 q.
         float wsum[2][4], qsum[2][4];
 #pragma unroll
-        for (int e = 0; e < 2; e++)
+        for (int b = 0; b < 2; b++)
 #pragma unroll
-            for (int a = 0; a < 4; a++) wsum[e][a] = qsum[e][a] = 0.0f;
+            for (int i = 0; i < 4; i++) wsum[b][i] = qsum[b][i] = 0.0f;
+#pragma unroll 2
         for (int d = 0; d < DC_D; d += 4) {
-            float4 s[2];
+            float4 sv[4];
 #pragma unroll
-            for (int e = 0; e < 2; e++) s[e] = *(const float4*)(ss + (r + 16 * e) * DC_LD + d);
+            for (int i = 0; i < 4; i++) sv[i] = *(const float4*)(ss + (rg + 8 * i) * DC_LD + d);
 #pragma unroll
-            for (int a = 0; a < 4; a++) {
-                const float4 w = *(const float4*)(ws + (tg + 16 * a) * DC_LD + d);
-                const float4 q = *(const float4*)(qs + (tg + 16 * a) * DC_LD + d);
+            for (int b = 0; b < 2; b++) {
+                const int t = 8 * w + tq + 4 * b;
+                const float4 wv = *(const float4*)(ws + t * DC_LD + d);
+                const float4 qv = *(const float4*)(qs + t * DC_LD + d);
 #pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    wsum[e][a] = fmaf(w.x, s[e].x, fmaf(w.y, s[e].y, fmaf(w.z, s[e].z, fmaf(w.w, s[e].w, wsum[e][a]))));
-                    qsum[e][a] = fmaf(q.x, s[e].x, fmaf(q.y, s[e].y, fmaf(q.z, s[e].z, fmaf(q.w, s[e].w, qsum[e][a]))));
+                for (int i = 0; i < 4; i++) {
+                    wsum[b][i] = fmaf(wv.x, sv[i].x, fmaf(wv.y, sv[i].y, fmaf(wv.z, sv[i].z, fmaf(wv.w, sv[i].w, wsum[b][i]))));
+                    qsum[b][i] = fmaf(qv.x, sv[i].x, fmaf(qv.y, sv[i].y, fmaf(qv.z, sv[i].z, fmaf(qv.w, sv[i].w, qsum[b][i]))));
                 }
             }
         }
 #pragma unroll
-        for (int e = 0; e < 2; e++)
+        for (int b = 0; b < 2; b++)
 #pragma unroll
-            for (int a = 0; a < 4; a++) us[(tg + 16 * a) * DC_UL + r + 16 * e] -= wsum[e][a];
+            for (int i = 0; i < 4; i++) {
+                const int t = 8 * w + tq + 4 * b, r = rg + 8 * i;
+                ut[r * DC_PL + t] = us[t * DC_UL + r] - wsum[b][i];
+            }
         __syncthreads();
         // o_t = γ_t S0 q_t + Σ_{j≤t} P_tj u_j (P is zero past the diagonal).
         {
             float o[2][4];
 #pragma unroll
-            for (int e = 0; e < 2; e++)
+            for (int b = 0; b < 2; b++)
 #pragma unroll
-                for (int a = 0; a < 4; a++) o[e][a] = 0.0f;
-            for (int j = 0; j < DC_T; j++) {
-                const float u0 = us[j * DC_UL + r], u1 = us[j * DC_UL + r + 16];
+                for (int i = 0; i < 4; i++) o[b][i] = 0.0f;
+#pragma unroll 2
+            for (int j = 0; j < DC_T; j += 4) {
+                float4 pv[2], uv[4];
 #pragma unroll
-                for (int a = 0; a < 4; a++) {
-                    const float p = ps[(tg + 16 * a) * DC_T + j];
-                    o[0][a] = fmaf(p, u0, o[0][a]);
-                    o[1][a] = fmaf(p, u1, o[1][a]);
-                }
+                for (int b = 0; b < 2; b++) pv[b] = *(const float4*)(ps + (8 * w + tq + 4 * b) * DC_PL + j);
+#pragma unroll
+                for (int i = 0; i < 4; i++) uv[i] = *(const float4*)(ut + (rg + 8 * i) * DC_PL + j);
+#pragma unroll
+                for (int b = 0; b < 2; b++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++)
+                        o[b][i] = fmaf(pv[b].w, uv[i].w, fmaf(pv[b].z, uv[i].z, fmaf(pv[b].y, uv[i].y, fmaf(pv[b].x, uv[i].x, o[b][i]))));
             }
 #pragma unroll
-            for (int a = 0; a < 4; a++) {
-                const int t = tg + 16 * a;
+            for (int b = 0; b < 2; b++) {
+                const int t = 8 * w + tq + 4 * b;
                 if (t < tn) {
                     const float gt = expf(gs[t]);
-                    float* ot = out + (i64)(t0 + t) * Hv * DC_D + h * DC_D + rb + r;
-                    ot[0] = fmaf(gt, qsum[0][a], o[0][a]);
-                    ot[16] = fmaf(gt, qsum[1][a], o[1][a]);
+                    float* ot = out + (i64)(t0 + t) * Hv * DC_D + h * DC_D + rb;
+#pragma unroll
+                    for (int i = 0; i < 4; i++) ot[rg + 8 * i] = fmaf(gt, qsum[b][i], o[b][i]);
                 }
             }
         }
-        // S_T = γ_T S0 + Σ_j (γ_T/γ_j) u_j k_jᵀ: thread (row z >> 3, four
-        // groups of 4 columns 32 apart).
+        // S_T = γ_T S0 + Σ_j (γ_T/γ_j) u_j k_jᵀ.
         for (int i = z; i < DC_T * DC_D; i += blockDim.x) ks[(i / DC_D) * DC_LD + i % DC_D] *= es[i / DC_D];
         __syncthreads();
         {
-            const int sr = z >> 3, d0 = 4 * (z & 7);
             const float gT = expf(gs[DC_T - 1]);
             float4 acc[4];
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const float4 s = *(const float4*)(ss + sr * DC_LD + d0 + 32 * e);
-                acc[e] = make_float4(gT * s.x, gT * s.y, gT * s.z, gT * s.w);
+            for (int i = 0; i < 4; i++) {
+                const float4 sv = *(const float4*)(ss + (r16 + rq + 4 * i) * DC_LD + d0);
+                acc[i] = make_float4(gT * sv.x, gT * sv.y, gT * sv.z, gT * sv.w);
             }
-            for (int j = 0; j < DC_T; j++) {
-                const float u = us[j * DC_UL + sr];
+#pragma unroll 2
+            for (int j = 0; j < DC_T; j += 4) {
+                float4 kv[4], uv[4];
 #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const float4 k = *(const float4*)(ks + j * DC_LD + d0 + 32 * e);
-                    acc[e].x = fmaf(u, k.x, acc[e].x);
-                    acc[e].y = fmaf(u, k.y, acc[e].y);
-                    acc[e].z = fmaf(u, k.z, acc[e].z);
-                    acc[e].w = fmaf(u, k.w, acc[e].w);
+                for (int jj = 0; jj < 4; jj++) kv[jj] = *(const float4*)(ks + (j + jj) * DC_LD + d0);
+#pragma unroll
+                for (int i = 0; i < 4; i++) uv[i] = *(const float4*)(ut + (r16 + rq + 4 * i) * DC_PL + j);
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const float u[4] = {uv[i].x, uv[i].y, uv[i].z, uv[i].w};
+#pragma unroll
+                    for (int jj = 0; jj < 4; jj++) {
+                        acc[i].x = fmaf(u[jj], kv[jj].x, acc[i].x);
+                        acc[i].y = fmaf(u[jj], kv[jj].y, acc[i].y);
+                        acc[i].z = fmaf(u[jj], kv[jj].z, acc[i].z);
+                        acc[i].w = fmaf(u[jj], kv[jj].w, acc[i].w);
+                    }
                 }
             }
             __syncthreads();  // every thread's reads of S0 are done
 #pragma unroll
-            for (int e = 0; e < 4; e++) *(float4*)(ss + sr * DC_LD + d0 + 32 * e) = acc[e];
+            for (int i = 0; i < 4; i++) *(float4*)(ss + (r16 + rq + 4 * i) * DC_LD + d0) = acc[i];
         }
     }
     __syncthreads();
