@@ -14,8 +14,10 @@ check() {
         -Xclang -target-feature -Xclang +ptx70 -O2 -S \
         -include tools/device/clang_shim.h "$tmp/$out.cu" -o "$tmp/$out.ptx"
 }
-# The modules of cuda/compile.rs: the base module, the attention module.
-check all common.cuh matvec.cu matvec_q.cu elementwise.cu attention.cu delta.cu delta_chunk.cu moe.cu moe_routed.cu mma.cuh tensor.cu matvec_tc.cu moe_mt.cu prep.cu
+# The modules of cuda/compile.rs: the base module, the attention module, the
+# chunked GatedDeltaNet module.
+check all common.cuh matvec.cu matvec_q.cu elementwise.cu attention.cu delta.cu moe.cu moe_routed.cu mma.cuh tensor.cu matvec_tc.cu moe_mt.cu prep.cu
 check attention common.cuh mma.cuh flash.cu
+check delta common.cuh delta_chunk.cu
 echo "kernels OK: $(cat "$tmp"/*.ptx | grep -c '^.visible .entry') entries"
 rm -rf "$tmp"

@@ -9,9 +9,10 @@
 //! one module per (format, kernel group) ([`Module::Format`],
 //! `-DMOEFLUX_FMT=code -DMOEFLUX_GROUP=g`; the groups are `FG_*` in
 //! `kernels/common.cuh`), for the formats the model uses, plus the
-//! tensor-core attention ([`Module::Attention`]) and one module of
-//! everything else ([`Module::Base`]), all at once on as many threads, so
-//! that a first start waits for the slowest module alone.
+//! tensor-core attention ([`Module::Attention`]), the chunked
+//! GatedDeltaNet ([`Module::Delta`]) and one module of everything else
+//! ([`Module::Base`]), all at once on as many threads, so that a first
+//! start waits for the slowest module alone.
 
 use crate::error::{Error, Result};
 use crate::notify::Notifier;
@@ -20,14 +21,13 @@ use std::ffi::{c_char, CStr, CString};
 use std::path::PathBuf;
 
 /// The sources of the base module, in the order they are concatenated.
-const SOURCES: [&str; 14] = [
+const SOURCES: [&str; 13] = [
     include_str!("kernels/common.cuh"),
     include_str!("kernels/matvec.cu"),
     include_str!("kernels/matvec_q.cu"),
     include_str!("kernels/elementwise.cu"),
     include_str!("kernels/attention.cu"),
     include_str!("kernels/delta.cu"),
-    include_str!("kernels/delta_chunk.cu"),
     include_str!("kernels/moe.cu"),
     include_str!("kernels/moe_routed.cu"),
     include_str!("kernels/mma.cuh"),
@@ -45,6 +45,13 @@ const ATTENTION_SOURCES: [&str; 3] = [
     include_str!("kernels/common.cuh"),
     include_str!("kernels/mma.cuh"),
     include_str!("kernels/flash.cu"),
+];
+
+/// The sources of the chunked GatedDeltaNet's module: compiled beside the
+/// base module for the same reason (its unrolled triangular solve).
+const DELTA_SOURCES: [&str; 2] = [
+    include_str!("kernels/common.cuh"),
+    include_str!("kernels/delta_chunk.cu"),
 ];
 
 /// The sources of a format module: the files that hold `FOR_FMT` kernels.
@@ -74,6 +81,9 @@ const FORMAT_GROUPS: std::ops::Range<i32> = 0..7;
 /// `kernels/common.cuh`).
 const FG_ATTENTION: i32 = 8;
 
+/// The group of the chunked GatedDeltaNet's module (`FG_DELTA`).
+const FG_DELTA: i32 = 9;
+
 /// One compiled module.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Module {
@@ -82,6 +92,8 @@ pub enum Module {
     /// The tensor-core attention kernels (`kernels/flash.cu`), which
     /// need no format either.
     Attention,
+    /// The chunked GatedDeltaNet recurrence (`kernels/delta_chunk.cu`).
+    Delta,
     /// The kernels of one group for one format code.
     Format { code: i32, group: i32 },
 }
@@ -91,6 +103,7 @@ impl Module {
         match self {
             Module::Base => SOURCES.concat(),
             Module::Attention => ATTENTION_SOURCES.concat(),
+            Module::Delta => DELTA_SOURCES.concat(),
             Module::Format { .. } => FORMAT_SOURCES.concat(),
         }
     }
@@ -102,6 +115,7 @@ impl Module {
                 "-DMOEFLUX_FMT=-1".to_string(),
                 format!("-DMOEFLUX_GROUP={FG_ATTENTION}"),
             ],
+            Module::Delta => vec!["-DMOEFLUX_FMT=-1".to_string(), format!("-DMOEFLUX_GROUP={FG_DELTA}")],
             Module::Format { code, group } => vec![format!("-DMOEFLUX_FMT={code}"), format!("-DMOEFLUX_GROUP={group}")],
         }
     }
@@ -110,6 +124,7 @@ impl Module {
         match self {
             Module::Base => "base".to_string(),
             Module::Attention => "attention".to_string(),
+            Module::Delta => "delta".to_string(),
             Module::Format { code, group } => format!("fmt{code}-g{group}"),
         }
     }
@@ -186,7 +201,7 @@ pub fn module_images(
     let (vmaj, vmin) = nvrtc_version()?;
     let version = format!("nvrtc {vmaj}.{vmin}");
     let dir = cache_dir(kernel_cache);
-    let modules: Vec<Module> = [Module::Base, Module::Attention]
+    let modules: Vec<Module> = [Module::Base, Module::Attention, Module::Delta]
         .into_iter()
         .chain(
             codes

@@ -159,7 +159,7 @@ impl Gpu {
                 .map(|(_, &module)| module)
                 .collect()
         };
-        let base = BaseKernels::load(&of(&|m| m == Module::Base || m == Module::Attention))?;
+        let base = BaseKernels::load(&of(&|m| matches!(m, Module::Base | Module::Attention | Module::Delta)))?;
         let formats = codes
             .iter()
             .map(|&c| {

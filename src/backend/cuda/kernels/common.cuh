@@ -165,6 +165,7 @@ __device__ __forceinline__ int seq_of(const Seqs& s, int r) {
 #define FG_MATVEC_Q 6          // matvec_qt, matvec_tc
 #define FG_BASE 7              // everything else
 #define FG_ATTENTION 8         // the attention module (flash.cu; cuda/compile.rs)
+#define FG_DELTA 9             // the chunked GatedDeltaNet module (delta_chunk.cu; cuda/compile.rs)
 #ifndef MOEFLUX_GROUP
 #define MOEFLUX_GROUP -1
 #endif
