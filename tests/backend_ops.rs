@@ -341,15 +341,15 @@ pub fn check_mla<B: Backend>(b: &B) {
 pub fn check_gated_delta<B: Backend>(b: &B) {
     let mut rng = Rng::new(8);
     // (Key heads over 128 dimensions take CUDA's delta_scan, up to 128
-    // delta_scan128; heads of 128 and 128 over 64 tokens or more the
-    // chunked form: two whole chunks and part of a third, then a chunk of
-    // exactly 64.)
+    // delta_scan128; heads of 128 and 128 over 128 tokens or more the
+    // chunked form of 64-token chunks: two whole chunks and part of a
+    // third, then exactly two.)
     for (hk, hv, dk, dv, kern, calls) in [
         (2, 4, 16, 8, 4, [3, 1, 40, 2]),
         (1, 1, 32, 32, 1, [3, 1, 40, 2]),
         (2, 2, 8, 16, 2, [3, 1, 40, 2]),
         (1, 2, 160, 20, 3, [3, 1, 40, 2]),
-        (2, 4, 128, 128, 4, [3, 150, 64, 2]),
+        (2, 4, 128, 128, 4, [3, 150, 128, 2]),
     ] {
         let cd = 2 * hk * dk + hv * dv;
         let conv_w = rng.vec(cd * kern, 0.6);

@@ -354,7 +354,7 @@ pub(crate) fn gated_delta_seqs(
             0,
             cuda_args![xs, as_, bs, lp, dp, gp, n, hk, hv, dk, dv],
         )?;
-        // 64 tokens or more, heads of 128: the chunked form.
+        // Two chunks of 64 tokens or more, heads of 128: the chunked form.
         if delta_chunk::takes(gpu, &a, s.n) {
             delta_chunk::run(gpu, xs, gp, hp, os, s.n, &a)?;
             continue;
