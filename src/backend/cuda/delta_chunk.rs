@@ -19,7 +19,7 @@ const D: usize = 128;
 const LD: usize = 132;
 /// State rows per block of the scan (`DC_RB`).
 const RB: usize = 32;
-/// Row stride of the scan's tile of U (`DC_UL`).
+/// Row stride of the scan's tile of U0 (`DC_UL`).
 const UL: usize = 36;
 /// Row stride of the prep's A (`DC_AL`).
 const AL: usize = 68;

@@ -29,7 +29,7 @@
 #define DC_D 128   // key and value dimensions
 #define DC_LD 132  // row stride of [DC_T, DC_D] tiles in shared memory (floats)
 #define DC_RB 32   // value rows of the state per block of delta_chunk_scan
-#define DC_UL 36   // row stride of delta_chunk_scan's [DC_T, DC_RB] tile of U
+#define DC_UL 36   // row stride of delta_chunk_scan's [DC_T, DC_RB] tile of U0
 #define DC_AL 68   // row stride of delta_chunk_prep's A (16-byte rows)
 
 // Rows t0 .. t0 + tn of a [·, ld]-strided f32 matrix, columns col0 .. +
