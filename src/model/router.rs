@@ -4,7 +4,7 @@ use crate::backend::Routes;
 use crate::config::Routing;
 
 /// Indices of the `k` largest values (ties → lower index first), in
-/// descending order of value; NaN ranks below every number. One pass
+/// descending order of value; NaN ranks as −∞. One pass
 /// that keeps the best `k` in order (a full sort of every token's 256
 /// scores was a visible share of a CPU prefill).
 fn top_k(v: &[f32], k: usize) -> Vec<usize> {

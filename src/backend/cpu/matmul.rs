@@ -244,7 +244,7 @@ pub fn linear_set_with(kernel: Kernel, ps: &mut [Product]) -> Result<()> {
             // read ahead while a pair is multiplied.
             block = block.max(AMX_TASK_ROWS).next_multiple_of(32).min(rows);
             #[cfg(target_arch = "x86_64")]
-            if n > 1 {
+            {
                 let y = super::amx::TokenRows {
                     p: p.y.as_mut_ptr(),
                     ld: rows,

@@ -32,6 +32,19 @@
 #define DC_UL 36   // row stride of delta_chunk_scan's [DC_T, DC_RB] tile of U0
 #define DC_AL 68   // row stride of delta_chunk_prep's A (16-byte rows)
 
+// acc + a·b over the four lanes, x first.
+__device__ __forceinline__ float dc_dot4(float4 a, float4 b, float acc) {
+    return fmaf(a.w, b.w, fmaf(a.z, b.z, fmaf(a.y, b.y, fmaf(a.x, b.x, acc))));
+}
+
+// acc += u·k, lane by lane.
+__device__ __forceinline__ void dc_axpy4(float u, float4 k, float4& acc) {
+    acc.x = fmaf(u, k.x, acc.x);
+    acc.y = fmaf(u, k.y, acc.y);
+    acc.z = fmaf(u, k.z, acc.z);
+    acc.w = fmaf(u, k.w, acc.w);
+}
+
 // Rows t0 .. t0 + tn of a [·, ld]-strided f32 matrix, columns col0 .. +
 // 4·w, into dst (row stride dl) by cp.async; rows tn .. DC_T zero. Every
 // thread of the block; complete after cp_async_wait and a barrier.
@@ -106,14 +119,8 @@ extern "C" __global__ void __launch_bounds__(256, 2)
                 const float4 qi = *(const float4*)(qs + (ti + 16 * a) * DC_LD + d);
 #pragma unroll
                 for (int b = 0; b < 4; b++) {
-                    ak[a][b] = fmaf(ki.x, kj[b].x, ak[a][b]);
-                    ak[a][b] = fmaf(ki.y, kj[b].y, ak[a][b]);
-                    ak[a][b] = fmaf(ki.z, kj[b].z, ak[a][b]);
-                    ak[a][b] = fmaf(ki.w, kj[b].w, ak[a][b]);
-                    aq[a][b] = fmaf(qi.x, kj[b].x, aq[a][b]);
-                    aq[a][b] = fmaf(qi.y, kj[b].y, aq[a][b]);
-                    aq[a][b] = fmaf(qi.z, kj[b].z, aq[a][b]);
-                    aq[a][b] = fmaf(qi.w, kj[b].w, aq[a][b]);
+                    ak[a][b] = dc_dot4(ki, kj[b], ak[a][b]);
+                    aq[a][b] = dc_dot4(qi, kj[b], aq[a][b]);
                 }
             }
         }
@@ -237,8 +244,8 @@ extern "C" __global__ void __launch_bounds__(256)
                 const float4 qv = *(const float4*)(qs + t * DC_LD + d);
 #pragma unroll
                 for (int i = 0; i < 4; i++) {
-                    wsum[b][i] = fmaf(wv.x, sv[i].x, fmaf(wv.y, sv[i].y, fmaf(wv.z, sv[i].z, fmaf(wv.w, sv[i].w, wsum[b][i]))));
-                    qsum[b][i] = fmaf(qv.x, sv[i].x, fmaf(qv.y, sv[i].y, fmaf(qv.z, sv[i].z, fmaf(qv.w, sv[i].w, qsum[b][i]))));
+                    wsum[b][i] = dc_dot4(wv, sv[i], wsum[b][i]);
+                    qsum[b][i] = dc_dot4(qv, sv[i], qsum[b][i]);
                 }
             }
         }
@@ -268,7 +275,7 @@ extern "C" __global__ void __launch_bounds__(256)
                 for (int b = 0; b < 2; b++)
 #pragma unroll
                     for (int i = 0; i < 4; i++)
-                        o[b][i] = fmaf(pv[b].w, uv[i].w, fmaf(pv[b].z, uv[i].z, fmaf(pv[b].y, uv[i].y, fmaf(pv[b].x, uv[i].x, o[b][i]))));
+                        o[b][i] = dc_dot4(pv[b], uv[i], o[b][i]);
             }
 #pragma unroll
             for (int b = 0; b < 2; b++) {
@@ -303,12 +310,7 @@ extern "C" __global__ void __launch_bounds__(256)
                 for (int i = 0; i < 4; i++) {
                     const float u[4] = {uv[i].x, uv[i].y, uv[i].z, uv[i].w};
 #pragma unroll
-                    for (int jj = 0; jj < 4; jj++) {
-                        acc[i].x = fmaf(u[jj], kv[jj].x, acc[i].x);
-                        acc[i].y = fmaf(u[jj], kv[jj].y, acc[i].y);
-                        acc[i].z = fmaf(u[jj], kv[jj].z, acc[i].z);
-                        acc[i].w = fmaf(u[jj], kv[jj].w, acc[i].w);
-                    }
+                    for (int jj = 0; jj < 4; jj++) dc_axpy4(u[jj], kv[jj], acc[i]);
                 }
             }
             __syncthreads();  // every thread's reads of S0 are done
