@@ -5,7 +5,7 @@
 #   tools/device/run.sh STAGE...
 # Stages: probe coldstart coldstart-model ops golden synth resident half quarter zero quarter-nopf cpu
 # golden-staging pieces quarter-staging quick quick25 kernels resident-nograph
-# quarter-nograph golden-nograph resident-nopdl quarter-nopdl profile batch parallel
+# quarter-nograph golden-nograph resident-nopdl quarter-nopdl profile profile-parallel batch parallel
 # parallel-skewed parallel-cpu cpu-prefill prefill profile-prefill.
 # Logs go to $OUT; a short table is printed last.
 set -uo pipefail
@@ -159,6 +159,16 @@ for stage in "$@"; do
             "$BIN/moeflux" bench --model "$MODEL" --device cuda -p 16 -n 24 -r 1 >"$OUT/ncu.csv" 2>"$OUT/ncu.err"
         note "ncu (rc $?, $((SECONDS - t0)) s)"
         python3 tools/device/ncu_summary.py "$OUT/ncu.csv" | tee -a "$SUMMARY"
+        ;;
+    profile-parallel)
+        # Per-kernel GPU time of 8-stream decode steps (Nsight Compute, one
+        # pass per kernel, clocks and caches left alone).
+        t0=$SECONDS
+        ncu --csv --clock-control none --cache-control none --metrics gpu__time_duration.sum \
+            --launch-skip 6000 --launch-count 2400 \
+            "$BIN/moeflux" bench --model "$MODEL" --device cuda -p 0 -n 24 -r 1 --parallel 8 >"$OUT/ncu-par.csv" 2>"$OUT/ncu-par.err"
+        note "ncu parallel (rc $?, $((SECONDS - t0)) s)"
+        python3 tools/device/ncu_summary.py "$OUT/ncu-par.csv" | tee -a "$SUMMARY"
         ;;
     batch)
         # Sequences in one forward pass against each alone, on CUDA.

@@ -97,6 +97,10 @@ pub(crate) struct Gpu {
     /// Most dynamic shared memory a block may be allowed (queried: the
     /// opt-in limit, 227 KiB on an H100).
     pub smem_optin: usize,
+    /// Shared memory of one multiprocessor, and what the system keeps of
+    /// it per block (queried: 228 KiB and 1 KiB on an H100).
+    pub smem_sm: usize,
+    pub smem_reserved: usize,
     /// Prefill products run on tensor cores (`CudaOptions::tensor_cores`
     /// and compute capability 8.0 or later; see `tensor.rs`).
     pub tensor_cores: bool,
@@ -142,6 +146,14 @@ impl Gpu {
         let smem_optin = ctx
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
             .map_err(|e| cuda_err("shared memory per block", e))?
+            .max(0) as usize;
+        let smem_sm = ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR)
+            .map_err(|e| cuda_err("shared memory per multiprocessor", e))?
+            .max(0) as usize;
+        let smem_reserved = ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK)
+            .map_err(|e| cuda_err("shared memory reserved per block", e))?
             .max(0) as usize;
         let mut modules = Vec::with_capacity(images.len());
         for (_, image) in &images {
@@ -212,6 +224,8 @@ impl Gpu {
             cc,
             sms,
             smem_optin,
+            smem_sm,
+            smem_reserved,
             opts: opts.clone(),
         }))
     }

@@ -224,6 +224,7 @@ impl CudaBackend {
         mixers::allow_shared_memory(&gpu)?;
         flash::allow_shared_memory(&gpu)?;
         matrix::allow_shared_memory(&gpu)?;
+        matvec_tc::allow_shared_memory(&gpu)?;
         Ok(CudaBackend {
             gpu,
             cache: OnceLock::new(),

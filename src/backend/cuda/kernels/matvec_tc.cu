@@ -11,9 +11,12 @@
 // the row (not a contiguous run: 1026-1028 tok/s against 1044 at 8
 // streams, BENCHMARKS.md).
 //
-// The weights go from global memory straight into the A fragments, with no
-// shared memory: in a group, lane (r = lane/4, c = lane%4) loads the c-th
-// quarter of rows r and r + 8 of each tile (L words). The 16 columns of a
+// A block first copies its tiles' weights whole into shared memory by
+// cp.async (levels, scales, biases; issued before the wait on the kernel
+// before), then in a group lane (r = lane/4, c = lane%4) reads the c-th
+// quarter of rows r and r + 8 of each tile (L words) from there into the A
+// fragments. (Loaded from global memory one group at a time, each warp
+// waited on every group: 8 streams 1054-1066 tok/s against 1111-1132 so.) The 16 columns of a
 // k-step are two pairs of levels from each of the four quarters: the sum
 // over a group's columns takes any order, as long as the activations take
 // the same one. Lane (t = lane/4, c) builds the same quarter of token t's
@@ -188,12 +191,71 @@ __device__ __forceinline__ void mt_group(const u32 (&w)[2][L], const float (&sc)
     acc[3] = fmaf(sc[1], d[3] * inv[1], fmaf(bi[1], sx[1], acc[3]));
 }
 
+// Shared-memory bytes a staged row's levels take: the row's bytes rounded
+// up to 128, plus 16·L, so that the 8 rows a fragment's lanes read at once
+// fall on distinct banks (`smem` in cuda/matvec_tc.rs).
+__device__ __forceinline__ int mt_stride(int rb, int L) { return ((rb + 127) & ~127) + 16 * L; }
+
+// L words of packed weights from shared memory (L·4 bytes, aligned to that).
+template <int L>
+__device__ __forceinline__ void mt_words_sh(const char* p, u32 (&w)[L]) {
+    if constexpr (L == 1) {
+        w[0] = *(const u32*)p;
+    } else if constexpr (L == 2) {
+        const uint2 v = *(const uint2*)p;
+        w[0] = v.x;
+        w[1] = v.y;
+    } else {
+        const uint4 v = *(const uint4*)p;
+        w[0] = v.x;
+        w[1] = v.y;
+        w[2] = v.z;
+        w[3] = v.w;
+    }
+}
+
+// Copies rows [base, base + R) of m (levels, scales, biases) into shared
+// memory by cp.async, without waiting: levels at sm + row·RB (rows past
+// the end repeat the last row), then the valid rows' scales and biases as
+// [R][groups] u16 each (one flat range of the matrix each: 16-byte copies,
+// the last few bytes by plain loads).
+template <int L>
+__device__ __forceinline__ void mt_stage(const Mat& m, int base, int R, int rb, int RB, int groups, char* sm) {
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    const u32 s0 = smem_addr(sm);
+    for (int rr = wid; rr < R; rr += nw) {
+        const int ri = min(base + rr, m.rows - 1);
+        const char* src = (const char*)m.w + (i64)ri * rb;
+        const u32 dst = s0 + rr * RB;
+        for (int ch = lane; ch < (rb >> 4); ch += 32) cp_async16s(dst + ch * 16, src + ch * 16);
+    }
+    const int bytes = min(R, m.rows - base) * groups * 2;
+    const i64 off = (i64)base * groups * 2;
+    const char* sg = (const char*)m.s + off;
+    const char* bg = (const char*)m.b + off;
+    const u32 ss = s0 + R * RB, sb = ss + R * groups * 2;
+    for (int i = threadIdx.x; i < (bytes >> 4); i += blockDim.x) {
+        cp_async16s(ss + i * 16, sg + i * 16);
+        cp_async16s(sb + i * 16, bg + i * 16);
+    }
+    u16* sh = (u16*)(sm + R * RB);
+    for (int i = (bytes & ~15) / 2 + threadIdx.x; i < bytes / 2; i += blockDim.x) {
+        sh[i] = ((const u16*)sg)[i];
+        sh[R * groups + i] = ((const u16*)bg)[i];
+    }
+}
+
 // y[t0 .. t0 + n)[rows of m] for the block `blk` of the `nblk` that share
-// m: see the top of this file. v_t = x_t, or silu(x_t) ⊙ u_t when `u` is
-// not null. L: words of a row's quarter group (gs·BITS/128).
+// m: see the top of this file. Each tile of rt·16 rows is first copied
+// whole into shared memory (sm, mt_stage; the first before the wait on
+// the kernel before, weights being written only at load), then read from
+// there: every load of the block in flight at once, and with programmatic
+// launches while the kernel before ends, instead of one group of a warp at
+// a time. v_t = x_t, or silu(x_t) ⊙ u_t when `u` is not null. L: words of
+// a row's quarter group (gs·BITS/128).
 template <int BITS, bool F16S, int L>
 __device__ __forceinline__ void matvec_tc_t(const Mat& m, const float* x, const float* u, float* y, int blk,
-                                            int nblk, int rt, int n, MtRed& red) {
+                                            int nblk, int rt, int n, MtRed& red, char* sm) {
     const int EPW = 32 / BITS;     // levels per word
     const int HALF = EPW / 2;      // pairs per word
     const int PAIRS = L * HALF;    // pairs of a quarter
@@ -202,46 +264,48 @@ __device__ __forceinline__ void matvec_tc_t(const Mat& m, const float* x, const 
     const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
     const int r = lane >> 2, c = lane & 3;
     const int groups = m.cols / GS;
-    GRID_DEP();
-    for (int base = blk * rt * 16; base < m.rows; base += nblk * rt * 16) {
+    const int rb = m.cols / EPW * 4;  // bytes of a row's levels
+    const int RB = mt_stride(rb, L);
+    const int R = rt * 16;
+    const u16* ss = (const u16*)(sm + R * RB);  // [R][groups] scales, then biases
+    const u16* sb = ss + R * groups;
+    bool first = true;
+    for (int base = blk * R; base < m.rows; base += nblk * R) {
+        if (!first) __syncthreads();  // every warp is done with the tile before
+        mt_stage<L>(m, base, R, rb, RB, groups, sm);
+        asm volatile("cp.async.commit_group;" ::: "memory");
+        if (first) GRID_DEP();
+        first = false;
         float acc[MT_RT][4];
-        Row rows[MT_RT][2];
 #pragma unroll
-        for (int mt = 0; mt < MT_RT; mt++) {
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                // A row past the end reads the last row again and is not written.
-                const int ri = base + mt * 16 + r + 8 * h;
-                rows[mt][h] = mat_row(m, ri < m.rows ? ri : m.rows - 1);
-            }
+        for (int mt = 0; mt < MT_RT; mt++)
 #pragma unroll
             for (int k = 0; k < 4; k++) acc[mt][k] = 0.0f;
-        }
+        cp_async_wait();
+        __syncthreads();
         for (int g = wid; g < groups; g += nw) {
             // This lane's quarter of token r's vector in this group.
             float f[Q];
             const i64 off = (i64)r * m.cols + g * GS + c * Q;
             mt_load<Q>(r < n ? x + off : nullptr, u ? u + off : nullptr, f);
-            // The weights of every tile, in flight while the vector is split.
-            u32 wv[MT_RT][2][L];
-            float sc[MT_RT][2], bi[MT_RT][2];
-#pragma unroll
-            for (int mt = 0; mt < MT_RT; mt++) {
-                if (mt < rt) {
-#pragma unroll
-                    for (int h = 0; h < 2; h++) {
-                        mt_words<L>(rows[mt][h].w + g * (GS / 8 * BITS) + c * (4 * L), wv[mt][h]);
-                        sc[mt][h] = scale_of(rows[mt][h].s, g, F16S);
-                        bi[mt][h] = scale_of(rows[mt][h].b, g, F16S);
-                    }
-                }
-            }
             u32 bh[PAIRS], bl[PAIRS];
             float inv[2], sx[2];
             mt_split<Q, HALF>(f, bh, bl, inv, sx);
 #pragma unroll
-            for (int mt = 0; mt < MT_RT; mt++)
-                if (mt < rt) mt_group<BITS, L>(wv[mt], sc[mt], bi[mt], bh, bl, inv, sx, acc[mt]);
+            for (int mt = 0; mt < MT_RT; mt++) {
+                if (mt < rt) {
+                    u32 wv[2][L];
+                    float sc[2], bi[2];
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        const int row = mt * 16 + r + 8 * h;
+                        mt_words_sh<L>(sm + row * RB + g * (GS / 8 * BITS) + c * (4 * L), wv[h]);
+                        sc[h] = scale_of(ss + row * groups, g, F16S);
+                        bi[h] = scale_of(sb + row * groups, g, F16S);
+                    }
+                    mt_group<BITS, L>(wv, sc, bi, bh, bl, inv, sx, acc[mt]);
+                }
+            }
         }
         // The warps' sums of each (row, token), added in warp order.
 #pragma unroll
@@ -255,16 +319,14 @@ __device__ __forceinline__ void matvec_tc_t(const Mat& m, const float* x, const 
             }
         }
         __syncthreads();
-        const int brows = rt * 16;
-        for (int o = threadIdx.x; o < n * brows; o += blockDim.x) {
-            const int t = o / brows, row = o - t * brows;
+        for (int o = threadIdx.x; o < n * R; o += blockDim.x) {
+            const int t = o / R, row = o - t * R;
             if (base + row < m.rows) {
                 float s = red[row][t];
-                for (int w = 1; w < nw; w++) s += red[w * brows + row][t];
+                for (int w = 1; w < nw; w++) s += red[w * R + row][t];
                 y[(i64)t * m.rows + base + row] = s;
             }
         }
-        __syncthreads();
     }
 }
 
@@ -285,18 +347,20 @@ __device__ __forceinline__ void matvec_tc_t(const Mat& m, const float* x, const 
 // module's format, each row's quarter group a whole 1, 2 or 4 words), v =
 // x or silu(x) ⊙ u, 2 ≤ n ≤ 8: grid first[count] blocks of nw warps
 // (nw·rt·16 ≤ MT_SLOTS), each block `rt` tiles of 16 rows at a time (rows
-// stride over the matrix's blocks).
+// stride over the matrix's blocks), with their weights in the dynamic
+// shared memory `smem` of cuda/matvec_tc.rs sets.
 template <int FMT, bool F16S>
 __device__ __forceinline__ void matvec_tc_fmt(const MatSet& s, const float* x, const float* u, int n, int rt) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     if constexpr (Fmt<FMT>::BITS != 0) {
         const int BITS = Fmt<FMT>::BITS;
         __shared__ MtRed red;
+        extern __shared__ __align__(16) char mt_sm[];
         Mat m;
         float* y;
         int blk, nblk;
         set_pick(s, blockIdx.x, m, y, blk, nblk);
-        MT_WORDS(BITS, m.gs_shift, (matvec_tc_t<BITS, F16S, L>(m, x, u, y, blk, nblk, rt, n, red)));
+        MT_WORDS(BITS, m.gs_shift, (matvec_tc_t<BITS, F16S, L>(m, x, u, y, blk, nblk, rt, n, red, mt_sm)));
     }
 #endif
 }
