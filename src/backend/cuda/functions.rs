@@ -49,6 +49,7 @@ kernels!(
         delta_chunk_scan,
         moe_route,
         moe_route_warp,
+        moe_route_split,
         moe_combine,
         moe_count,
         moe_scatter,

@@ -15,7 +15,7 @@ use super::driver::{Gpu, MAX_GRID_Y};
 use super::hybrid::{self, HostStep, HYBRID_TOKENS};
 use super::moe_groups::{expert_layout, experts_tc, run_experts, run_experts_tc, ELayout, Groups};
 use super::moe_mt;
-use super::tensor;
+use super::tensor::{self, Half};
 use crate::backend::{MoeArgs, MoeInputs};
 use crate::config::Routing;
 use crate::cuda_args;
@@ -59,6 +59,7 @@ const MAX_GROUPS: usize = 64;
 /// with `hint` (the next MoE layer's router logits `[E]` on this layer's
 /// input), one more row of ids and weights: the guess at that layer's
 /// experts.
+#[allow(clippy::too_many_arguments)]
 fn route(
     gpu: &Arc<Gpu>,
     logits: &CudaBuf,
@@ -67,7 +68,8 @@ fn route(
     a: &MoeArgs,
     ids: &DevMem,
     wts: &CudaBuf,
-) -> Result<()> {
+    split: Option<(&CudaBuf, &ELayout)>,
+) -> Result<Option<Half>> {
     let e = a.n_experts;
     let (mode, norm, n_group, topk_group, scale) = match *a.routing {
         Routing::Softmax { norm_topk_prob } => (0, norm_topk_prob, 1, 1, 1.0f32),
@@ -112,13 +114,27 @@ fn route(
     );
     let nn = a.n as i32;
     if mode == 0 && e <= 32 * ROUTE_WARP_MAX_J && a.k <= 32 {
-        return gpu.launch(
-            gpu.k.moe_route_warp,
+        let Some((x, el)) = split else {
+            gpu.launch(
+                gpu.k.moe_route_warp,
+                (rows as u32, 1, 1),
+                32,
+                0,
+                cuda_args![lp, ip, wp, ee, k, norm, hp, nn],
+            )?;
+            return Ok(None);
+        };
+        // The same routing, and x split for the experts in the same launch.
+        let (half, pb, gs) = tensor::half_rows(gpu, a.n, a.hidden, el.fmt, el.gs_shift)?;
+        let (xp, h, cc) = (x.read(gpu)?, half.arg, a.hidden as i32);
+        gpu.launch(
+            gpu.k.moe_route_split,
             (rows as u32, 1, 1),
-            32,
+            64,
             0,
-            cuda_args![lp, ip, wp, ee, k, norm, hp, nn],
-        );
+            cuda_args![lp, ip, wp, ee, k, norm, hp, nn, xp, h.hi, h.lo, h.inv, h.sum, cc, gs, pb],
+        )?;
+        return Ok(Some(half));
     }
     gpu.launch(
         gpu.k.moe_route,
@@ -126,7 +142,8 @@ fn route(
         256,
         smem,
         cuda_args![lp, bp, ip, wp, ee, k, mode, norm, ng, tg, scale, hp, nn],
-    )
+    )?;
+    Ok(None)
 }
 
 /// Host-side grouping: the distinct experts in order, and for each the
@@ -179,23 +196,31 @@ pub(crate) fn moe(gpu: &Arc<Gpu>, cache: Option<&ExpertCache>, io: MoeIo, a: Moe
     let rows = n + hint.is_some() as usize;
     let ids = DevMem::new(gpu, rows * k * 4)?;
     let wts = CudaBuf::zeroed(gpu, rows * k)?;
-    route(gpu, io.logits, hint.map(|h| h.1), io.bias, &a, &ids, &wts)?;
+    let table = cache.filter(|c| c.resident()).and_then(|c| c.table_row(a.layer));
+    // A resident batched decode step on tensor cores splits x for them in
+    // the routing's launch.
+    let mt = table.is_some() && n <= DEVICE_ROUTE_TOKENS && moe_mt::takes(gpu, &el, n);
+    let split = mt.then_some((io.x, &el));
+    let xh = route(gpu, io.logits, hint.map(|h| h.1), io.bias, &a, &ids, &wts, split)?;
     let h = CudaBuf::zeroed(gpu, n * k * a.inter)?; // [pairs, inter]
                                                     // `out` still reads as zeros (no shared expert): assign, do not add.
     let assign = out.take_zero(n * a.hidden) as i32;
     let op = out.write(gpu, n * a.hidden)?;
     let (kk, hid, inter) = (k as i32, a.hidden as i32, a.inter as i32);
-    let table = cache.filter(|c| c.resident()).and_then(|c| c.table_row(a.layer));
     match table {
         // A batched decode step on tensor cores: the same kernels as the
         // host's groups, each pair its own group.
-        Some(t) if n <= DEVICE_ROUTE_TOKENS && moe_mt::takes(gpu, &el, n) => {
+        Some(t) if mt => {
             let d = CudaBuf::zeroed(gpu, n * k * a.hidden)?; // [pairs, hidden]
             let experts = moe_mt::Experts::Table {
                 table: t,
                 ids: ids.ptr(),
             };
-            moe_mt::run(gpu, el, &moe_mt::split_x(gpu, &el, io.x, &a)?, &h, &d, experts, &a)?;
+            let xh = match xh {
+                Some(xh) => xh,
+                None => moe_mt::split_x(gpu, &el, io.x, &a)?,
+            };
+            moe_mt::run(gpu, el, &xh, &h, &d, experts, &a)?;
             combine(gpu, op, &d, &wts, &a, assign)
         }
         Some(t) if n <= DEVICE_ROUTE_TOKENS => {

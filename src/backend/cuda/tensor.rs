@@ -115,10 +115,10 @@ pub(crate) fn allow_shared_memory(gpu: &Gpu) -> Result<()> {
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct HalfRows {
-    hi: u64,
-    lo: u64,
-    inv: u64,
-    sum: u64,
+    pub hi: u64,
+    pub lo: u64,
+    pub inv: u64,
+    pub sum: u64,
 }
 
 /// Rows of activations split in f16 parts (`to_half`), with their memory.
@@ -145,6 +145,31 @@ pub(crate) fn to_half(
     fmt: i32,
     gs_shift: i32,
 ) -> Result<Half> {
+    let (half, pb, gs) = half_rows(gpu, total, cols, fmt, gs_shift)?;
+    let arg = half.arg;
+    let (rp, nn, cc) = (rows.unwrap_or(0), n as i32, cols as i32);
+    // One warp per row, 4 to a block.
+    let grid = (n.div_ceil(4) as u32, 1, 1);
+    gpu.launch(
+        gpu.k.to_half,
+        grid,
+        128,
+        0,
+        cuda_args![x, rp, arg.hi, arg.lo, arg.inv, arg.sum, nn, cc, gs, pb],
+    )?;
+    Ok(half)
+}
+
+/// The memory of `total` rows of `cols` split for weights of format code
+/// `fmt` (see [`to_half`]), not yet written, with the kernel's `pb` (the
+/// columns of a packed word) and group shift.
+pub(crate) fn half_rows(
+    gpu: &Arc<Gpu>,
+    total: usize,
+    cols: usize,
+    fmt: i32,
+    gs_shift: i32,
+) -> Result<(Half, i32, i32)> {
     let (gs_shift, pb) = match format_of(fmt) {
         Format::Q2 => (Some(gs_shift), 16),
         Format::Q4 => (Some(gs_shift), 8),
@@ -171,17 +196,7 @@ pub(crate) fn to_half(
             None => 0,
         },
     };
-    let (rp, nn, cc, gs) = (rows.unwrap_or(0), n as i32, cols as i32, gs_shift.unwrap_or(0));
-    // One warp per row, 4 to a block.
-    let grid = (n.div_ceil(4) as u32, 1, 1);
-    gpu.launch(
-        gpu.k.to_half,
-        grid,
-        128,
-        0,
-        cuda_args![x, rp, arg.hi, arg.lo, arg.inv, arg.sum, nn, cc, gs, pb],
-    )?;
-    Ok(Half { _mem: mem, arg })
+    Ok((Half { _mem: mem, arg }, pb, gs_shift.unwrap_or(0)))
 }
 
 /// `y_i[n, rows_i] = x[n, cols] · W_iᵀ` on tensor cores for each (`Mat`

@@ -70,21 +70,11 @@ __device__ __forceinline__ void to_half_row(const float* xr, u16* hi, u16* lo, f
 #endif
 
 #if FMT_GROUP_ON(FG_BASE)
-// For the rows r = rows[i] (r = i without a list), i < n: hi[r] + lo[r] =
-// x[r]·2^e_r in f16 parts, in blocks of `pb` columns ordered as
-// to_half_row says, inv[r] = 2^-e_r, with e_r chosen so that the row's
-// largest magnitude becomes less than 2^14 (0 for a row of zeros); with
-// sum (gs_shift ≥ 4), sum[r][g] = Σ of group g of x[r]·2^e_r. One warp
-// per row, 4 per block; cols a multiple of 16 and of the group, rows
-// 16-byte aligned.
-extern "C" __global__ void __launch_bounds__(128) to_half(const float* x, const int* rows, u16* hi, u16* lo,
-                                                          float* inv, float* sum, int n, int cols, int gs_shift,
-                                                          int pb) {
-    GRID_DEP();
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800  // cvt.rn.f16x2.f32
-    const int i = blockIdx.x * 4 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-    if (i >= n) return;
-    const int r = rows ? rows[i] : i;
+// Row r of to_half, by one warp.
+__device__ __forceinline__ void to_half_warp(const float* x, int r, u16* hi, u16* lo, float* inv, float* sum,
+                                             int cols, int gs_shift, int pb) {
+    const int lane = threadIdx.x & 31;
     const float* xr = x + (i64)r * cols;
     const float4* x4 = (const float4*)xr;
     const int c4 = cols >> 2;
@@ -110,6 +100,48 @@ extern "C" __global__ void __launch_bounds__(128) to_half(const float* x, const 
         case 8: to_half_row<8>(xr, h, l, sr, cols, gs_shift, s); break;
         case 16: to_half_row<16>(xr, h, l, sr, cols, gs_shift, s); break;
         default: to_half_row<1>(xr, h, l, sr, cols, gs_shift, s); break;
+    }
+}
+#endif
+
+// For the rows r = rows[i] (r = i without a list), i < n: hi[r] + lo[r] =
+// x[r]·2^e_r in f16 parts, in blocks of `pb` columns ordered as
+// to_half_row says, inv[r] = 2^-e_r, with e_r chosen so that the row's
+// largest magnitude becomes less than 2^14 (0 for a row of zeros); with
+// sum (gs_shift ≥ 4), sum[r][g] = Σ of group g of x[r]·2^e_r. One warp
+// per row, 4 per block; cols a multiple of 16 and of the group, rows
+// 16-byte aligned.
+extern "C" __global__ void __launch_bounds__(128) to_half(const float* x, const int* rows, u16* hi, u16* lo,
+                                                          float* inv, float* sum, int n, int cols, int gs_shift,
+                                                          int pb) {
+    GRID_DEP();
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const int i = blockIdx.x * 4 + (threadIdx.x >> 5);
+    if (i >= n) return;
+    to_half_warp(x, rows ? rows[i] : i, hi, lo, inv, sum, cols, gs_shift, pb);
+#endif
+}
+
+// A batched decode step's routing and its input's split in one launch:
+// block i's first warp is moe_route_warp's block i (routing logits row i,
+// or the hint past n), its second to_half's row i of x (i < n, no row
+// list). Grid rows, 64 threads.
+extern "C" __global__ void __launch_bounds__(64)
+    moe_route_split(const float* logits, u32* ids, float* wts, int E, int k, int norm, const float* hint, int n,
+                    const float* x, u16* hi, u16* lo, float* inv, float* sum, int cols, int gs_shift, int pb) {
+    GRID_DEP();
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    if (threadIdx.x < 32) {
+        const float* l = (int)blockIdx.x < n ? logits + (i64)blockIdx.x * E : hint;
+        if (E <= 256) {
+            route_warp_t<8>(l, ids, wts, E, k, norm);
+        } else if (E <= 512) {
+            route_warp_t<16>(l, ids, wts, E, k, norm);
+        } else {
+            route_warp_t<32>(l, ids, wts, E, k, norm);
+        }
+    } else if ((int)blockIdx.x < n) {
+        to_half_warp(x, blockIdx.x, hi, lo, inv, sum, cols, gs_shift, pb);
     }
 #endif
 }
