@@ -58,7 +58,9 @@ const MAX_GROUPS: usize = 64;
 /// Route `n` tokens on the device: ids `[n, k]` (u32) and weights `[n, k]`;
 /// with `hint` (the next MoE layer's router logits `[E]` on this layer's
 /// input), one more row of ids and weights: the guess at that layer's
-/// experts.
+/// experts. With `split` (the tokens' x and their experts' layout), where
+/// the one-warp router runs, x is also split for `moe_mt` in the same
+/// launch (`moe_route_split`) and returned; else the caller splits it.
 #[allow(clippy::too_many_arguments)]
 fn route(
     gpu: &Arc<Gpu>,
