@@ -14,9 +14,10 @@
 // A block first copies its tiles' weights whole into shared memory by
 // cp.async (levels, scales, biases; issued before the wait on the kernel
 // before), then in a group lane (r = lane/4, c = lane%4) reads the c-th
-// quarter of rows r and r + 8 of each tile (L words) from there into the A
-// fragments. (Loaded from global memory one group at a time, each warp
-// waited on every group: 8 streams 1054-1066 tok/s against 1111-1132 so.) The 16 columns of a
+// quarter of rows r and r + 8 of each tile (L words) from there into the
+// A fragments. (Loaded from global memory one group at a time, each warp
+// waited on every group: 8 streams 1054-1066 tok/s against 1111-1132
+// so, BENCHMARKS.md.) The 16 columns of a
 // k-step are two pairs of levels from each of the four quarters: the sum
 // over a group's columns takes any order, as long as the activations take
 // the same one. Lane (t = lane/4, c) builds the same quarter of token t's
