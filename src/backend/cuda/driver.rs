@@ -139,22 +139,23 @@ impl Gpu {
             .map_err(|e| cuda_err("compute capability", e))?;
         let images = compile::module_images(cc, codes, opts.kernel_cache.as_deref(), notify)?;
         let async_alloc = ctx.has_async_alloc();
-        let sms = ctx
-            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
-            .map_err(|e| cuda_err("multiprocessor count", e))?
-            .max(1) as usize;
-        let smem_optin = ctx
-            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
-            .map_err(|e| cuda_err("shared memory per block", e))?
-            .max(0) as usize;
-        let smem_sm = ctx
-            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR)
-            .map_err(|e| cuda_err("shared memory per multiprocessor", e))?
-            .max(0) as usize;
-        let smem_reserved = ctx
-            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK)
-            .map_err(|e| cuda_err("shared memory reserved per block", e))?
-            .max(0) as usize;
+        let attr = |a: sys::CUdevice_attribute, what: &str| -> Result<usize> {
+            Ok(ctx.attribute(a).map_err(|e| cuda_err(what, e))?.max(0) as usize)
+        };
+        use sys::CUdevice_attribute as A;
+        let sms = attr(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, "multiprocessor count")?.max(1);
+        let smem_optin = attr(
+            A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+            "shared memory per block",
+        )?;
+        let smem_sm = attr(
+            A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR,
+            "shared memory per multiprocessor",
+        )?;
+        let smem_reserved = attr(
+            A::CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK,
+            "shared memory reserved per block",
+        )?;
         let mut modules = Vec::with_capacity(images.len());
         for (_, image) in &images {
             let mut module = std::ptr::null_mut();

@@ -37,17 +37,18 @@ typedef float MtRed[MT_SLOTS][9];
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
 
-// L consecutive words of packed weights (L·4 bytes, aligned to that).
-template <int L>
+// L consecutive words of packed weights (L·4 bytes, aligned to that), from
+// global memory (read-only path) or, with SH, from shared memory.
+template <int L, bool SH = false>
 __device__ __forceinline__ void mt_words(const char* p, u32 (&w)[L]) {
     if constexpr (L == 1) {
-        w[0] = __ldg((const u32*)p);
+        w[0] = SH ? *(const u32*)p : __ldg((const u32*)p);
     } else if constexpr (L == 2) {
-        const uint2 v = __ldg((const uint2*)p);
+        const uint2 v = SH ? *(const uint2*)p : __ldg((const uint2*)p);
         w[0] = v.x;
         w[1] = v.y;
     } else {
-        const uint4 v = __ldg((const uint4*)p);
+        const uint4 v = SH ? *(const uint4*)p : __ldg((const uint4*)p);
         w[0] = v.x;
         w[1] = v.y;
         w[2] = v.z;
@@ -197,24 +198,6 @@ __device__ __forceinline__ void mt_group(const u32 (&w)[2][L], const float (&sc)
 // fall on distinct banks (`smem` in cuda/matvec_tc.rs).
 __device__ __forceinline__ int mt_stride(int rb, int L) { return ((rb + 127) & ~127) + 16 * L; }
 
-// L words of packed weights from shared memory (L·4 bytes, aligned to that).
-template <int L>
-__device__ __forceinline__ void mt_words_sh(const char* p, u32 (&w)[L]) {
-    if constexpr (L == 1) {
-        w[0] = *(const u32*)p;
-    } else if constexpr (L == 2) {
-        const uint2 v = *(const uint2*)p;
-        w[0] = v.x;
-        w[1] = v.y;
-    } else {
-        const uint4 v = *(const uint4*)p;
-        w[0] = v.x;
-        w[1] = v.y;
-        w[2] = v.z;
-        w[3] = v.w;
-    }
-}
-
 // Copies rows [base, base + R) of m (levels, scales, biases) into shared
 // memory by cp.async, without waiting: levels at sm + row·RB (rows past
 // the end repeat the last row), then the valid rows' scales and biases as
@@ -270,13 +253,12 @@ __device__ __forceinline__ void matvec_tc_t(const Mat& m, const float* x, const 
     const int R = rt * 16;
     const u16* ss = (const u16*)(sm + R * RB);  // [R][groups] scales, then biases
     const u16* sb = ss + R * groups;
-    bool first = true;
     for (int base = blk * R; base < m.rows; base += nblk * R) {
+        const bool first = base == blk * R;
         if (!first) __syncthreads();  // every warp is done with the tile before
         mt_stage<L>(m, base, R, rb, RB, groups, sm);
         asm volatile("cp.async.commit_group;" ::: "memory");
         if (first) GRID_DEP();
-        first = false;
         float acc[MT_RT][4];
 #pragma unroll
         for (int mt = 0; mt < MT_RT; mt++)
@@ -300,7 +282,7 @@ __device__ __forceinline__ void matvec_tc_t(const Mat& m, const float* x, const 
 #pragma unroll
                     for (int h = 0; h < 2; h++) {
                         const int row = mt * 16 + r + 8 * h;
-                        mt_words_sh<L>(sm + row * RB + g * (GS / 8 * BITS) + c * (4 * L), wv[h]);
+                        mt_words<L, true>(sm + row * RB + g * (GS / 8 * BITS) + c * (4 * L), wv[h]);
                         sc[h] = scale_of(ss + row * groups, g, F16S);
                         bi[h] = scale_of(sb + row * groups, g, F16S);
                     }

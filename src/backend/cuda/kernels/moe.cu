@@ -191,10 +191,10 @@ __device__ __forceinline__ void route_warp_t(const float* l, u32* ids, float* wt
     }
 }
 
-#if FMT_GROUP_ON(FG_BASE)
-extern "C" __global__ void __launch_bounds__(32)
-    moe_route_warp(const float* logits, u32* ids, float* wts, int E, int k, int norm, const float* hint, int n) {
-    GRID_DEP();
+// One warp's routing of block blockIdx.x's row: logits row i for i < n,
+// else the hint.
+__device__ __forceinline__ void route_warp(const float* logits, u32* ids, float* wts, int E, int k, int norm,
+                                           const float* hint, int n) {
     const float* l = (int)blockIdx.x < n ? logits + (i64)blockIdx.x * E : hint;
     if (E <= 256) {
         route_warp_t<8>(l, ids, wts, E, k, norm);
@@ -203,6 +203,13 @@ extern "C" __global__ void __launch_bounds__(32)
     } else {
         route_warp_t<32>(l, ids, wts, E, k, norm);
     }
+}
+
+#if FMT_GROUP_ON(FG_BASE)
+extern "C" __global__ void __launch_bounds__(32)
+    moe_route_warp(const float* logits, u32* ids, float* wts, int E, int k, int norm, const float* hint, int n) {
+    GRID_DEP();
+    route_warp(logits, ids, wts, E, k, norm, hint, n);
 }
 #endif
 

@@ -132,14 +132,7 @@ extern "C" __global__ void __launch_bounds__(64)
     GRID_DEP();
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     if (threadIdx.x < 32) {
-        const float* l = (int)blockIdx.x < n ? logits + (i64)blockIdx.x * E : hint;
-        if (E <= 256) {
-            route_warp_t<8>(l, ids, wts, E, k, norm);
-        } else if (E <= 512) {
-            route_warp_t<16>(l, ids, wts, E, k, norm);
-        } else {
-            route_warp_t<32>(l, ids, wts, E, k, norm);
-        }
+        route_warp(logits, ids, wts, E, k, norm, hint, n);
     } else if ((int)blockIdx.x < n) {
         to_half_warp(x, blockIdx.x, hi, lo, inv, sum, cols, gs_shift, pb);
     }
