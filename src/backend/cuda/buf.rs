@@ -150,6 +150,17 @@ impl Pinned {
         self.bytes
     }
 
+    /// The address at which kernels read the buffer over the bus (page-
+    /// locked memory is mapped into the device's address space).
+    pub fn device_ptr(&self) -> Result<u64> {
+        self.gpu.bind()?;
+        let mut d = 0;
+        // SAFETY: `ptr` is a live page-locked allocation of this context.
+        unsafe { sys::cuMemHostGetDevicePointer_v2(&mut d, self.ptr as *mut std::ffi::c_void, 0) }
+            .check("mapping pinned host memory for the device")?;
+        Ok(d)
+    }
+
     /// Bytes `[off, off + len)`, for the one thread that fills them.
     ///
     /// # Safety

@@ -3,6 +3,7 @@
 //! a step is ~100 µs of work, and waking rayon's sleeping workers took
 //! 60–200 µs per loop on the 16-core device host.
 
+use super::buf::Pinned;
 use super::driver::{Event, Gpu};
 use crate::backend::cpu::matmul::Kernel;
 use crate::backend::cpu::moe::{apply, Routed};
@@ -23,6 +24,39 @@ pub(crate) struct Workers {
     pool: SpinPool,
     /// Recorded after the GPU's share of a step.
     pub issued: Event,
+    /// The CPU's weighted sum of a step `[n, hidden]`, in page-locked
+    /// memory that the kernel adding it reads over the bus: no copy is
+    /// queued behind the expert copies that may fill the link (grown on
+    /// demand; see [`Workers::sum`]).
+    sum: Option<Pinned>,
+    gpu: Arc<Gpu>,
+}
+
+impl Workers {
+    pub fn pool(&self) -> &SpinPool {
+        &self.pool
+    }
+
+    /// The pool, a zeroed sum of `len` floats and its device address. The kernel
+    /// that read the last sum has finished: every CPU step follows the
+    /// wait for its routing on the compute stream, which that kernel
+    /// precedes.
+    pub fn step(&mut self, len: usize) -> Result<(&SpinPool, &mut [f32], u64)> {
+        let bytes = len * 4;
+        if self.sum.as_ref().is_none_or(|p| p.len() < bytes) {
+            self.sum = None;
+            self.sum = Some(Pinned::new(&self.gpu, bytes.next_multiple_of(64 << 10))?);
+        }
+        let Some(p) = self.sum.as_ref() else {
+            unreachable!("allocated above")
+        };
+        let dev = p.device_ptr()?;
+        // SAFETY: only this step uses the buffer (see above), and it
+        // holds at least `bytes` bytes, 64-KiB aligned by the driver.
+        let s = unsafe { bytemuck::cast_slice_mut::<u8, f32>(p.range_mut(0, bytes)) };
+        s.fill(0.0);
+        Ok((&self.pool, s, dev))
+    }
 }
 
 impl HostCpu {
@@ -41,6 +75,8 @@ impl HostCpu {
             step: Mutex::new(Workers {
                 pool,
                 issued: Event::new(gpu)?,
+                sum: None,
+                gpu: gpu.clone(),
             }),
         })
     }
@@ -61,17 +97,17 @@ impl HostCpu {
         })
     }
 
-    /// `cpu::moe::apply` on the workers: `s` is (tokens, hidden, inter).
+    /// `cpu::moe::apply` on the workers' pool (`Workers::pool`): `s` is
+    /// (tokens, hidden, inter).
     pub fn apply(
         &self,
-        w: &Workers,
+        w: &SpinPool,
         x: &[f32],
         s: (usize, usize, usize),
         mats: &[[MatrixView; 3]],
         routed: &[Routed],
         out: &mut [f32],
     ) -> Result<()> {
-        w.pool
-            .install(|| apply(self.kernel, x, s.0, s.1, s.2, mats, routed, out))
+        w.install(|| apply(self.kernel, x, s.0, s.1, s.2, mats, routed, out))
     }
 }

@@ -46,9 +46,24 @@ fn host_mats(cache: &ExpertCache, store: &ExpertStore, layer: usize, experts: &[
         .collect()
 }
 
+/// The CPU's weighted sum of a step `[n, hidden]`, where the device reads
+/// it (page-locked host memory): [`add_sum`] adds it to the output.
+pub(crate) struct HostSum {
+    ptr: u64,
+    len: usize,
+}
+
+/// `out += sum`, the kernel reading the sum over the bus. No copy is
+/// queued: a copy on the compute stream could wait behind the expert
+/// copies that fill the link (the next layer's guesses), and so hold up
+/// every later layer.
+pub(crate) fn add_sum(gpu: &Gpu, out: &mut CudaBuf, sum: HostSum) -> Result<()> {
+    super::ops::add_from(gpu, out, sum.ptr, sum.len)
+}
+
 /// Issue `gpu_part`, then compute on `cpu` the weighted sum of `experts`
 /// for the tokens of `s` while the device works; the CPU's sum `[n,
-/// hidden]` is returned on the device, to be added to the step's output.
+/// hidden]` is returned, to be added to the step's output by [`add_sum`].
 pub(crate) fn with_cpu_part(
     gpu: &Arc<Gpu>,
     cache: &ExpertCache,
@@ -57,23 +72,24 @@ pub(crate) fn with_cpu_part(
     experts: &[u32],
     s: &HostStep,
     gpu_part: impl FnOnce() -> Result<()>,
-) -> Result<CudaBuf> {
+) -> Result<HostSum> {
     let mats = host_mats(cache, store, layer, experts)?;
     let routed: Vec<Routed> = experts
         .iter()
         .map(|&e| routed_to(e, s.ids, s.weights, s.n, s.k))
         .collect();
-    let mut sum = vec![0f32; s.n * s.hidden];
     let cpu = cache.host_cpu().ok_or_else(|| Error::Backend {
         backend: "cuda",
         msg: "misses were left on the host with no CPU to compute them".into(),
     })?;
-    let w = cpu.lock()?;
+    let mut w = cpu.lock()?;
     gpu_part()?;
     // Recording launches what graph capture holds back.
     w.issued.record(gpu.stream)?;
+    let len = s.n * s.hidden;
+    let (pool, sum, ptr) = w.step(len)?;
     let t0 = Instant::now();
-    cpu.apply(&w, s.x, (s.n, s.hidden, s.inter), &mats, &routed, &mut sum)?;
+    cpu.apply(pool, s.x, (s.n, s.hidden, s.inter), &mats, &routed, sum)?;
     let secs = t0.elapsed().as_secs_f64();
     let cpu_last = w.issued.done();
     drop(w);
@@ -86,7 +102,7 @@ pub(crate) fn with_cpu_part(
         secs,
         cpu_last,
     )?;
-    CudaBuf::from_host(gpu, &sum)
+    Ok(HostSum { ptr, len })
 }
 
 /// The split model for a cache that streams: the copy rate `copy_bps`
@@ -124,7 +140,7 @@ pub(crate) fn measure(
         for _ in 0..4 {
             let mut out = vec![0f32; hidden];
             let t0 = Instant::now();
-            cpu.apply(&w, &x, (1, hidden, inter), &mats[..c], &routed, &mut out)?;
+            cpu.apply(w.pool(), &x, (1, hidden, inter), &mats[..c], &routed, &mut out)?;
             best = best.min(t0.elapsed().as_secs_f64());
         }
         Ok(best)

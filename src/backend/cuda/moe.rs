@@ -12,7 +12,7 @@
 use super::buf::{CudaBuf, DevMem};
 use super::cache::ExpertCache;
 use super::driver::{Gpu, MAX_GRID_Y};
-use super::hybrid::{self, HostStep, HYBRID_TOKENS};
+use super::hybrid::{self, HostStep, HostSum, HYBRID_TOKENS};
 use super::moe_groups::{expert_layout, experts_tc, run_experts, run_experts_tc, ELayout, Groups};
 use super::moe_mt;
 use super::tensor::{self, Half};
@@ -263,7 +263,7 @@ pub(crate) fn moe(gpu: &Arc<Gpu>, cache: Option<&ExpertCache>, io: MoeIo, a: Moe
             };
             combine(gpu, op, &d, &wts, &a, assign)?;
             match cpu_part {
-                Some(p) => super::ops::add(gpu, out, &p, n * a.hidden),
+                Some(p) => hybrid::add_sum(gpu, out, p),
                 None => Ok(()),
             }
         }
@@ -347,7 +347,7 @@ fn grouped(
     h: &CudaBuf,
     d: &CudaBuf,
     a: &MoeArgs,
-) -> Result<Option<CudaBuf>> {
+) -> Result<Option<HostSum>> {
     let (n, k) = (a.n, a.k);
     let split = cache.filter(|c| n <= HYBRID_TOKENS && c.split().is_some());
     // The ids of the n tokens, then (with a hint) the next layer's guess;

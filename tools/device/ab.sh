@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Two builds of moeflux side by side on the device machine, alternated:
+#   tools/device/ab.sh ROUNDS "BENCH ARGS" ["BENCH ARGS"...]
+# runs, ROUNDS times over, every set of bench arguments with
+# target/devbin/moeflux-base (the "before" build, carried) and then with
+# target/devbin/moeflux (the tree's), on $MODEL (made by `synth` first if
+# missing). Each run's table goes to $OUT/ab.log; one line per run (its tg
+# or pp rows) to $OUT/ab.txt, printed last.
+set -uo pipefail
+OUT=${OUT:-/tmp/moeflux-out}
+mkdir -p "$OUT"
+BIN=$(pwd)/target/devbin
+MODEL=${MODEL:-/tmp/q36}
+export MOEFLUX_KERNEL_CACHE=/tmp/moeflux-kernels
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/local/cuda/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}
+rounds=$1
+shift
+[ -d "$MODEL" ] || "$BIN/moeflux" synth --preset qwen3.6-35b-a3b --out "$MODEL" >>"$OUT/ab.log" 2>&1
+: >"$OUT/ab.txt"
+for r in $(seq "$rounds"); do
+    for args in "$@"; do
+        for build in base tree; do
+            exe=$BIN/moeflux
+            [ $build = base ] && exe=$BIN/moeflux-base
+            # shellcheck disable=SC2086
+            "$exe" bench --model "$MODEL" $args >"$OUT/run.md" 2>"$OUT/run.err"
+            rc=$?
+            { echo "== round $r $build (rc $rc): $args"; cat "$OUT/run.md"; tail -n 4 "$OUT/run.err"; } >>"$OUT/ab.log"
+            echo "round $r $build | $args | $(grep -E '^\| (tg|pp)' "$OUT/run.md" | cut -d'|' -f2,3 | tr '\n' ' ')" >>"$OUT/ab.txt"
+        done
+    done
+done
+rm -f "$OUT/run.md" "$OUT/run.err"
+cat "$OUT/ab.txt"
