@@ -179,6 +179,8 @@ fn cache_delta(a: CacheStats, b: CacheStats) -> CacheStats {
         host_last: b.host_last - a.host_last,
         hints: b.hints - a.hints,
         guesses: b.guesses - a.guesses,
+        layer_parts_ns: std::array::from_fn(|i| b.layer_parts_ns[i] - a.layer_parts_ns[i]),
+        layer_steps: b.layer_steps - a.layer_steps,
         ..b
     }
 }
@@ -204,6 +206,8 @@ fn add_cache(a: Option<CacheStats>, d: CacheStats) -> CacheStats {
         host_last: a.host_last + d.host_last,
         hints: a.hints + d.hints,
         guesses: a.guesses + d.guesses,
+        layer_parts_ns: std::array::from_fn(|i| a.layer_parts_ns[i] + d.layer_parts_ns[i]),
+        layer_steps: a.layer_steps + d.layer_steps,
         ..a
     }
 }

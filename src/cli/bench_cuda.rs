@@ -157,6 +157,22 @@ pub(super) fn print_cuda(
                 100.0 * c.host_last as f64 / c.host_steps as f64
             )?;
         }
+        if c.layer_steps > 0 {
+            let parts: Vec<String> = moeflux::experts::budget::LAYER_PARTS
+                .iter()
+                .zip(c.layer_parts_ns)
+                .map(|(name, ns)| format!("{name} {:.1}", ns as f64 / 1e3 / c.layer_steps as f64))
+                .collect();
+            let total: u64 = c.layer_parts_ns.iter().sum();
+            writeln!(
+                out,
+                "{} a MoE layer on the GPU, µs ({} steps): {} = {:.1}",
+                r.label(),
+                c.layer_steps,
+                parts.join(" + "),
+                total as f64 / 1e3 / c.layer_steps as f64
+            )?;
+        }
         if c.hints > 0 && c.guesses < c.hints * k as u64 {
             writeln!(
                 out,

@@ -79,6 +79,11 @@ pub struct ModelArgs {
     /// buffers even where the files could be registered with the driver.
     #[arg(long, hide = true)]
     pub staging: bool,
+    /// CUDA, for measuring: time the parts of each streamed decode step's
+    /// MoE layer on the GPU (`bench` prints them; events end graph
+    /// segments, so a traced run is a little slower).
+    #[arg(long, hide = true)]
+    pub trace_layers: bool,
     /// CUDA, for measuring: KiB of one piece of a staged expert copy.
     #[arg(long, hide = true, value_name = "KIB", default_value_t = 512)]
     pub copy_piece_kib: usize,
@@ -102,6 +107,7 @@ impl ModelArgs {
                 copy_piece_bytes: self.copy_piece_kib.max(4) << 10,
                 kernel_cache: self.kernel_cache.clone(),
                 tensor_cores: true,
+                trace_layers: self.trace_layers,
             },
             // What opening has to say (device, kernels, expert cache) goes to stderr.
             notify: Notifier::new(|m| eprintln!("{m}")),

@@ -99,6 +99,16 @@ impl CacheSize {
     }
 }
 
+/// The parts of a streamed decode step's MoE layer, from its routing to
+/// the next layer's, as `CacheStats::layer_parts_ns` counts them.
+pub const LAYER_PARTS: [&str; 5] = [
+    "ids to the host, copies issued",
+    "wait for the copies",
+    "GPU experts",
+    "wait for the CPU",
+    "combine, on to the next routing",
+];
+
 /// Counters of the expert cache.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CacheStats {
@@ -133,6 +143,11 @@ pub struct CacheStats {
     /// copied ahead (all but where `--hybrid auto` tunes the count).
     pub hints: u64,
     pub guesses: u64,
+    /// With `trace_layers` (CUDA, for measuring): nanoseconds of the GPU's
+    /// time in each part of a streamed decode step's MoE layer
+    /// ([`LAYER_PARTS`]), summed over `layer_steps` steps.
+    pub layer_parts_ns: [u64; 5],
+    pub layer_steps: u64,
     pub slots: u64,
     /// Every expert of the model is in a slot.
     pub resident: bool,

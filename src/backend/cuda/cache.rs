@@ -11,6 +11,7 @@ use super::buf::{DevMem, Pinned};
 use super::driver::{Check, Event, Gpu};
 use super::host_cpu::HostCpu;
 use super::hostmap::{self, HostMap};
+use super::timeline::{Mark, Timeline};
 use crate::error::{Error, Result};
 pub(crate) use crate::experts::budget::SlotBudget;
 pub use crate::experts::budget::{CacheSize, CacheStats};
@@ -95,6 +96,8 @@ pub(crate) struct ExpertCache {
     /// and the CPU that computes them.
     split: Mutex<Option<SplitModel>>,
     host_cpu: OnceLock<HostCpu>,
+    /// Where a streamed step's time goes (`CudaOptions::trace_layers`).
+    timeline: Option<Timeline>,
 }
 
 fn lock_err() -> Error {
@@ -178,6 +181,7 @@ impl ExpertCache {
             c: Counters::default(),
             split: Mutex::new(None),
             host_cpu: OnceLock::new(),
+            timeline: gpu.opts.trace_layers.then(|| Timeline::new(gpu)).transpose()?,
         };
         // The pool is allocated in stream order; the copy stream may use it
         // only once that allocation is done.
@@ -241,6 +245,8 @@ impl ExpertCache {
             host_steps: l(&self.c.host_steps),
             host_ns: l(&self.c.host_ns),
             host_last: l(&self.c.host_last),
+            layer_parts_ns: self.timeline.as_ref().map(|t| t.totals().0).unwrap_or_default(),
+            layer_steps: self.timeline.as_ref().map_or(0, |t| t.totals().1),
             hints: l(&self.c.hints),
             guesses: l(&self.c.guesses),
             stall_ns: l(&self.c.stall_ns),
@@ -283,11 +289,13 @@ impl ExpertCache {
     ) -> Result<Vec<Option<u64>>> {
         let mut st = self.st.lock().map_err(|_| lock_err())?;
         let addrs = self.lookup(&mut st, store, layer, experts, false, host)?;
+        self.mark(Mark::Wait)?;
         if st.pending {
             st.copied.record(self.gpu.copy)?;
             st.copied.wait_on(self.gpu.stream)?;
             st.pending = false;
         }
+        self.mark(Mark::Copied)?;
         Ok(addrs)
     }
 
@@ -436,6 +444,11 @@ impl ExpertCache {
         self.host
             .as_ref()
             .is_some_and(|h| self.moe_layers.iter().all(|&l| h.get(l).is_some_and(|m| m.is_some())))
+    }
+
+    /// Reach `m` in the step's timeline, where one is kept.
+    pub fn mark(&self, m: Mark) -> Result<()> {
+        self.timeline.as_ref().map_or(Ok(()), |t| t.mark(m))
     }
 
     /// Whether copies ahead of need are allowed (and useful: not resident).

@@ -552,6 +552,16 @@ impl Event {
             .check("creating an event")?;
         Ok(Event { ev, gpu: gpu.clone() })
     }
+    /// An event that also takes the time (`timeline.rs`).
+    pub fn timed(gpu: &Arc<Gpu>) -> Result<Event> {
+        let mut ev = std::ptr::null_mut();
+        // SAFETY: plain event creation in the bound context.
+        unsafe { sys::cuEventCreate(&mut ev, 0) }.check("creating a timed event")?;
+        Ok(Event { ev, gpu: gpu.clone() })
+    }
+    pub fn raw(&self) -> sys::CUevent {
+        self.ev
+    }
     pub fn record(&self, stream: sys::CUstream) -> Result<()> {
         if stream == self.gpu.stream {
             self.gpu.flush()?;

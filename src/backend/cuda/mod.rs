@@ -31,6 +31,7 @@ mod probe;
 mod readback;
 mod seqs;
 mod tensor;
+mod timeline;
 
 pub use buf::CudaBuf;
 use cache::SlotBudget;
@@ -187,6 +188,9 @@ pub struct CudaOptions {
     /// weights and activations rounded to f16, sums in f32, SPEC §6's fast
     /// path. Off (`Options::exact`), every product runs in f32.
     pub tensor_cores: bool,
+    /// Time the parts of each streamed decode step's MoE layer on the GPU
+    /// (`timeline.rs`; `bench` prints them).
+    pub trace_layers: bool,
 }
 
 impl Default for CudaOptions {
@@ -198,6 +202,7 @@ impl Default for CudaOptions {
             copy_piece_bytes: 512 << 10,
             kernel_cache: None,
             tensor_cores: true,
+            trace_layers: false,
         }
     }
 }

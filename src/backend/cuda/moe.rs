@@ -16,6 +16,7 @@ use super::hybrid::{self, HostStep, HostSum, HYBRID_TOKENS};
 use super::moe_groups::{expert_layout, experts_tc, run_experts, run_experts_tc, ELayout, Groups};
 use super::moe_mt;
 use super::tensor::{self, Half};
+use super::timeline::Mark;
 use crate::backend::{MoeArgs, MoeInputs};
 use crate::config::Routing;
 use crate::cuda_args;
@@ -261,6 +262,9 @@ pub(crate) fn moe(gpu: &Arc<Gpu>, cache: Option<&ExpertCache>, io: MoeIo, a: Moe
                 }
                 _ => grouped(gpu, cache, &io, el, &ids, &wts, hint.map(|h| h.0), &h, &d, &a)?,
             };
+            if let Some(c) = cache {
+                c.mark(Mark::Add)?;
+            }
             combine(gpu, op, &d, &wts, &a, assign)?;
             match cpu_part {
                 Some(p) => hybrid::add_sum(gpu, out, p),
@@ -359,6 +363,9 @@ fn grouped(
         Some(_) => (wts.read(gpu)?, io.x.read(gpu)?),
         None => (0, 0),
     };
+    if let Some(c) = cache.filter(|_| n <= HYBRID_TOKENS) {
+        c.mark(Mark::Route)?;
+    }
     gpu.dtoh_many(&mut [
         (bytemuck::cast_slice_mut(&mut host), ids.ptr()),
         (bytemuck::cast_slice_mut(&mut wh), wp),
@@ -443,6 +450,7 @@ fn grouped(
             let addrs = cache.fetch(io.store, a.layer, chunk)?;
             launch(chunk, &addrs)?;
         }
+        cache.mark(Mark::Experts)?;
     } else {
         let tokens = (n * k).div_ceil(experts.len().max(1));
         let addrs = cache.fetch_split(io.store, a.layer, &experts, tokens)?;
@@ -460,6 +468,7 @@ fn grouped(
             if !on_gpu.is_empty() {
                 launch(&on_gpu, &gpu_addrs)?;
             }
+            cache.mark(Mark::Experts)?;
             match early {
                 true => ahead(),
                 false => Ok(()),

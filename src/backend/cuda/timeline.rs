@@ -1,0 +1,139 @@
+//! Where a streamed decode step's MoE layer spends the GPU's time
+//! (`CudaOptions::trace_layers`, for measuring): timed events on the
+//! compute stream at five points of each step, read back one step later.
+//!
+//! A layer's period, from one step's routing to the next one's, is cut
+//! into the parts that `experts::budget::LAYER_PARTS` names; their sum is the period. Recording an event
+//! ends the graph segment being captured (`graph.rs`), so a traced run
+//! launches a few more, shorter graphs than an untraced one.
+
+use super::driver::{Event, Gpu};
+use crate::error::{Error, Result};
+use cudarc::driver::sys;
+use std::sync::{Arc, Mutex};
+
+/// The points of a step, in the order they are reached.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug)]
+pub(crate) enum Mark {
+    /// The routing is queued; the host is about to wait for its ids.
+    Route = 0,
+    /// The ids are back and the misses' copies issued: the compute stream
+    /// is about to wait for them.
+    Wait,
+    /// The wait for the copies is queued.
+    Copied,
+    /// The GPU's expert launches are queued.
+    Experts,
+    /// The CPU's share is done (or there was none): the combine is next.
+    Add,
+}
+
+const MARKS: usize = crate::experts::budget::LAYER_PARTS.len();
+
+// The parts of a layer's period, each from one mark to the next (the last
+// from `Add` to the next step's `Route`), are named by
+// `experts::budget::LAYER_PARTS`.
+
+struct State {
+    /// This step's events and the last step's.
+    cur: Vec<Event>,
+    prev: Vec<Event>,
+    /// Marks recorded this step (`None`: no step is being traced).
+    next: Option<usize>,
+    /// Whether `prev` holds a whole step.
+    prev_whole: bool,
+    ns: [u64; MARKS],
+    steps: u64,
+}
+
+pub(crate) struct Timeline {
+    gpu: Arc<Gpu>,
+    st: Mutex<State>,
+}
+
+fn lock_err() -> Error {
+    Error::Backend {
+        backend: "cuda",
+        msg: "the timeline lock was poisoned by a panic".into(),
+    }
+}
+
+/// Milliseconds from `a` to `b` (both complete), as nanoseconds.
+fn elapsed_ns(a: &Event, b: &Event) -> Result<u64> {
+    let mut ms = 0f32;
+    // SAFETY: two timed events of the bound context, both complete.
+    unsafe { sys::cuEventElapsedTime_v2(&mut ms, a.raw(), b.raw()) }
+        .result()
+        .map_err(|e| Error::Backend {
+            backend: "cuda",
+            msg: format!("reading a timeline event: {e:?}"),
+        })?;
+    Ok((ms.max(0.0) as f64 * 1e6) as u64)
+}
+
+impl Timeline {
+    pub fn new(gpu: &Arc<Gpu>) -> Result<Timeline> {
+        let set = || (0..MARKS).map(|_| Event::timed(gpu)).collect::<Result<Vec<_>>>();
+        Ok(Timeline {
+            gpu: gpu.clone(),
+            st: Mutex::new(State {
+                cur: set()?,
+                prev: set()?,
+                next: None,
+                prev_whole: false,
+                ns: [0; MARKS],
+                steps: 0,
+            }),
+        })
+    }
+
+    /// Reach `m` in the step being traced (`Route` begins one). Marks a
+    /// step skipped are recorded here too (their part is then empty); a
+    /// mark already passed is ignored.
+    pub fn mark(&self, m: Mark) -> Result<()> {
+        let mut st = self.st.lock().map_err(|_| lock_err())?;
+        let from = match (m, st.next) {
+            (Mark::Route, _) => 0,
+            (_, Some(n)) if n <= m as usize => n,
+            _ => return Ok(()),
+        };
+        if m == Mark::Route {
+            if st.next.is_some() {
+                // The last step ended without its later marks: drop it.
+                st.prev_whole = false;
+            } else {
+                let s = &mut *st;
+                std::mem::swap(&mut s.cur, &mut s.prev);
+            }
+        }
+        for i in from..=m as usize {
+            st.cur[i].record(self.gpu.stream)?;
+        }
+        st.next = Some(m as usize + 1);
+        if m == Mark::Wait && st.prev_whole {
+            // The ids came back after a wait on the stream: the last step's
+            // events and this step's Route are complete.
+            let mut ns = [0u64; MARKS];
+            for (i, p) in ns.iter_mut().enumerate() {
+                let end = if i + 1 < MARKS { &st.prev[i + 1] } else { &st.cur[0] };
+                *p = elapsed_ns(&st.prev[i], end)?;
+            }
+            for (acc, p) in st.ns.iter_mut().zip(ns) {
+                *acc += p;
+            }
+            st.steps += 1;
+            st.prev_whole = false;
+        }
+        if m == Mark::Add {
+            st.next = None;
+            st.prev_whole = true;
+        }
+        Ok(())
+    }
+
+    /// Nanoseconds in each part summed over the steps measured, and their
+    /// count.
+    pub fn totals(&self) -> ([u64; MARKS], u64) {
+        self.st.lock().map(|s| (s.ns, s.steps)).unwrap_or_default()
+    }
+}
