@@ -166,11 +166,12 @@ pub(super) fn print_cuda(
             let total: u64 = c.layer_parts_ns.iter().sum();
             writeln!(
                 out,
-                "{} a MoE layer on the GPU, µs ({} steps): {} = {:.1}",
+                "{} a MoE layer on the GPU, µs ({} steps): {} = {:.1}; the host from the copies issued to the next routing {:.1}",
                 r.label(),
                 c.layer_steps,
                 parts.join(" + "),
-                total as f64 / 1e3 / c.layer_steps as f64
+                total as f64 / 1e3 / c.layer_steps as f64,
+                c.layer_host_ns as f64 / 1e3 / c.layer_steps as f64
             )?;
         }
         if c.hints > 0 && c.guesses < c.hints * k as u64 {

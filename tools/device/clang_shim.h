@@ -42,6 +42,8 @@ __device__ inline float __int_as_float(int x) { return __nv_int_as_float(x); }
 __device__ inline unsigned __ballot_sync(unsigned m, bool p) { return __nvvm_vote_ballot_sync(m, p); }
 __device__ inline int __popc(unsigned x) { return __nv_popc(x); }
 __device__ inline int __clz(int x) { return __nv_clz(x); }
+__device__ inline void __threadfence_system() { __nvvm_membar_sys(); }
+__device__ inline void __nanosleep(unsigned ns) { asm volatile("nanosleep.u32 %0;" ::"r"(ns)); }
 __device__ inline float exp2f(float x) { return __nv_exp2f(x); }
 __device__ inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }
 __device__ inline float2 make_float2(float x, float y) { return float2{x, y}; }

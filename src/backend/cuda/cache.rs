@@ -247,6 +247,7 @@ impl ExpertCache {
             host_last: l(&self.c.host_last),
             layer_parts_ns: self.timeline.as_ref().map(|t| t.totals().0).unwrap_or_default(),
             layer_steps: self.timeline.as_ref().map_or(0, |t| t.totals().1),
+            layer_host_ns: self.timeline.as_ref().map_or(0, |t| t.totals().2),
             hints: l(&self.c.hints),
             guesses: l(&self.c.guesses),
             stall_ns: l(&self.c.stall_ns),

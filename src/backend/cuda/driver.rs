@@ -82,6 +82,7 @@ pub(crate) struct Gpu {
     graphs: AtomicBool,
     segments: Mutex<Segments>,
     readback: Mutex<super::readback::Readback>,
+    upload: Mutex<super::upload::Upload>,
     /// Kernels are launched with programmatic stream serialization
     /// (compute capability 9.0 and later; off with `CudaOptions::pdl`): a
     /// kernel's launch and prologue overlap the end of the one before it,
@@ -219,6 +220,7 @@ impl Gpu {
             graphs: AtomicBool::new(opts.graphs),
             segments: Mutex::new(Segments::default()),
             readback: Mutex::new(Default::default()),
+            upload: Mutex::new(Default::default()),
             pdl: cc.0 >= 9 && opts.pdl,
             pdl_pass: AtomicBool::new(true),
             tensor_cores,
@@ -440,6 +442,11 @@ impl Gpu {
             return Ok(());
         }
         self.flush()?;
+        if src.len() <= super::upload::SLOT_BYTES {
+            if let Ok(mut up) = self.upload.lock() {
+                return up.copy(self.stream, dst, src);
+            }
+        }
         // SAFETY: the caller owns `src.len()` bytes at `dst`; pageable
         // sources are staged by the driver before this returns.
         unsafe { sys::cuMemcpyHtoDAsync_v2(dst, src.as_ptr() as *const c_void, src.len(), self.stream) }
@@ -523,6 +530,9 @@ impl Drop for Gpu {
             }
             if let Ok(mut rb) = self.readback.lock() {
                 rb.free();
+            }
+            if let Ok(mut up) = self.upload.lock() {
+                up.free();
             }
             let _ = sys::cuStreamDestroy_v2(self.stream);
             let _ = sys::cuStreamDestroy_v2(self.copy);

@@ -28,6 +28,7 @@ kernels!(
         rms_norm,
         rms_norm_rows,
         add,
+        add_when,
         add_scaled_rows,
         swiglu,
         sigmoid_mul,

@@ -1,7 +1,15 @@
 //! The CPU that computes expert misses beside the GPU (`--hybrid`): the
-//! products' kernel and spinning workers of its own (`crate::parallel`):
+//! products' kernel and spinning workers of its own (`crate::parallel`:
 //! a step is ~100 µs of work, and waking rayon's sleeping workers took
-//! 60–200 µs per loop on the 16-core device host.
+//! 60–200 µs per loop on the 16-core device host), driven by a runner
+//! thread of their own. The thread that drives the GPU hands a step over
+//! ([`HostCpu::start`]) and goes on issuing the layer's later launches;
+//! the kernel that adds the CPU's sum (`add_when`) waits on the GPU for
+//! a flag that the step sets once the sum is written. (When that thread
+//! computed the step itself, the GPU waited after each step for the
+//! combine and the next layer's launches to be captured: 45–60 µs a
+//! layer on the H200, BENCHMARKS "Where a streamed MoE layer's time
+//! goes".)
 
 use super::buf::Pinned;
 use super::driver::{Event, Gpu};
@@ -9,53 +17,78 @@ use crate::backend::cpu::matmul::Kernel;
 use crate::backend::cpu::moe::{apply, Routed};
 use crate::error::{Error, Result};
 use crate::format::MatrixView;
-use crate::parallel::SpinPool;
+use crate::parallel::{SpinPool, SpinRunner};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+/// Bytes before the sum in the step's page-locked buffer: the flag.
+const FLAG_BYTES: usize = 256;
 
 /// The CPU that computes misses: the products' kernel and the workers.
 pub(crate) struct HostCpu {
     kernel: Kernel,
     threads: usize,
-    /// One step at a time uses them.
-    step: Mutex<Workers>,
-}
-
-pub(crate) struct Workers {
-    pool: SpinPool,
-    /// Recorded after the GPU's share of a step.
-    pub issued: Event,
-    /// The CPU's weighted sum of a step `[n, hidden]`, in page-locked
-    /// memory that the kernel adding it reads over the bus: no copy is
-    /// queued behind the expert copies that may fill the link (grown on
-    /// demand; see [`Workers::sum`]).
-    sum: Option<Pinned>,
+    runner: SpinRunner,
+    st: Mutex<Steps>,
     gpu: Arc<Gpu>,
 }
 
-impl Workers {
-    pub fn pool(&self) -> &SpinPool {
-        &self.pool
-    }
+/// One step's work: the activations `[n, hidden]`, the experts'
+/// matrices and the tokens routed to each.
+pub(crate) struct Work {
+    pub x: Vec<f32>,
+    pub n: usize,
+    pub hidden: usize,
+    pub inter: usize,
+    pub mats: Vec<[MatrixView; 3]>,
+    pub routed: Vec<Routed>,
+    /// (experts, bytes of one expert, tokens per expert), for the report.
+    pub size: (usize, u64, usize),
+}
 
-    /// The pool, a zeroed sum of `len` floats and its device address. The kernel
-    /// that read the last sum has finished: every CPU step follows the
-    /// wait for its routing on the compute stream, which that kernel
-    /// precedes.
-    pub fn step(&mut self, len: usize) -> Result<(&SpinPool, &mut [f32], u64)> {
-        let bytes = len * 4;
-        if self.sum.as_ref().is_none_or(|p| p.len() < bytes) {
-            self.sum = None;
-            self.sum = Some(Pinned::new(&self.gpu, bytes.next_multiple_of(64 << 10))?);
-        }
-        let Some(p) = self.sum.as_ref() else {
-            unreachable!("allocated above")
-        };
-        let dev = p.device_ptr()?;
-        // SAFETY: only this step uses the buffer (see above), and it
-        // holds at least `bytes` bytes, 64-KiB aligned by the driver.
-        let s = unsafe { bytemuck::cast_slice_mut::<u8, f32>(p.range_mut(0, bytes)) };
-        s.fill(0.0);
-        Ok((&self.pool, s, dev))
+/// What a finished step tells (for the split model).
+pub(crate) struct Report {
+    pub size: (usize, u64, usize),
+    /// Seconds the CPU took, and whether the GPU's share was done by then.
+    pub secs: f64,
+    pub gpu_first: bool,
+}
+
+/// A step handed over: its sum `[n, hidden]` (`len` floats) where the
+/// device reads it, and the flag that reaches `seq` once it is written.
+pub(crate) struct HostSum {
+    pub sum: u64,
+    pub len: usize,
+    pub flag: u64,
+    pub seq: u32,
+}
+
+struct Steps {
+    /// Recorded after the GPU's share of a step.
+    issued: Arc<Event>,
+    /// Page-locked: the flag (u32), then from `FLAG_BYTES` the sum.
+    mem: Option<Arc<Pinned>>,
+    seq: u32,
+    /// The last step's outcome, filled in by it.
+    outcome: Arc<Mutex<Option<Result<Report>>>>,
+}
+
+/// Sets the flag when dropped: after the sum is written, or when the
+/// step fails or panics (the GPU must not wait forever; the failure is
+/// reported by [`HostCpu::finish`]).
+struct Flag<'a>(&'a AtomicU32, u32);
+
+impl Drop for Flag<'_> {
+    fn drop(&mut self) {
+        self.0.store(self.1, Ordering::Release);
+    }
+}
+
+fn poisoned() -> Error {
+    Error::Backend {
+        backend: "cuda",
+        msg: "the hybrid CPU step's lock was poisoned by a panic".into(),
     }
 }
 
@@ -67,17 +100,19 @@ impl HostCpu {
             0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
             n => n,
         };
-        let pool = SpinPool::new(threads)
-            .map_err(|e| Error::Invalid(format!("cannot start {threads} CPU threads for --hybrid: {e}")))?;
+        let err = |e: std::io::Error| Error::Invalid(format!("cannot start {threads} CPU threads for --hybrid: {e}"));
+        let runner = SpinRunner::new(SpinPool::new(threads).map_err(err)?).map_err(err)?;
         Ok(HostCpu {
             kernel: Kernel::choose(exact),
             threads,
-            step: Mutex::new(Workers {
-                pool,
-                issued: Event::new(gpu)?,
-                sum: None,
-                gpu: gpu.clone(),
+            runner,
+            st: Mutex::new(Steps {
+                issued: Arc::new(Event::new(gpu)?),
+                mem: None,
+                seq: 0,
+                outcome: Arc::new(Mutex::new(None)),
             }),
+            gpu: gpu.clone(),
         })
     }
 
@@ -89,25 +124,85 @@ impl HostCpu {
         self.threads
     }
 
-    /// The workers, for one step.
-    pub fn lock(&self) -> Result<std::sync::MutexGuard<'_, Workers>> {
-        self.step.lock().map_err(|_| Error::Backend {
-            backend: "cuda",
-            msg: "the hybrid CPU workers' lock was poisoned by a panic".into(),
-        })
+    /// Wait for the last step; its report, or its error.
+    pub fn finish(&self) -> Result<Option<Report>> {
+        let panicked = self.runner.wait();
+        let st = self.st.lock().map_err(|_| poisoned())?;
+        let out = st.outcome.lock().map_err(|_| poisoned())?.take();
+        match (out, panicked) {
+            (_, true) => Err(Error::Backend {
+                backend: "cuda",
+                msg: "a hybrid CPU step panicked".into(),
+            }),
+            (Some(r), _) => r.map(Some),
+            (None, _) => Ok(None),
+        }
     }
 
-    /// `cpu::moe::apply` on the workers' pool (`Workers::pool`): `s` is
-    /// (tokens, hidden, inter).
-    pub fn apply(
-        &self,
-        w: &SpinPool,
-        x: &[f32],
-        s: (usize, usize, usize),
-        mats: &[[MatrixView; 3]],
-        routed: &[Routed],
-        out: &mut [f32],
-    ) -> Result<()> {
-        w.install(|| apply(self.kernel, x, s.0, s.1, s.2, mats, routed, out))
+    /// Issue `gpu_part`, then hand `w` to the workers and return at once:
+    /// the step's sum is to be added by a kernel that waits for its flag.
+    /// The last step must be finished ([`HostCpu::finish`]), and the
+    /// kernel that read its sum done (it precedes the wait for this
+    /// step's routing on the compute stream).
+    pub fn start(&self, w: Work, gpu_part: impl FnOnce() -> Result<()>) -> Result<HostSum> {
+        if w.mats.len() != w.routed.len() || w.x.len() < w.n * w.hidden {
+            return Err(Error::Invalid(format!(
+                "hybrid step: {} experts with {} token lists, x of {} for {} tokens of {}",
+                w.mats.len(),
+                w.routed.len(),
+                w.x.len(),
+                w.n,
+                w.hidden
+            )));
+        }
+        let len = w.n * w.hidden;
+        let mut st = self.st.lock().map_err(|_| poisoned())?;
+        if st.mem.as_ref().is_none_or(|m| m.len() < FLAG_BYTES + 4 * len) {
+            st.mem = None;
+            let m = Pinned::new(&self.gpu, (FLAG_BYTES + 4 * len).next_multiple_of(64 << 10))?;
+            // SAFETY: fresh; nothing else refers to it yet.
+            unsafe { m.range_mut(0, FLAG_BYTES) }.fill(0);
+            st.mem = Some(Arc::new(m));
+        }
+        let Some(mem) = st.mem.clone() else {
+            unreachable!("allocated above")
+        };
+        let dev = mem.device_ptr()?;
+        gpu_part()?;
+        // Recording launches what graph capture holds back.
+        st.issued.record(self.gpu.stream)?;
+        st.seq = st.seq.wrapping_add(1);
+        let seq = st.seq;
+        let (issued, outcome, kernel, gpu) = (st.issued.clone(), st.outcome.clone(), self.kernel, self.gpu.clone());
+        self.runner.submit(Box::new(move || {
+            // SAFETY: the buffer's first 4 bytes are the flag, aligned; the
+            // sum follows, which only this step writes (see `start`).
+            let (flag, sum) = unsafe {
+                (
+                    AtomicU32::from_ptr(mem.range_mut(0, 4).as_mut_ptr() as *mut u32),
+                    bytemuck::cast_slice_mut::<u8, f32>(mem.range_mut(FLAG_BYTES, 4 * len)),
+                )
+            };
+            let guard = Flag(flag, seq);
+            let t0 = Instant::now();
+            sum.fill(0.0);
+            let r = apply(kernel, &w.x, w.n, w.hidden, w.inter, &w.mats, &w.routed, sum);
+            let secs = t0.elapsed().as_secs_f64();
+            drop(guard);
+            let gpu_first = gpu.bind().is_ok() && issued.done();
+            if let Ok(mut o) = outcome.lock() {
+                *o = Some(r.map(|()| Report {
+                    size: w.size,
+                    secs,
+                    gpu_first,
+                }));
+            }
+        }));
+        Ok(HostSum {
+            sum: dev + FLAG_BYTES as u64,
+            len,
+            flag: dev,
+            seq,
+        })
     }
 }

@@ -7,18 +7,19 @@
 //! device after the GPU's.
 //!
 //! The GPU's share is issued first (asynchronous copies and launches),
-//! then this thread joins the CPU's workers (`host_cpu`) on its share.
+//! then the CPU's share is handed to its workers (`host_cpu`), and this
+//! thread goes on issuing the layer's later launches; the sum is added by
+//! a kernel that waits for it on the GPU.
 
 use super::buf::CudaBuf;
 use super::cache::ExpertCache;
 use super::driver::Gpu;
-use super::host_cpu::HostCpu;
+use super::host_cpu::{HostCpu, HostSum, Work};
 use crate::backend::cpu::moe::{routed_to, Routed};
+use crate::cuda_args;
 use crate::error::{Error, Result};
 use crate::experts::{ExpertStore, Hybrid, SplitModel};
 use crate::format::MatrixView;
-use std::sync::Arc;
-use std::time::Instant;
 
 /// Tokens up to which a step may split its misses (decode and speculative
 /// steps; longer prefill chunks reuse each copied expert across tokens).
@@ -46,26 +47,42 @@ fn host_mats(cache: &ExpertCache, store: &ExpertStore, layer: usize, experts: &[
         .collect()
 }
 
-/// The CPU's weighted sum of a step `[n, hidden]`, where the device reads
-/// it (page-locked host memory): [`add_sum`] adds it to the output.
-pub(crate) struct HostSum {
-    ptr: u64,
-    len: usize,
+/// `out += sum` once the CPU has written the sum: the kernel waits on the
+/// GPU for the step's flag and reads the sum over the bus (no copy is
+/// queued, which could wait behind the expert copies filling the link).
+pub(crate) fn add_sum(gpu: &Gpu, out: &mut CudaBuf, s: HostSum) -> Result<()> {
+    out.want("hybrid sum output", s.len)?;
+    let (yp, xp, l, fp, seq) = (out.read(gpu)?, s.sum, s.len as i64, s.flag, s.seq);
+    gpu.launch(
+        gpu.k.add_when,
+        ((s.len.div_ceil(256)).clamp(1, 64) as u32, 1, 1),
+        256,
+        0,
+        cuda_args![yp, xp, l, fp, seq],
+    )
 }
 
-/// `out += sum`, the kernel reading the sum over the bus. No copy is
-/// queued: a copy on the compute stream could wait behind the expert
-/// copies that fill the link (the next layer's guesses), and so hold up
-/// every later layer.
-pub(crate) fn add_sum(gpu: &Gpu, out: &mut CudaBuf, sum: HostSum) -> Result<()> {
-    super::ops::add_from(gpu, out, sum.ptr, sum.len)
+/// Wait for the CPU's last step and give its time to the split model.
+fn settle(cache: &ExpertCache, cpu: &HostCpu) -> Result<()> {
+    match cpu.finish()? {
+        Some(r) => cache.observe_host(r.size.0, r.size.1, r.size.2, r.secs, r.gpu_first),
+        None => Ok(()),
+    }
 }
 
-/// Issue `gpu_part`, then compute on `cpu` the weighted sum of `experts`
-/// for the tokens of `s` while the device works; the CPU's sum `[n,
-/// hidden]` is returned, to be added to the step's output by [`add_sum`].
+/// Wait for the CPU's step, if the cache has a CPU (before reading
+/// expert files into staging buffers, which would take the CPU's cores).
+pub(crate) fn wait_cpu(cache: &ExpertCache) -> Result<()> {
+    match cache.host_cpu() {
+        Some(cpu) => settle(cache, cpu),
+        None => Ok(()),
+    }
+}
+
+/// Issue `gpu_part`, then hand the CPU the weighted sum of `experts` for
+/// the tokens of `s` and return while it computes; [`add_sum`] adds the
+/// sum to the step's output once it is written.
 pub(crate) fn with_cpu_part(
-    gpu: &Arc<Gpu>,
     cache: &ExpertCache,
     store: &ExpertStore,
     layer: usize,
@@ -73,36 +90,27 @@ pub(crate) fn with_cpu_part(
     s: &HostStep,
     gpu_part: impl FnOnce() -> Result<()>,
 ) -> Result<HostSum> {
-    let mats = host_mats(cache, store, layer, experts)?;
-    let routed: Vec<Routed> = experts
-        .iter()
-        .map(|&e| routed_to(e, s.ids, s.weights, s.n, s.k))
-        .collect();
     let cpu = cache.host_cpu().ok_or_else(|| Error::Backend {
         backend: "cuda",
         msg: "misses were left on the host with no CPU to compute them".into(),
     })?;
-    let mut w = cpu.lock()?;
-    gpu_part()?;
-    // Recording launches what graph capture holds back.
-    w.issued.record(gpu.stream)?;
-    let len = s.n * s.hidden;
-    let (pool, sum, ptr) = w.step(len)?;
-    let t0 = Instant::now();
-    cpu.apply(pool, s.x, (s.n, s.hidden, s.inter), &mats, &routed, sum)?;
-    let secs = t0.elapsed().as_secs_f64();
-    let cpu_last = w.issued.done();
-    drop(w);
+    settle(cache, cpu)?;
+    let routed: Vec<Routed> = experts
+        .iter()
+        .map(|&e| routed_to(e, s.ids, s.weights, s.n, s.k))
+        .collect();
     let pairs: usize = routed.iter().map(|r| r.toks.len()).sum();
     let bytes = store.layer_layout(layer)?.expert_size as u64;
-    cache.observe_host(
-        experts.len(),
-        bytes,
-        pairs.div_ceil(experts.len().max(1)),
-        secs,
-        cpu_last,
-    )?;
-    Ok(HostSum { ptr, len })
+    let work = Work {
+        x: s.x[..s.n * s.hidden].to_vec(),
+        n: s.n,
+        hidden: s.hidden,
+        inter: s.inter,
+        mats: host_mats(cache, store, layer, experts)?,
+        routed,
+        size: (experts.len(), bytes, pairs.div_ceil(experts.len().max(1))),
+    };
+    cpu.start(work, gpu_part)
 }
 
 /// The split model for a cache that streams: the copy rate `copy_bps`
@@ -135,13 +143,27 @@ pub(crate) fn measure(
                 wts: vec![1.0],
             })
             .collect();
-        let w = cpu.lock()?;
         let mut best = f64::MAX;
         for _ in 0..4 {
-            let mut out = vec![0f32; hidden];
-            let t0 = Instant::now();
-            cpu.apply(w.pool(), &x, (1, hidden, inter), &mats[..c], &routed, &mut out)?;
-            best = best.min(t0.elapsed().as_secs_f64());
+            let work = Work {
+                x: x.clone(),
+                n: 1,
+                hidden,
+                inter,
+                mats: mats[..c].to_vec(),
+                routed: routed
+                    .iter()
+                    .map(|r| Routed {
+                        toks: r.toks.clone(),
+                        wts: r.wts.clone(),
+                    })
+                    .collect(),
+                size: (c, 0, 1),
+            };
+            cpu.start(work, || Ok(()))?;
+            if let Some(r) = cpu.finish()? {
+                best = best.min(r.secs);
+            }
         }
         Ok(best)
     };

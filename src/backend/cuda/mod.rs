@@ -32,6 +32,7 @@ mod readback;
 mod seqs;
 mod tensor;
 mod timeline;
+mod upload;
 
 pub use buf::CudaBuf;
 use cache::SlotBudget;

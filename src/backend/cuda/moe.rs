@@ -12,7 +12,8 @@
 use super::buf::{CudaBuf, DevMem};
 use super::cache::ExpertCache;
 use super::driver::{Gpu, MAX_GRID_Y};
-use super::hybrid::{self, HostStep, HostSum, HYBRID_TOKENS};
+use super::host_cpu::HostSum;
+use super::hybrid::{self, HostStep, HYBRID_TOKENS};
 use super::moe_groups::{expert_layout, experts_tc, run_experts, run_experts_tc, ELayout, Groups};
 use super::moe_mt;
 use super::tensor::{self, Half};
@@ -490,11 +491,16 @@ fn grouped(
                 inter: a.inter,
             };
             cpu_part = Some(hybrid::with_cpu_part(
-                gpu, cache, io.store, a.layer, &on_host, &step, gpu_part,
+                cache, io.store, a.layer, &on_host, &step, gpu_part,
             )?);
         }
     }
     if !early {
+        // Reads into staging buffers: after the CPU's share, as they
+        // would take its cores.
+        if cpu_part.is_some() {
+            hybrid::wait_cpu(cache)?;
+        }
         ahead()?;
     }
     Ok(cpu_part)

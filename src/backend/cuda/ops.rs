@@ -130,14 +130,6 @@ pub(crate) fn add(gpu: &Gpu, y: &mut CudaBuf, x: &CudaBuf, len: usize) -> Result
     gpu.launch(gpu.k.add, grid_for(len), 256, 0, cuda_args![yp, xp, l])
 }
 
-/// `y += x` for `x` at a raw device address (page-locked host memory
-/// mapped for the device, say) holding `len` floats.
-pub(crate) fn add_from(gpu: &Gpu, y: &mut CudaBuf, xp: u64, len: usize) -> Result<()> {
-    y.want("add output", len)?;
-    let (yp, l) = (y.read(gpu)?, len as i64);
-    gpu.launch(gpu.k.add, grid_for(len), 256, 0, cuda_args![yp, xp, l])
-}
-
 pub(crate) fn add_scaled_rows(
     gpu: &Gpu,
     y: &mut CudaBuf,

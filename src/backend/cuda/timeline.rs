@@ -44,6 +44,10 @@ struct State {
     prev_whole: bool,
     ns: [u64; MARKS],
     steps: u64,
+    /// When the last step's ids came back to the host, and the host's
+    /// time from there to the next step's routing, summed.
+    ids_back: Option<std::time::Instant>,
+    host_ns: u64,
 }
 
 pub(crate) struct Timeline {
@@ -83,6 +87,8 @@ impl Timeline {
                 prev_whole: false,
                 ns: [0; MARKS],
                 steps: 0,
+                ids_back: None,
+                host_ns: 0,
             }),
         })
     }
@@ -98,6 +104,9 @@ impl Timeline {
             _ => return Ok(()),
         };
         if m == Mark::Route {
+            if let Some(t) = st.ids_back.take() {
+                st.host_ns += t.elapsed().as_nanos() as u64;
+            }
             if st.next.is_some() {
                 // The last step ended without its later marks: drop it.
                 st.prev_whole = false;
@@ -110,6 +119,9 @@ impl Timeline {
             st.cur[i].record(self.gpu.stream)?;
         }
         st.next = Some(m as usize + 1);
+        if m == Mark::Wait {
+            st.ids_back = Some(std::time::Instant::now());
+        }
         if m == Mark::Wait && st.prev_whole {
             // The ids came back after a wait on the stream: the last step's
             // events and this step's Route are complete.
@@ -131,9 +143,10 @@ impl Timeline {
         Ok(())
     }
 
-    /// Nanoseconds in each part summed over the steps measured, and their
-    /// count.
-    pub fn totals(&self) -> ([u64; MARKS], u64) {
-        self.st.lock().map(|s| (s.ns, s.steps)).unwrap_or_default()
+    /// Nanoseconds in each part summed over the steps measured, their
+    /// count, and the host's nanoseconds from a step's ids to the next
+    /// step's routing (summed over the same steps, give or take one).
+    pub fn totals(&self) -> ([u64; MARKS], u64, u64) {
+        self.st.lock().map(|s| (s.ns, s.steps, s.host_ns)).unwrap_or_default()
     }
 }

@@ -133,6 +133,23 @@ extern "C" __global__ void add(float* y, const float* x, i64 len) {
     GRID_LOOP(i, len) y[i] += x[i];
 }
 
+// y += x once *flag has reached seq (x and flag in page-locked host memory
+// that the CPU writes: the sum of a hybrid step's experts, then the flag).
+// Each block's first thread waits; the sum is read past every cache.
+extern "C" __global__ void add_when(float* y, const float* x, i64 len, const unsigned* flag, unsigned seq) {
+    GRID_DEP();
+    if (threadIdx.x == 0) {
+        while ((int)(*(volatile const unsigned*)flag - seq) < 0) {
+#if __CUDA_ARCH__ >= 700
+            __nanosleep(200);
+#endif
+        }
+        __threadfence_system();
+    }
+    __syncthreads();
+    GRID_LOOP(i, len) y[i] += *(volatile const float*)(x + i);
+}
+
 // y[r·dim + i] += s_r · x[r·dim + i], s_r = scale[r] or sigmoid(scale[r]);
 // with `assign`, y (known to be zero) is not read: y = s_r · x.
 extern "C" __global__ void add_scaled_rows(float* y, const float* x, const float* scale, i64 len, int dim, int sig,
