@@ -181,7 +181,7 @@ fn cache_delta(a: CacheStats, b: CacheStats) -> CacheStats {
         guesses: b.guesses - a.guesses,
         layer_parts_ns: std::array::from_fn(|i| b.layer_parts_ns[i] - a.layer_parts_ns[i]),
         layer_steps: b.layer_steps - a.layer_steps,
-        layer_host_ns: b.layer_host_ns - a.layer_host_ns,
+        layer_host_ns: std::array::from_fn(|i| b.layer_host_ns[i] - a.layer_host_ns[i]),
         ..b
     }
 }
@@ -209,7 +209,7 @@ fn add_cache(a: Option<CacheStats>, d: CacheStats) -> CacheStats {
         guesses: a.guesses + d.guesses,
         layer_parts_ns: std::array::from_fn(|i| a.layer_parts_ns[i] + d.layer_parts_ns[i]),
         layer_steps: a.layer_steps + d.layer_steps,
-        layer_host_ns: a.layer_host_ns + d.layer_host_ns,
+        layer_host_ns: std::array::from_fn(|i| a.layer_host_ns[i] + d.layer_host_ns[i]),
         ..a
     }
 }

@@ -166,12 +166,13 @@ pub(super) fn print_cuda(
             let total: u64 = c.layer_parts_ns.iter().sum();
             writeln!(
                 out,
-                "{} a MoE layer on the GPU, µs ({} steps): {} = {:.1}; the host from the copies issued to the next routing {:.1}",
+                "{} a MoE layer on the GPU, µs ({} steps): {} = {:.1}; the host: ids to copies issued {:.1}, then to the next routing {:.1}",
                 r.label(),
                 c.layer_steps,
                 parts.join(" + "),
                 total as f64 / 1e3 / c.layer_steps as f64,
-                c.layer_host_ns as f64 / 1e3 / c.layer_steps as f64
+                c.layer_host_ns[0] as f64 / 1e3 / c.layer_steps as f64,
+                c.layer_host_ns[1] as f64 / 1e3 / c.layer_steps as f64
             )?;
         }
         if c.hints > 0 && c.guesses < c.hints * k as u64 {

@@ -148,10 +148,10 @@ pub struct CacheStats {
     /// ([`LAYER_PARTS`]), summed over `layer_steps` steps.
     pub layer_parts_ns: [u64; 5],
     pub layer_steps: u64,
-    /// With `trace_layers`: the host's nanoseconds from a step's ids to
-    /// the next step's routing (issuing copies and launches, the CPU's
-    /// share where the host computes it), over the same steps.
-    pub layer_host_ns: u64,
+    /// With `trace_layers`: the host's nanoseconds, over the same steps,
+    /// from a step's ids to its copies issued (planning), and from there
+    /// to the next step's routing (issuing launches).
+    pub layer_host_ns: [u64; 2],
     pub slots: u64,
     /// Every expert of the model is in a slot.
     pub resident: bool,

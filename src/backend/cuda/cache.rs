@@ -233,6 +233,7 @@ impl ExpertCache {
     pub fn stats(&self) -> CacheStats {
         let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let t = self.st.lock().map(|s| s.table.counts()).unwrap_or_default();
+        let tl = self.timeline.as_ref().map(|t| t.totals()).unwrap_or_default();
         CacheStats {
             hits: t.hits,
             misses: t.misses,
@@ -245,9 +246,9 @@ impl ExpertCache {
             host_steps: l(&self.c.host_steps),
             host_ns: l(&self.c.host_ns),
             host_last: l(&self.c.host_last),
-            layer_parts_ns: self.timeline.as_ref().map(|t| t.totals().0).unwrap_or_default(),
-            layer_steps: self.timeline.as_ref().map_or(0, |t| t.totals().1),
-            layer_host_ns: self.timeline.as_ref().map_or(0, |t| t.totals().2),
+            layer_parts_ns: tl.0,
+            layer_steps: tl.1,
+            layer_host_ns: tl.2,
             hints: l(&self.c.hints),
             guesses: l(&self.c.guesses),
             stall_ns: l(&self.c.stall_ns),
@@ -450,6 +451,13 @@ impl ExpertCache {
     /// Reach `m` in the step's timeline, where one is kept.
     pub fn mark(&self, m: Mark) -> Result<()> {
         self.timeline.as_ref().map_or(Ok(()), |t| t.mark(m))
+    }
+
+    /// The step's ids are back on the host (its timeline, where one is kept).
+    pub fn ids_back(&self) {
+        if let Some(t) = &self.timeline {
+            t.ids_back();
+        }
     }
 
     /// Whether copies ahead of need are allowed (and useful: not resident).

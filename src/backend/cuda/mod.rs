@@ -291,6 +291,13 @@ impl CudaBackend {
         let probation = (slots / 8).min((2 * req.min_slots).max(moe::STREAM_CHUNK));
         let cache = ExpertCache::new(&self.gpu, store, moe_layers, slots, probation, req.prefetch)?;
         let load_s = t0.elapsed().as_secs_f64();
+        if !cache.resident() {
+            // Every streamed MoE step waits for its routing on the host, so
+            // graph segments stay short: on the H200 decode ran 0–11%
+            // faster launching directly, prefill the same (BENCHMARKS
+            // "Where a streamed MoE layer's time goes").
+            self.gpu.set_graphs(false)?;
+        }
         let split = match (cache.resident(), req.hybrid, moe_layers.first()) {
             (false, Hybrid::Auto | Hybrid::Cpu, Some(&l)) => {
                 let cpu = host_cpu::HostCpu::new(&self.gpu, req.host_threads, req.exact)?;

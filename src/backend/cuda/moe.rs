@@ -372,6 +372,9 @@ fn grouped(
         (bytemuck::cast_slice_mut(&mut wh), wp),
         (bytemuck::cast_slice_mut(&mut xh), xp),
     ])?;
+    if let Some(c) = cache {
+        c.ids_back();
+    }
     let by = group_pairs(&host[..n * k], a.n_experts)?;
     let experts: Vec<u32> = by.keys().copied().collect();
     // Without the model's cache (a store it does not hold), a cache just

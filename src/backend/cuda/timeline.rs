@@ -44,10 +44,12 @@ struct State {
     prev_whole: bool,
     ns: [u64; MARKS],
     steps: u64,
-    /// When the last step's ids came back to the host, and the host's
-    /// time from there to the next step's routing, summed.
+    /// When this step's ids came back to the host, when its copies were
+    /// issued, and the host's time summed over the steps: [ids back →
+    /// copies issued, copies issued → the next step's routing].
     ids_back: Option<std::time::Instant>,
-    host_ns: u64,
+    issued: Option<std::time::Instant>,
+    host_ns: [u64; 2],
 }
 
 pub(crate) struct Timeline {
@@ -88,7 +90,8 @@ impl Timeline {
                 ns: [0; MARKS],
                 steps: 0,
                 ids_back: None,
-                host_ns: 0,
+                issued: None,
+                host_ns: [0; 2],
             }),
         })
     }
@@ -104,8 +107,8 @@ impl Timeline {
             _ => return Ok(()),
         };
         if m == Mark::Route {
-            if let Some(t) = st.ids_back.take() {
-                st.host_ns += t.elapsed().as_nanos() as u64;
+            if let Some(t) = st.issued.take() {
+                st.host_ns[1] += t.elapsed().as_nanos() as u64;
             }
             if st.next.is_some() {
                 // The last step ended without its later marks: drop it.
@@ -120,7 +123,11 @@ impl Timeline {
         }
         st.next = Some(m as usize + 1);
         if m == Mark::Wait {
-            st.ids_back = Some(std::time::Instant::now());
+            let now = std::time::Instant::now();
+            if let Some(t) = st.ids_back.take() {
+                st.host_ns[0] += (now - t).as_nanos() as u64;
+            }
+            st.issued = Some(now);
         }
         if m == Mark::Wait && st.prev_whole {
             // The ids came back after a wait on the stream: the last step's
@@ -143,10 +150,20 @@ impl Timeline {
         Ok(())
     }
 
+    /// The ids of the step being traced are back on the host.
+    pub fn ids_back(&self) {
+        if let Ok(mut st) = self.st.lock() {
+            if st.next.is_some() {
+                st.ids_back = Some(std::time::Instant::now());
+            }
+        }
+    }
+
     /// Nanoseconds in each part summed over the steps measured, their
-    /// count, and the host's nanoseconds from a step's ids to the next
-    /// step's routing (summed over the same steps, give or take one).
-    pub fn totals(&self) -> ([u64; MARKS], u64, u64) {
+    /// count, and the host's nanoseconds [from a step's ids to its copies
+    /// issued, from there to the next step's routing] (summed over the
+    /// same steps, give or take one).
+    pub fn totals(&self) -> ([u64; MARKS], u64, [u64; 2]) {
         self.st.lock().map(|s| (s.ns, s.steps, s.host_ns)).unwrap_or_default()
     }
 }
