@@ -79,9 +79,10 @@ pub struct Options {
     /// prefill chunk long enough to need nearly all of them, every expert of
     /// the next layer.
     pub prefetch: bool,
-    /// CUDA: who computes the experts that miss the cache: all copied
-    /// (`Off`, the default), split between copies to the device and the
-    /// CPU by a cost model (`Auto`), or all on the CPU (`Cpu`, for testing).
+    /// CUDA: who computes the experts that miss the cache: split between
+    /// copies to the device and the CPU by a cost model (`Auto`, the
+    /// default), all copied (`Off`), or all on the CPU (`Cpu`, for
+    /// testing).
     pub hybrid: Hybrid,
     /// CUDA: settings of the backend (graphs, PDL, staging, kernel cache).
     pub cuda: CudaOptions,
@@ -101,7 +102,7 @@ impl Default for Options {
             expert_cache: CacheSize::Auto,
             ram_cache: CacheSize::Auto,
             prefetch: true,
-            hybrid: Hybrid::Off,
+            hybrid: Hybrid::Auto,
             cuda: CudaOptions::default(),
             notify: Notifier::default(),
         }

@@ -260,7 +260,42 @@ fn check(name: &str, flags: &[&str], device: Device, tol: f64, exact: bool) {
     scheduler_matches_alone(name, &model);
     if device != Device::Cpu {
         streamed_same_bits(name, &dir, &model, exact);
+        if exact {
+            streamed_on_cpu_close(name, &dir, &model, tol);
+        }
     }
+}
+
+/// The batched steps of at most `HYBRID_TOKENS` tokens with every expert
+/// missing from a three-slot cache computed on the CPU (`--hybrid cpu`,
+/// exact kernels; the CPU's sums added on the device by `add_when`)
+/// against the resident run: within `tol`, the same argmax.
+fn streamed_on_cpu_close(name: &str, dir: &std::path::Path, resident: &Model, tol: f64) {
+    let opts = Options {
+        device: Device::Cuda(0),
+        exact: true,
+        expert_cache: three_slots(resident),
+        hybrid: moeflux::experts::Hybrid::Cpu,
+        ..Options::default()
+    };
+    let streamed = Model::open(dir, &opts).expect("open with a three-slot cache");
+    let vocab = resident.n_vocab();
+    let (got, want) = (run(&streamed, true), run(resident, true));
+    let mut worst = 0.0f64;
+    for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+        for (step, (x, y)) in a.iter().zip(b).enumerate() {
+            for (row, (xr, yr)) in x.chunks(vocab).zip(y.chunks(vocab)).enumerate() {
+                let e = rel_l2(xr, yr);
+                worst = worst.max(e);
+                assert!(
+                    e <= tol,
+                    "{name}: sequence {i} step {step} row {row}: misses on the CPU vs resident {e:.3e} > {tol:e}"
+                );
+                assert_eq!(argmax(xr), argmax(yr), "{name}: sequence {i} step {step} row {row}: argmax");
+            }
+        }
+    }
+    eprintln!("{name}: batched, misses on the CPU vs resident, worst relative L2 {worst:.2e}");
 }
 
 /// The batched steps with every expert missing from a three-slot cache

@@ -57,13 +57,12 @@ pub struct ModelArgs {
     /// prefill chunks).
     #[arg(long)]
     pub no_prefetch: bool,
-    /// CUDA: who computes the experts that miss the device cache: off
-    /// (copy them all), auto (the CPU computes some from host memory while
-    /// the others are copied, split by a cost model measured at start;
-    /// faster where few experts fit on the device) or cpu (compute them
-    /// all on the CPU).
-    #[arg(long, default_value = "off", value_name = "MODE")]
-    pub hybrid: Hybrid,
+    /// CUDA: who computes the experts that miss the device cache: auto
+    /// (the CPU computes some from host memory while the others are
+    /// copied, split by a cost model measured at start), off (copy them
+    /// all) or cpu (compute them all on the CPU) [default: auto].
+    #[arg(long, value_name = "MODE")]
+    pub hybrid: Option<Hybrid>,
     /// CUDA: where compiled kernels are kept [default:
     /// $XDG_CACHE_HOME/moeflux/kernels, else ~/.cache/moeflux/kernels].
     #[arg(long, value_name = "DIR", env = "MOEFLUX_KERNEL_CACHE")]
@@ -99,7 +98,7 @@ impl ModelArgs {
             expert_cache: self.expert_cache,
             ram_cache: self.ram_cache,
             prefetch: !self.no_prefetch,
-            hybrid: self.hybrid,
+            hybrid: self.hybrid.unwrap_or_default(),
             cuda: CudaOptions {
                 graphs: !self.no_cuda_graphs,
                 pdl: !self.no_pdl,
@@ -140,19 +139,17 @@ impl ModelArgs {
             if self.no_prefetch {
                 notes.push(format!("--no-prefetch has no effect on the {device}"));
             }
-            if self.hybrid != Hybrid::Off {
+            if self.hybrid.is_some() {
                 notes.push(format!("--hybrid has no effect on the {device}"));
             }
-        } else {
-            if self.threads != 0 && self.hybrid == Hybrid::Off {
-                notes.push("--threads has no effect on CUDA without --hybrid".into());
-            }
+        } else if self.threads != 0 && (self.hybrid == Some(Hybrid::Off) || cache.is_some_and(|c| c.resident)) {
+            notes.push("--threads has no effect on CUDA without --hybrid misses".into());
         }
         if cache.is_some_and(|c| c.resident) {
             if self.no_prefetch {
                 notes.push("--no-prefetch has no effect: every expert is resident on the device".into());
             }
-            if self.hybrid != Hybrid::Off {
+            if self.hybrid.is_some() {
                 notes.push("--hybrid has no effect: every expert is resident on the device".into());
             }
         }

@@ -9,15 +9,15 @@
 use crate::error::{Error, Result};
 
 /// `--hybrid`: who computes the experts that are not on the device.
-/// `Off` by default: on the H100 host `Auto` is clearly faster only at
-/// the smallest cache (tg128 1.15–1.27× at `0%`, 0.97–1.0× at 25%; see
-/// BENCHMARKS.md).
+/// `Auto` by default: on the H200 host it decoded 1.38× as fast as `Off`
+/// at `0%`, 1.06× at 25% and 0.99× at 50% (BENCHMARKS.md, "Streaming
+/// without CUDA graphs").
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum Hybrid {
     /// Split by the cost model.
+    #[default]
     Auto,
     /// Copy every miss (the device computes everything).
-    #[default]
     Off,
     /// Compute every miss on the CPU (for testing and comparison).
     Cpu,

@@ -7,10 +7,11 @@
 //! expert, all are loaded once at start and a device table maps (layer,
 //! expert) to its slot, so that routing never leaves the GPU.
 
-use super::buf::{DevMem, Pinned};
+use super::buf::DevMem;
 use super::driver::{Check, Event, Gpu};
 use super::host_cpu::HostCpu;
 use super::hostmap::{self, HostMap};
+use super::staging::Stager;
 use super::timeline::{Mark, Timeline};
 use crate::error::{Error, Result};
 pub(crate) use crate::experts::budget::SlotBudget;
@@ -18,7 +19,6 @@ pub use crate::experts::budget::{CacheSize, CacheStats};
 use crate::experts::{ExpertStore, GuessTuner, HostShare, Hybrid, Place, SlotTable, SplitModel};
 use crate::format::Region;
 use cudarc::driver::sys;
-use rayon::prelude::*;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -38,22 +38,6 @@ struct Counters {
     guesses: AtomicU64,
 }
 
-/// Experts per wave of copies; two waves of staging buffers alternate, so
-/// that reading one overlaps the DMA of the other.
-const WAVE: usize = 16;
-// Experts are read in pieces (`CudaOptions::copy_piece_bytes`), by as
-// many threads as there are pieces in a wave; the copies are issued from
-// one thread once the wave is read (driver calls on one stream from many
-// threads contend).
-
-/// One wave's staging buffers.
-struct Staging {
-    bufs: Vec<Pinned>,
-    /// Recorded on the copy stream after the wave's copies.
-    done: Event,
-    used: bool,
-}
-
 struct State {
     /// Which expert is in which slot, what a miss evicts, what to prefetch.
     table: SlotTable,
@@ -63,8 +47,7 @@ struct State {
     /// Every sequence ≤ this is known complete.
     done_seq: u64,
     uses: VecDeque<(u64, Event)>,
-    staging: Vec<Staging>,
-    wave: usize,
+    staging: Stager,
     /// Copies issued that the compute stream has not been made to wait for.
     pending: bool,
     copied: Event,
@@ -134,17 +117,7 @@ impl ExpertCache {
             });
         }
         let pool = DevMem::new(gpu, n_slots * slot_bytes)?;
-        let staging = (0..2)
-            .map(|_| {
-                Ok(Staging {
-                    bufs: (0..WAVE.min(n_slots))
-                        .map(|_| Pinned::new(gpu, slot_bytes))
-                        .collect::<Result<_>>()?,
-                    done: Event::new(gpu)?,
-                    used: false,
-                })
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let staging = Stager::new(gpu, n_slots, slot_bytes)?;
         let n_layers = moe_layers.iter().max().map_or(0, |m| m + 1);
         let resident = n_slots == total;
         let host = if resident {
@@ -159,7 +132,6 @@ impl ExpertCache {
             done_seq: 0,
             uses: VecDeque::new(),
             staging,
-            wave: 0,
             pending: false,
             copied: Event::new(gpu)?,
             guesses: None,
@@ -530,51 +502,8 @@ impl ExpertCache {
             self.account(st, &jobs, size, t0);
             return Ok(addrs);
         }
-        let wave = st.staging[0].bufs.len();
-        for chunk in jobs.chunks(wave) {
-            let w = st.wave;
-            st.wave = (w + 1) % 2;
-            let stg = &st.staging[w];
-            if stg.used {
-                stg.done.synchronize()?;
-            }
-            // (job, offset, length) for every piece of the wave.
-            let piece = self.gpu.opts.copy_piece_bytes.max(4096);
-            let pieces: Vec<(usize, usize, usize)> = (0..chunk.len())
-                .flat_map(|j| (0..size).step_by(piece).map(move |o| (j, o, piece.min(size - o))))
-                .collect();
-            // With a RAM tier, whole experts from it (or read into it) first.
-            let ids: Vec<u32> = chunk.iter().map(|j| j.0).collect();
-            let held = store.has_ram_tier().then(|| store.read(layer, &ids)).transpose()?;
-            pieces
-                .par_iter()
-                .map(|&(j, off, len)| {
-                    // SAFETY: the wave's last copies are complete (synchronized
-                    // above) and each piece is filled by one task.
-                    let dst = unsafe { stg.bufs[j].range_mut(off, len) };
-                    match &held {
-                        Some(h) => dst.copy_from_slice(&h[j].bytes()[off..off + len]),
-                        None => return store.read_into(layer, ids[j], off, dst),
-                    }
-                    Ok(())
-                })
-                .collect::<Result<Vec<()>>>()?;
-            for (&(_, s), buf) in chunk.iter().zip(&stg.bufs) {
-                // SAFETY: the slot holds `slot_bytes` ≥ `size` bytes; the
-                // pinned source stays untouched until `done` completes.
-                unsafe {
-                    sys::cuMemcpyHtoDAsync_v2(
-                        self.addr(s),
-                        buf.as_ptr() as *const std::ffi::c_void,
-                        size,
-                        self.gpu.copy,
-                    )
-                }
-                .check("copying an expert to the device")?;
-            }
-            st.staging[w].done.record(self.gpu.copy)?;
-            st.staging[w].used = true;
-        }
+        let dst: Vec<(u32, u64)> = jobs.iter().map(|&(e, s)| (e, self.addr(s))).collect();
+        st.staging.copy(&self.gpu, store, layer, &dst, size)?;
         self.account(st, &jobs, size, t0);
         Ok(addrs)
     }
