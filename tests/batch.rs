@@ -291,7 +291,11 @@ fn streamed_on_cpu_close(name: &str, dir: &std::path::Path, resident: &Model, to
                     e <= tol,
                     "{name}: sequence {i} step {step} row {row}: misses on the CPU vs resident {e:.3e} > {tol:e}"
                 );
-                assert_eq!(argmax(xr), argmax(yr), "{name}: sequence {i} step {step} row {row}: argmax");
+                assert_eq!(
+                    argmax(xr),
+                    argmax(yr),
+                    "{name}: sequence {i} step {step} row {row}: argmax"
+                );
             }
         }
     }
