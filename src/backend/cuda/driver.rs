@@ -83,6 +83,7 @@ pub(crate) struct Gpu {
     graphs: AtomicBool,
     segments: Mutex<Segments>,
     readback: Mutex<super::readback::Readback>,
+    published: Mutex<super::readback::Published>,
     upload: Mutex<super::upload::Upload>,
     /// Kernels are launched with programmatic stream serialization
     /// (compute capability 9.0 and later; off with `CudaOptions::pdl`): a
@@ -221,6 +222,7 @@ impl Gpu {
             graphs: AtomicBool::new(opts.graphs),
             segments: Mutex::new(Segments::default()),
             readback: Mutex::new(Default::default()),
+            published: Mutex::new(Default::default()),
             upload: Mutex::new(Default::default()),
             pdl: cc.0 >= 9 && opts.pdl,
             pdl_pass: AtomicBool::new(true),
@@ -487,6 +489,31 @@ impl Gpu {
         self.sync()
     }
 
+    /// As [`Gpu::dtoh_many`], for at most three parts of whole words: a
+    /// kernel writes them into mapped page-locked memory, then a flag the
+    /// host spins on (no copy, no stream sync; `readback::Published`).
+    pub fn publish_many(&self, parts: &mut [(&mut [u8], u64)]) -> Result<()> {
+        if !super::readback::Published::fits(parts) {
+            return self.dtoh_many(parts);
+        }
+        let Ok(mut p) = self.published.lock() else {
+            return self.dtoh_many(parts);
+        };
+        let launch = |dst: u64, s: &[(u64, i32, i32); 3], seq: u32| {
+            let ((s0, o0, n0), (s1, o1, n1), (s2, o2, n2)) = (s[0], s[1], s[2]);
+            self.launch(
+                self.k.publish,
+                (1, 1, 1),
+                256,
+                0,
+                crate::cuda_args![dst, s0, o0, n0, s1, o1, n1, s2, o2, n2, seq],
+            )
+        };
+        // SAFETY: the stream is valid while `self` lives.
+        let query = || unsafe { sys::cuStreamQuery(self.stream) };
+        p.read(parts, launch, || self.flush(), query)
+    }
+
     pub fn dtod(&self, dst: u64, src: u64, bytes: usize) -> Result<()> {
         if bytes == 0 {
             return Ok(());
@@ -531,6 +558,9 @@ impl Drop for Gpu {
             }
             if let Ok(mut rb) = self.readback.lock() {
                 rb.free();
+            }
+            if let Ok(mut p) = self.published.lock() {
+                p.free();
             }
             if let Ok(mut up) = self.upload.lock() {
                 up.free();

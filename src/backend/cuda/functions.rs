@@ -29,6 +29,7 @@ kernels!(
         rms_norm_rows,
         add,
         add_when,
+        publish,
         add_scaled_rows,
         swiglu,
         sigmoid_mul,

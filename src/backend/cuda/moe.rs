@@ -367,7 +367,7 @@ fn grouped(
     if let Some(c) = cache.filter(|_| n <= HYBRID_TOKENS) {
         c.mark(Mark::Route)?;
     }
-    gpu.dtoh_many(&mut [
+    gpu.publish_many(&mut [
         (bytemuck::cast_slice_mut(&mut host), ids.ptr()),
         (bytemuck::cast_slice_mut(&mut wh), wp),
         (bytemuck::cast_slice_mut(&mut xh), xp),

@@ -81,3 +81,98 @@ impl Readback {
         }
     }
 }
+
+/// Words before the parts in a [`Published`] buffer: the flag.
+const FLAG_WORDS: usize = 64;
+
+/// Device→host reads written by a kernel (`publish`) into mapped
+/// page-locked memory, followed by a flag that the host spins on: no
+/// copy to set up and no stream sync to wake from (a streamed MoE step's
+/// routing, once a layer).
+#[derive(Default)]
+pub(crate) struct Published {
+    ptr: usize,
+    seq: u32,
+}
+
+impl Published {
+    /// Whether `parts` (at most three) fit.
+    pub fn fits(parts: &[(&mut [u8], u64)]) -> bool {
+        parts.len() <= 3 && parts.iter().all(|(d, _)| d.len() % 4 == 0) && Readback::fits(parts)
+    }
+
+    /// Launch `publish` for `parts` with `launch` (function, args), flush
+    /// the stream with `flush`, spin until the flag says the parts are
+    /// written (`query`: the stream's state, looked at now and then, so
+    /// that a failed stream ends the wait), then move them to their
+    /// destinations.
+    pub fn read(
+        &mut self,
+        parts: &mut [(&mut [u8], u64)],
+        launch: impl FnOnce(u64, &[(u64, i32, i32); 3], u32) -> Result<()>,
+        flush: impl FnOnce() -> Result<()>,
+        query: impl Fn() -> sys::CUresult,
+    ) -> Result<()> {
+        if self.ptr == 0 {
+            let mut p = std::ptr::null_mut();
+            // SAFETY: plain allocation; freed once in `free`.
+            unsafe { sys::cuMemHostAlloc(&mut p, 4 * FLAG_WORDS + READBACK_BYTES, sys::CU_MEMHOSTALLOC_DEVICEMAP) }
+                .check("allocating mapped pinned host memory for reads")?;
+            // SAFETY: fresh allocation of at least 4 bytes.
+            unsafe { *(p as *mut u32) = 0 };
+            self.ptr = p as usize;
+        }
+        let mut dev = 0;
+        // SAFETY: `ptr` is a live page-locked allocation of this context.
+        unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dev, self.ptr as *mut c_void, 0) }
+            .check("mapping pinned host memory for the device")?;
+        // (source, word offset, words) of each part.
+        let mut spec = [(0u64, 0i32, 0i32); 3];
+        let mut off = FLAG_WORDS;
+        for ((dst, src), s) in parts.iter().zip(spec.iter_mut()) {
+            *s = (*src, off as i32, (dst.len() / 4) as i32);
+            off += dst.len().next_multiple_of(ALIGN) / 4;
+        }
+        self.seq = self.seq.wrapping_add(1).max(1);
+        launch(dev, &spec, self.seq)?;
+        flush()?;
+        // SAFETY: the buffer's first word, aligned, written by the kernel.
+        let flag = unsafe { std::sync::atomic::AtomicU32::from_ptr(self.ptr as *mut u32) };
+        let mut spins = 0u32;
+        while flag.load(std::sync::atomic::Ordering::Acquire) != self.seq {
+            spins = spins.wrapping_add(1);
+            if spins % 4096 == 0 {
+                let r = query();
+                if r != sys::CUresult::CUDA_ERROR_NOT_READY {
+                    if flag.load(std::sync::atomic::Ordering::Acquire) == self.seq {
+                        break;
+                    }
+                    r.check("waiting for the routing")?;
+                    return Err(crate::error::Error::Backend {
+                        backend: "cuda",
+                        msg: "the stream finished without publishing the routing".into(),
+                    });
+                }
+            }
+            std::hint::spin_loop();
+        }
+        for ((dst, _), s) in parts.iter_mut().zip(&spec) {
+            // SAFETY: the kernel wrote `[s.1, s.1 + s.2)` words before the flag.
+            dst.copy_from_slice(unsafe {
+                std::slice::from_raw_parts((self.ptr + 4 * s.1 as usize) as *const u8, dst.len())
+            });
+        }
+        Ok(())
+    }
+
+    /// Free the buffer (its context bound, its kernel complete).
+    pub fn free(&mut self) {
+        if self.ptr != 0 {
+            // SAFETY: allocated by `read`, freed once.
+            unsafe {
+                let _ = sys::cuMemFreeHost(self.ptr as *mut c_void);
+            }
+            self.ptr = 0;
+        }
+    }
+}

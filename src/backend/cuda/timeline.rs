@@ -130,17 +130,18 @@ impl Timeline {
             st.issued = Some(now);
         }
         if m == Mark::Wait && st.prev_whole {
-            // The ids came back after a wait on the stream: the last step's
-            // events and this step's Route are complete.
-            let mut ns = [0u64; MARKS];
-            for (i, p) in ns.iter_mut().enumerate() {
-                let end = if i + 1 < MARKS { &st.prev[i + 1] } else { &st.cur[0] };
-                *p = elapsed_ns(&st.prev[i], end)?;
+            // The ids came back after this step's Route: the last step's
+            // events and this one are complete.
+            // (An event not yet complete drops the step.)
+            let ns: Result<Vec<u64>> = (0..MARKS)
+                .map(|i| elapsed_ns(&st.prev[i], if i + 1 < MARKS { &st.prev[i + 1] } else { &st.cur[0] }))
+                .collect();
+            if let Ok(ns) = ns {
+                for (acc, p) in st.ns.iter_mut().zip(ns) {
+                    *acc += p;
+                }
+                st.steps += 1;
             }
-            for (acc, p) in st.ns.iter_mut().zip(ns) {
-                *acc += p;
-            }
-            st.steps += 1;
             st.prev_whole = false;
         }
         if m == Mark::Add {

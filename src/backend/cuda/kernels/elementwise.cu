@@ -150,6 +150,20 @@ extern "C" __global__ void add_when(float* y, const float* x, i64 len, const uns
     GRID_LOOP(i, len) y[i] += *(volatile const float*)(x + i);
 }
 
+// Three runs of words into dst (page-locked host memory mapped for the
+// device) at word offsets o_i, then dst[0] = seq: the host spins on that
+// word instead of a copy and a stream sync (readback.rs, `Published`).
+extern "C" __global__ void publish(unsigned* dst, const unsigned* s0, int o0, int n0, const unsigned* s1, int o1,
+                                   int n1, const unsigned* s2, int o2, int n2, unsigned seq) {
+    GRID_DEP();
+    for (int i = threadIdx.x; i < n0; i += blockDim.x) dst[o0 + i] = s0[i];
+    for (int i = threadIdx.x; i < n1; i += blockDim.x) dst[o1 + i] = s1[i];
+    for (int i = threadIdx.x; i < n2; i += blockDim.x) dst[o2 + i] = s2[i];
+    __threadfence_system();
+    __syncthreads();
+    if (threadIdx.x == 0) *(volatile unsigned*)dst = seq;
+}
+
 // y[r·dim + i] += s_r · x[r·dim + i], s_r = scale[r] or sigmoid(scale[r]);
 // with `assign`, y (known to be zero) is not read: y = s_r · x.
 extern "C" __global__ void add_scaled_rows(float* y, const float* x, const float* scale, i64 len, int dim, int sig,
