@@ -141,7 +141,7 @@ impl Published {
         let mut spins = 0u32;
         while flag.load(std::sync::atomic::Ordering::Acquire) != self.seq {
             spins = spins.wrapping_add(1);
-            if spins % 4096 == 0 {
+            if spins.is_multiple_of(4096) {
                 let r = query();
                 if r != sys::CUresult::CUDA_ERROR_NOT_READY {
                     if flag.load(std::sync::atomic::Ordering::Acquire) == self.seq {
