@@ -72,13 +72,19 @@ impl Readback {
 
     /// Free the buffer (its context bound, its copies complete).
     pub fn free(&mut self) {
-        if self.ptr != 0 {
-            // SAFETY: allocated by `read`, freed once.
-            unsafe {
-                let _ = sys::cuMemFreeHost(self.ptr as *mut c_void);
-            }
-            self.ptr = 0;
+        free_host(&mut self.ptr);
+    }
+}
+
+/// Free page-locked memory at `*ptr` (if any) allocated by a `read`, once.
+fn free_host(ptr: &mut usize) {
+    if *ptr != 0 {
+        // SAFETY: allocated by cuMemHostAlloc in `read`; zeroed below, so
+        // freed once.
+        unsafe {
+            let _ = sys::cuMemFreeHost(*ptr as *mut c_void);
         }
+        *ptr = 0;
     }
 }
 
@@ -167,12 +173,6 @@ impl Published {
 
     /// Free the buffer (its context bound, its kernel complete).
     pub fn free(&mut self) {
-        if self.ptr != 0 {
-            // SAFETY: allocated by `read`, freed once.
-            unsafe {
-                let _ = sys::cuMemFreeHost(self.ptr as *mut c_void);
-            }
-            self.ptr = 0;
-        }
+        free_host(&mut self.ptr);
     }
 }
