@@ -21,6 +21,7 @@ fn every_command_that_opens_a_model_has_the_same_flags() {
             "0%",
             "--ram-cache",
             "--no-prefetch",
+            "--hybrid",
         ] {
             assert!(help.contains(want), "`{cmd} --help` lacks `{want}`:\n{help}");
         }
@@ -44,10 +45,12 @@ fn cache_flags_on_the_cpu_say_they_do_nothing() {
     let tmp = tempfile::tempdir().unwrap();
     let m = tmp.path().join("m");
     packed_model(&m);
-    let (ok, err) = logits_on_cpu(&m, &["--expert-cache", "0%", "--no-prefetch"]);
+    let (ok, err) = logits_on_cpu(&m, &["--expert-cache", "0%", "--no-prefetch", "--hybrid", "auto"]);
     assert!(ok, "{err}");
     assert!(err.contains("--expert-cache has no effect on the cpu"), "{err}");
     assert!(err.contains("--no-prefetch has no effect on the cpu"), "{err}");
+    // Given, even as its default, --hybrid is named; left out, nothing is.
+    assert!(err.contains("--hybrid has no effect on the cpu"), "{err}");
     assert!(!logits_on_cpu(&m, &[]).1.contains("no effect"));
 }
 
