@@ -95,6 +95,9 @@ pub(super) fn print_cuda(
                     "cpu_steps": c.host_steps, "cpu_step_us": c.host_ns as f64 / 1e3 / c.host_steps.max(1) as f64,
                     "cpu_last": c.host_last, "guesses_per_hint": c.guesses as f64 / c.hints.max(1) as f64,
                     "copy_gb_s": cols.copy_gbps, "stall_s": c.stall_ns as f64 * 1e-9, "floor_tok_s": cols.floor,
+                    "layer_parts_us": (c.layer_steps > 0).then(|| moeflux::experts::budget::LAYER_PARTS.iter().zip(c.layer_parts_ns)
+                        .map(|(name, ns)| (name.to_string(), serde_json::json!(ns as f64 / 1e3 / c.layer_steps as f64)))
+                        .collect::<serde_json::Map<_, _>>()),
                     "storage_bytes_per_token": r.storage.map(|b| b as f64 / r.tokens.max(1) as f64)})
             })
             .collect();
