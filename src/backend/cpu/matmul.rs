@@ -143,6 +143,13 @@ const TASK_BYTES: usize = 32 << 10;
 /// The fewest rows of an AMX task.
 const AMX_TASK_ROWS: usize = 64;
 
+/// Weight bytes of a task of the repacked VNNI kernel at most: it repacks
+/// its rows into a scratch that must stay in L2 while its token tiles
+/// pass over it. Tasks sized only by the set's total (a 248320-row lm
+/// head over 4–8 tokens: 17 MB of repacked rows a task) sent that
+/// scratch through memory, 7–9× the time of two tokens.
+const REPACK_TASK_BYTES: usize = 256 << 10;
+
 /// `y[n, rows] = x[n, cols] · Wᵀ` with the given kernel (tests and
 /// benchmarks compare kernels with this).
 pub fn linear_with(kernel: Kernel, w: &MatrixView, x: &[f32], n: usize, y: &mut [f32]) -> Result<()> {
@@ -238,6 +245,9 @@ pub fn linear_set_with(kernel: Kernel, ps: &mut [Product]) -> Result<()> {
         }
         let row_cost = mats[i].row_bytes() * n.div_ceil(4);
         let mut block = (task_bytes / row_cost.max(1)).clamp(1, rows);
+        if acts[act_of[i]].repacks() {
+            block = block.min((REPACK_TASK_BYTES / mats[i].row_bytes().max(1)).max(1));
+        }
         if kernels[i] == Kernel::Amx {
             // Whole pairs of 16-row tiles (the kernel's unit), and at
             // least two of them: within a task the next pair's rows are
@@ -338,6 +348,17 @@ enum Tiles {
     None,
     Vnni(super::vnni_gemm::Tiled),
     Amx(super::amx::Tiled),
+}
+
+impl Prepared<'_> {
+    /// Whether the kernel repacks each task's rows (`vnni_gemm`).
+    fn repacks(&self) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        if matches!(self.tiles, Tiles::Vnni(_)) {
+            return true;
+        }
+        false
+    }
 }
 
 /// The activations as `kernel` wants them for `mat`.
