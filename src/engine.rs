@@ -80,10 +80,13 @@ pub struct Options {
     /// the next layer.
     pub prefetch: bool,
     /// CUDA: who computes the experts that miss the cache: split between
-    /// copies to the device and the CPU by a cost model (`Auto`, the
-    /// default), all copied (`Off`), or all on the CPU (`Cpu`, for
-    /// testing).
-    pub hybrid: Hybrid,
+    /// copies to the device and the CPU by a cost model (`Auto`), all
+    /// copied (`Off`), or all on the CPU (`Cpu`, for testing). `None`, the
+    /// default: `Auto` where the expert files are mapped and registered
+    /// with the driver (they fit in half of the available memory), `Off`
+    /// where misses go through staging buffers (not measured with the
+    /// split).
+    pub hybrid: Option<Hybrid>,
     /// CUDA: settings of the backend (graphs, PDL, staging, kernel cache).
     pub cuda: CudaOptions,
     /// Where the messages of opening go (the device chosen, kernels
@@ -102,7 +105,7 @@ impl Default for Options {
             expert_cache: CacheSize::Auto,
             ram_cache: CacheSize::Auto,
             prefetch: true,
-            hybrid: Hybrid::Auto,
+            hybrid: None,
             cuda: CudaOptions::default(),
             notify: Notifier::default(),
         }

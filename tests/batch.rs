@@ -286,7 +286,7 @@ fn streamed_on_cpu_close(name: &str, dir: &std::path::Path, resident: &Model, to
         device: Device::Cuda(0),
         exact: true,
         expert_cache: three_slots(resident),
-        hybrid: moeflux::experts::Hybrid::Cpu,
+        hybrid: Some(moeflux::experts::Hybrid::Cpu),
         ..Options::default()
     };
     let streamed = Model::open(dir, &opts).expect("open with a three-slot cache");
@@ -310,7 +310,7 @@ fn streamed_same_bits(name: &str, dir: &std::path::Path, resident: &Model, exact
         device: Device::Cuda(0),
         exact,
         expert_cache: three_slots(resident),
-        hybrid: moeflux::experts::Hybrid::Off,
+        hybrid: Some(moeflux::experts::Hybrid::Off),
         ..Options::default()
     };
     let streamed = Model::open(dir, &opts).expect("open with a three-slot cache");

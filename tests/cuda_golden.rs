@@ -40,7 +40,7 @@ fn open(dir: &std::path::Path, cache: CacheSize, prefetch: bool, hybrid: Hybrid)
         device: Device::Cuda(0),
         expert_cache: cache,
         prefetch,
-        hybrid,
+        hybrid: Some(hybrid),
         exact: true,
         cuda: cuda_options(),
         ..Options::default()
@@ -58,7 +58,7 @@ fn open_fast_with(dir: &std::path::Path, cache: CacheSize, hybrid: Hybrid) -> Mo
     let opts = Options {
         device: Device::Cuda(0),
         expert_cache: cache,
-        hybrid,
+        hybrid: Some(hybrid),
         cuda: cuda_options(),
         ..Options::default()
     };

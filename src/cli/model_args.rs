@@ -60,7 +60,8 @@ pub struct ModelArgs {
     /// CUDA: who computes the experts that miss the device cache: auto
     /// (the CPU computes some from host memory while the others are
     /// copied, split by a cost model measured at start), off (copy them
-    /// all) or cpu (compute them all on the CPU) [default: auto].
+    /// all) or cpu (compute them all on the CPU) [default: auto where the
+    /// expert files fit in half of the available memory, else off].
     #[arg(long, value_name = "MODE")]
     pub hybrid: Option<Hybrid>,
     /// CUDA: where compiled kernels are kept [default:
@@ -98,7 +99,7 @@ impl ModelArgs {
             expert_cache: self.expert_cache,
             ram_cache: self.ram_cache,
             prefetch: !self.no_prefetch,
-            hybrid: self.hybrid.unwrap_or_default(),
+            hybrid: self.hybrid,
             cuda: CudaOptions {
                 graphs: !self.no_cuda_graphs,
                 pdl: !self.no_pdl,

@@ -9,13 +9,14 @@
 use crate::error::{Error, Result};
 
 /// `--hybrid`: who computes the experts that are not on the device.
-/// `Auto` by default: on the H200 host it decoded 1.38× as fast as `Off`
-/// at `0%`, 1.06× at 25% and 0.99× at 50% (BENCHMARKS.md, "Streaming
-/// without CUDA graphs").
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// `Auto` by default where the expert files are registered with the
+/// driver: on the H200 host it decoded 1.38× as fast as `Off` at `0%`,
+/// 1.06× at 25% and 0.99× at 50% (BENCHMARKS.md, "Streaming without CUDA
+/// graphs"); `Off` by default where misses go through staging buffers
+/// (the split was not measured there). See `engine::Options::hybrid`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Hybrid {
     /// Split by the cost model.
-    #[default]
     Auto,
     /// Copy every miss (the device computes everything).
     Off,

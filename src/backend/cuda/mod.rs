@@ -109,8 +109,10 @@ pub struct CacheRequest {
     /// The smallest working set in experts: the active experts of one
     /// layer (two layers' worth with prefetch).
     pub min_slots: usize,
-    /// Who computes the misses (`experts::split`).
-    pub hybrid: Hybrid,
+    /// Who computes the misses (`experts::split`); `None`: the default,
+    /// `Auto` where the expert files are registered with the driver (the
+    /// case measured), `Off` where misses are read into staging buffers.
+    pub hybrid: Option<Hybrid>,
     /// The CPU threads that compute misses (0: one per CPU the process
     /// may use), and whether their products are exact (SPEC §6).
     pub host_threads: usize,
@@ -300,10 +302,14 @@ impl CudaBackend {
             // "Where a streamed MoE layer's time goes").
             self.gpu.set_graphs(false)?;
         }
-        let split = match (cache.resident(), req.hybrid, moe_layers.first()) {
+        let hybrid = req.hybrid.unwrap_or(match cache.copies_queue_only() {
+            true => Hybrid::Auto,
+            false => Hybrid::Off,
+        });
+        let split = match (cache.resident(), hybrid, moe_layers.first()) {
             (false, Hybrid::Auto | Hybrid::Cpu, Some(&l)) => {
                 let cpu = host_cpu::HostCpu::new(&self.gpu, req.host_threads, req.exact)?;
-                let m = hybrid::measure(req.hybrid, &cpu, &cache, store, l, || {
+                let m = hybrid::measure(hybrid, &cpu, &cache, store, l, || {
                     self.pinned_copy_bandwidth().map(|g| g * 1e9)
                 })?;
                 cache.set_split(m, cpu)?;
