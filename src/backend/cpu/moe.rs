@@ -16,6 +16,7 @@ use crate::format::MatrixView;
 use crate::parallel::for_each_chunk;
 
 /// The tokens routed to one expert and their weights.
+#[derive(Clone)]
 pub(crate) struct Routed {
     pub toks: Vec<usize>,
     pub wts: Vec<f32>,

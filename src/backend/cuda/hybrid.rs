@@ -151,13 +151,7 @@ pub(crate) fn measure(
                 hidden,
                 inter,
                 mats: mats[..c].to_vec(),
-                routed: routed
-                    .iter()
-                    .map(|r| Routed {
-                        toks: r.toks.clone(),
-                        wts: r.wts.clone(),
-                    })
-                    .collect(),
+                routed: routed.clone(),
                 size: (c, 0, 1),
             };
             cpu.start(work, || Ok(()))?;
