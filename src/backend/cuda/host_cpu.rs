@@ -67,8 +67,9 @@ pub(crate) struct HostSum {
 struct Steps {
     /// Recorded after the GPU's share of a step.
     issued: Arc<Event>,
-    /// Page-locked: the flag (u32), then from `FLAG_BYTES` the sum.
-    mem: Option<Arc<Pinned>>,
+    /// Page-locked: the flag (u32), then from `FLAG_BYTES` the sum; and
+    /// its device address.
+    mem: Option<(Arc<Pinned>, u64)>,
     seq: u32,
     /// The last step's outcome, filled in by it.
     outcome: Arc<Mutex<Option<Result<Report>>>>,
@@ -157,17 +158,17 @@ impl HostCpu {
         }
         let len = w.n * w.hidden;
         let mut st = self.st.lock().map_err(|_| poisoned())?;
-        if st.mem.as_ref().is_none_or(|m| m.len() < FLAG_BYTES + 4 * len) {
+        if st.mem.as_ref().is_none_or(|(m, _)| m.len() < FLAG_BYTES + 4 * len) {
             st.mem = None;
             let m = Pinned::new(&self.gpu, (FLAG_BYTES + 4 * len).next_multiple_of(64 << 10))?;
             // SAFETY: fresh; nothing else refers to it yet.
             unsafe { m.range_mut(0, FLAG_BYTES) }.fill(0);
-            st.mem = Some(Arc::new(m));
+            let dev = m.device_ptr()?;
+            st.mem = Some((Arc::new(m), dev));
         }
-        let Some(mem) = st.mem.clone() else {
+        let Some((mem, dev)) = st.mem.clone() else {
             unreachable!("allocated above")
         };
-        let dev = mem.device_ptr()?;
         gpu_part()?;
         // Recording launches what graph capture holds back.
         st.issued.record(self.gpu.stream)?;

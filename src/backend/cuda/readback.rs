@@ -1,9 +1,10 @@
-//! Small device→host reads through page-locked memory: the routing of a
+//! Small device→host reads through page-locked memory. `Readback`: a copy
+//! into pageable memory goes through the driver's own staging with a wait
+//! of its own per part; into pinned memory the parts are queued together
+//! and the stream is waited for once. `Published`: the routing of a
 //! streamed MoE step (expert ids, and for a split step the weights and
-//! the activations) comes back once per layer, and a copy into pageable
-//! memory goes through the driver's own staging with a wait of its own
-//! per part; into pinned memory the parts are queued together and the
-//! stream is waited for once.
+//! the activations), once per layer, written by a kernel into mapped
+//! pinned memory with a flag that the host spins on.
 
 use super::check::Check;
 use crate::error::Result;
@@ -98,6 +99,8 @@ const FLAG_WORDS: usize = 64;
 #[derive(Default)]
 pub(crate) struct Published {
     ptr: usize,
+    /// `ptr` as the device addresses it.
+    dev: u64,
     seq: u32,
 }
 
@@ -126,12 +129,13 @@ impl Published {
                 .check("allocating mapped pinned host memory for reads")?;
             // SAFETY: fresh allocation of at least 4 bytes.
             unsafe { *(p as *mut u32) = 0 };
-            self.ptr = p as usize;
+            let mut dev = 0;
+            // SAFETY: `p` is a live page-locked allocation of this context.
+            unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dev, p, 0) }
+                .check("mapping pinned host memory for the device")?;
+            (self.ptr, self.dev) = (p as usize, dev);
         }
-        let mut dev = 0;
-        // SAFETY: `ptr` is a live page-locked allocation of this context.
-        unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dev, self.ptr as *mut c_void, 0) }
-            .check("mapping pinned host memory for the device")?;
+        let dev = self.dev;
         // (source, word offset, words) of each part.
         let mut spec = [(0u64, 0i32, 0i32); 3];
         let mut off = FLAG_WORDS;
