@@ -5,7 +5,7 @@
 #   tools/device/run.sh STAGE...
 # Stages: probe coldstart coldstart-model ops golden synth resident half quarter zero quarter-nopf cpu
 # golden-staging pieces quarter-staging quick quick25 kernels resident-nograph
-# quarter-nograph golden-nograph resident-nopdl quarter-nopdl profile profile-parallel batch parallel
+# quarter-nograph golden-nograph resident-nopdl quarter-nopdl profile profile-stream profile-parallel batch parallel
 # parallel-skewed parallel-cpu cpu-prefill prefill profile-prefill.
 # Logs go to $OUT; a short table is printed last.
 set -uo pipefail
@@ -159,6 +159,19 @@ for stage in "$@"; do
             "$BIN/moeflux" bench --model "$MODEL" --device cuda -p 16 -n 24 -r 1 >"$OUT/ncu.csv" 2>"$OUT/ncu.err"
         note "ncu (rc $?, $((SECONDS - t0)) s)"
         python3 tools/device/ncu_summary.py "$OUT/ncu.csv" | tee -a "$SUMMARY"
+        ;;
+    profile-stream)
+        # Per-kernel GPU time of streamed decode tokens at 25% and at 0%
+        # of the experts cached (Nsight Compute, clocks and caches left
+        # alone; copies are serialized with the kernels under ncu).
+        for c in 25% 0%; do
+            t0=$SECONDS
+            ncu --csv --clock-control none --cache-control none --metrics gpu__time_duration.sum \
+                --launch-skip 4000 --launch-count 1500 \
+                "$BIN/moeflux" bench --model "$MODEL" --device cuda -p 0 -n 24 -r 1 --expert-cache $c >"$OUT/ncu-${c%\%}.csv" 2>"$OUT/ncu-${c%\%}.err"
+            note "ncu streamed $c (rc $?, $((SECONDS - t0)) s)"
+            python3 tools/device/ncu_summary.py "$OUT/ncu-${c%\%}.csv" | tee -a "$SUMMARY"
+        done
         ;;
     profile-parallel)
         # Per-kernel GPU time of 8-stream decode steps (Nsight Compute, one

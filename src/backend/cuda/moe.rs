@@ -7,7 +7,10 @@
 //! Otherwise the ids come back to the host, which groups the pairs by
 //! expert (each expert's weights read once per chunk), has the expert
 //! cache copy the missing experts in, and launches one grouped kernel per
-//! matrix. Each pair's arithmetic is the same on both paths.
+//! matrix. A streamed step of few pairs (decode) then runs the resident
+//! path's two kernels, the pairs' expert addresses carried with the
+//! launches (`PairBases`). Each pair's arithmetic is the same on every
+//! path.
 
 use super::buf::{CudaBuf, DevMem};
 use super::cache::ExpertCache;
@@ -47,6 +50,21 @@ fn dc_rows(gpu: &Gpu, n: usize, hidden: usize) -> usize {
         .into_iter()
         .find(|&r| hidden.div_ceil(r) * n >= 2 * gpu.sms)
         .unwrap_or(4)
+}
+
+/// Most pairs whose expert addresses a launch carries (`PB_MAX` in
+/// kernels/moe_routed.cu): a streamed step of up to this many pairs
+/// runs `moe_up_routed` and `moe_down_combine` (4 decode tokens of 8
+/// experts).
+const PAIR_BASES: usize = 32;
+
+/// The `PairBases` kernel argument (kernels/moe_routed.cu): pair p's
+/// expert address, 0 for a pair the CPU computes; unused (zeros) with a
+/// resident table.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct PairBases {
+    p: [u64; PAIR_BASES],
 }
 
 /// Most experts per token the router kernel takes.
@@ -210,7 +228,6 @@ pub(crate) fn moe(gpu: &Arc<Gpu>, cache: Option<&ExpertCache>, io: MoeIo, a: Moe
                                                     // `out` still reads as zeros (no shared expert): assign, do not add.
     let assign = out.take_zero(n * a.hidden) as i32;
     let op = out.write(gpu, n * a.hidden)?;
-    let (kk, hid, inter) = (k as i32, a.hidden as i32, a.inter as i32);
     match table {
         // A batched decode step on tensor cores: the same kernels as the
         // host's groups, each pair its own group.
@@ -229,50 +246,98 @@ pub(crate) fn moe(gpu: &Arc<Gpu>, cache: Option<&ExpertCache>, io: MoeIo, a: Moe
         }
         Some(t) if n <= DEVICE_ROUTE_TOKENS => {
             // All on the device: gate/up per pair, then down + combine per token.
-            let (xp, hw, ip) = (io.x.read(gpu)?, h.write(gpu, h.len())?, ids.ptr());
-            // 8 warps × 2 rows of gate and of up per block, one pair per block row.
-            let up_grid = (a.inter.div_ceil(16) as u32, (n * k) as u32, 1);
-            gpu.launch(
-                gpu.k.fmt(el.fmt)?.moe_up_routed,
-                up_grid,
-                256,
-                0,
-                cuda_args![el, xp, hw, ip, t, kk, hid, inter],
-            )?;
-            let (hp, wp) = (h.read(gpu)?, wts.read(gpu)?);
-            // One block per `rpb` rows of a token; its warps' lane sets
-            // split the (pair, 4 rows) items.
-            let rpb = dc_rows(gpu, n, a.hidden);
-            let grid = (a.hidden.div_ceil(rpb) as u32, n as u32, 1);
-            let rpb = rpb as i32;
-            gpu.launch(
-                gpu.k.fmt(el.fmt)?.moe_down_combine,
-                grid,
-                256,
-                0,
-                cuda_args![el, hp, op, wp, ip, t, kk, hid, inter, assign, rpb],
+            routed_pairs(
+                gpu,
+                el,
+                io.x,
+                &h,
+                &wts,
+                Pairs::Table {
+                    table: t,
+                    ids: ids.ptr(),
+                },
+                &a,
+                op,
+                assign,
             )
         }
-        _ => {
+        // Resident, on tensor cores: the pairs grouped on the device.
+        Some(t) if experts_tc(gpu, &el, n, &a) => {
             let d = CudaBuf::zeroed(gpu, n * k * a.hidden)?; // [pairs, hidden]
-            let cpu_part = match table {
-                // Resident, on tensor cores: the pairs grouped on the device.
-                Some(t) if experts_tc(gpu, &el, n, &a) => {
-                    device_grouped(gpu, el, io.x, &ids, t, &h, &d, &a)?;
-                    None
-                }
-                _ => grouped(gpu, cache, &io, el, &ids, &wts, hint.map(|h| h.0), &h, &d, &a)?,
-            };
-            if let Some(c) = cache {
-                c.mark(Mark::Add)?;
-            }
-            combine(gpu, op, &d, &wts, &a, assign)?;
+            device_grouped(gpu, el, io.x, &ids, t, &h, &d, &a)?;
+            combine(gpu, op, &d, &wts, &a, assign)
+        }
+        _ => {
+            let to = Combine { op, assign };
+            let cpu_part = grouped(gpu, cache, &io, el, &ids, &wts, hint.map(|h| h.0), &h, &a, to)?;
             match cpu_part {
                 Some(p) => hybrid::add_sum(gpu, out, p),
                 None => Ok(()),
             }
         }
     }
+}
+
+/// Where the pairs' experts are for [`routed_pairs`].
+enum Pairs<'a> {
+    /// Every expert resident: the layer's row of expert addresses, and
+    /// the routed ids `[n, k]` (u32) on the device.
+    Table { table: u64, ids: u64 },
+    /// Each pair's expert address (0: computed on the CPU).
+    Carried(&'a PairBases),
+}
+
+/// gate/up per pair (`moe_up_routed`), then down and the weighted sum
+/// per token (`moe_down_combine`) into `op` (`assign`: out reads as
+/// zeros and is written, not added to).
+#[allow(clippy::too_many_arguments)]
+fn routed_pairs(
+    gpu: &Gpu,
+    el: ELayout,
+    x: &CudaBuf,
+    h: &CudaBuf,
+    wts: &CudaBuf,
+    pairs: Pairs<'_>,
+    a: &MoeArgs,
+    op: u64,
+    assign: i32,
+) -> Result<()> {
+    let (t, ip, pb) = match pairs {
+        Pairs::Table { table, ids } => (table, ids, PairBases::default()),
+        Pairs::Carried(pb) => (0, 0, *pb),
+    };
+    let (kk, hid, inter) = (a.k as i32, a.hidden as i32, a.inter as i32);
+    let (xp, hw) = (x.read(gpu)?, h.write(gpu, a.n * a.k * a.inter)?);
+    // 8 warps × 2 rows of gate and of up per block, one pair per block row.
+    let up_grid = (a.inter.div_ceil(16) as u32, (a.n * a.k) as u32, 1);
+    gpu.launch(
+        gpu.k.fmt(el.fmt)?.moe_up_routed,
+        up_grid,
+        256,
+        0,
+        cuda_args![el, xp, hw, ip, t, pb, kk, hid, inter],
+    )?;
+    let (hp, wp) = (h.read(gpu)?, wts.read(gpu)?);
+    // One block per `rpb` rows of a token; its warps' lane sets split the
+    // (pair, 4 rows) items.
+    let rpb = dc_rows(gpu, a.n, a.hidden);
+    let grid = (a.hidden.div_ceil(rpb) as u32, a.n as u32, 1);
+    let rpb = rpb as i32;
+    gpu.launch(
+        gpu.k.fmt(el.fmt)?.moe_down_combine,
+        grid,
+        256,
+        0,
+        cuda_args![el, hp, op, wp, ip, t, pb, kk, hid, inter, assign, rpb],
+    )
+}
+
+/// Where a host-grouped step's weighted sum goes: `out` at `op`, assigned
+/// or added to.
+#[derive(Clone, Copy)]
+struct Combine {
+    op: u64,
+    assign: i32,
 }
 
 /// `out[t] (+)= Σ_j w[t, j]·d[t·k + j]` (`assign`: out reads as zeros and
@@ -337,9 +402,13 @@ fn device_grouped(
 }
 
 /// The host-grouped path: download the ids, fetch the experts (in chunks
-/// that fit the cache), launch per chunk. With a split model, the misses
-/// of a short step are shared with the CPU; its weighted sum `[n, hidden]`
-/// is returned, to be added to the output.
+/// that fit the cache), launch per chunk, and add the pairs up into `to`.
+/// A step of at most `PAIR_BASES` pairs on the f32 kernels whose experts
+/// fit in one launch carries their addresses to the resident path's
+/// kernels instead (no group table, the combine in the down launch).
+/// With a split model, the misses of a short step are shared with the
+/// CPU; its weighted sum `[n, hidden]` is returned, to be added to the
+/// output.
 #[allow(clippy::too_many_arguments)]
 fn grouped(
     gpu: &Arc<Gpu>,
@@ -350,8 +419,8 @@ fn grouped(
     wts: &CudaBuf,
     hint: Option<usize>,
     h: &CudaBuf,
-    d: &CudaBuf,
     a: &MoeArgs,
+    to: Combine,
 ) -> Result<Option<HostSum>> {
     let (n, k) = (a.n, a.k);
     let split = cache.filter(|c| n <= HYBRID_TOKENS && c.split().is_some());
@@ -398,7 +467,23 @@ fn grouped(
     } else {
         STREAM_CHUNK.min(cache.n_slots())
     };
+    let carried = x16.is_none() && n * k <= PAIR_BASES && experts.len() <= per_launch;
+    // [pairs, hidden], for the grouped kernels.
+    let d = match carried {
+        true => None,
+        false => Some(CudaBuf::zeroed(gpu, n * k * a.hidden)?),
+    };
     let launch = |chunk: &[u32], addrs: &[u64]| -> Result<()> {
+        let Some(d) = &d else {
+            // Every expert of the step in one launch: pair p's address is
+            // its expert's (0 for one the CPU computes).
+            let mut pb = PairBases::default();
+            for (b, e) in pb.p.iter_mut().zip(&host[..n * k]) {
+                *b = chunk.iter().position(|c| c == e).map_or(0, |i| addrs[i]);
+            }
+            routed_pairs(gpu, el, io.x, h, wts, Pairs::Carried(&pb), a, to.op, to.assign)?;
+            return cache.release(a.layer, chunk);
+        };
         let groups = chunk.len();
         let mut starts = Vec::with_capacity(groups);
         let mut counts = Vec::with_capacity(groups);
@@ -469,7 +554,8 @@ fn grouped(
             }
         }
         let gpu_part = || {
-            if !on_gpu.is_empty() {
+            // Carried, the launch also assigns or adds the step's sum.
+            if !on_gpu.is_empty() || carried {
                 launch(&on_gpu, &gpu_addrs)?;
             }
             cache.mark(Mark::Experts)?;
@@ -483,7 +569,9 @@ fn grouped(
         } else {
             // The rows of the host's pairs stay zero in `d` (the GPU's
             // launch writes only its own): queue the owed fill now.
-            d.read(gpu)?;
+            if let Some(d) = &d {
+                d.read(gpu)?;
+            }
             let step = HostStep {
                 ids: &host[..n * k],
                 weights: &wh,
@@ -505,6 +593,10 @@ fn grouped(
             hybrid::wait_cpu(cache)?;
         }
         ahead()?;
+    }
+    cache.mark(Mark::Add)?;
+    if let Some(d) = &d {
+        combine(gpu, to.op, d, wts, a, to.assign)?;
     }
     Ok(cpu_part)
 }

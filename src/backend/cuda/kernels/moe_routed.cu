@@ -3,6 +3,24 @@
 // `table[ids[p]]` on the device, no host round trip. The same arithmetic
 // per pair as moe_up / moe_down and moe_combine (moe.cu), whose helpers
 // these use.
+//
+// A streamed step of few pairs (decode, its experts copied into cache
+// slots) takes the same kernels with `table` null: pair p's expert is
+// then at `pb.p[p]`, passed with the launch, and a null address is a pair
+// the CPU computes (`--hybrid`): it is skipped here (its sum is added
+// later) and adds nothing to its token's combine.
+
+// Most pairs whose expert addresses a launch carries (`PAIR_BASES` in
+// cuda/moe.rs).
+#define PB_MAX 32
+struct PairBases {
+    u64 p[PB_MAX];
+};
+
+// The expert of pair p: through the resident table, or carried.
+__device__ __forceinline__ const char* pair_base(const u64* table, const u32* ids, const PairBases& pb, int p) {
+    return (const char*)(table ? table[ids[p]] : pb.p[p]);
+}
 
 // moe_down and moe_combine in one launch, for device routing: block
 // (blockIdx.x, blockIdx.y) takes `rpb` rows of token blockIdx.y (a
@@ -20,14 +38,14 @@
 #define DC_ROWS 32
 template <int FMT, bool F16S>
 __device__ __forceinline__ void moe_down_combine_t(const ELayout& L, const float* h, float* out, const float* wts,
-                                                   const u32* ids, const u64* table, int k, int hidden, int inter,
-                                                   int assign, int rpb) {
+                                                   const u32* ids, const u64* table, const PairBases& pb, int k,
+                                                   int hidden, int inter, int assign, int rpb) {
     __shared__ float dots[DC_MAXK][DC_ROWS];
     __shared__ const char* bases[DC_MAXK];
     const int t = blockIdx.y;
     const int row0 = blockIdx.x * rpb;
     const int kk = min(k, DC_MAXK);
-    if (threadIdx.x < kk) bases[threadIdx.x] = (const char*)table[ids[t * k + threadIdx.x]];
+    if (threadIdx.x < kk) bases[threadIdx.x] = pair_base(table, ids, pb, t * k + threadIdx.x);
     __syncthreads();
     const LaneSets ls = lane_sets<FMT>(L.vec, inter);
     const int warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
@@ -51,7 +69,9 @@ __device__ __forceinline__ void moe_down_combine_t(const ELayout& L, const float
             acc[0][r] = 0.0f;
         }
         const float* xs[1] = {h + (i64)(t * k + j) * inter};
-        rows_dot_tok<FMT, F16S, 1>(rows, live, inter, L.gs_shift, L.vec, ls.vlane, xs, acc);
+        // A skipped pair (null) reads nothing, not even its row of h (never
+        // written): its dots are zeros. (No shuffles inside: a set may skip.)
+        if (bases[j]) rows_dot_tok<FMT, F16S, 1>(rows, live, inter, L.gs_shift, L.vec, ls.vlane, xs, acc);
 #pragma unroll
         for (int r = 0; r < MV_R; r++) {
             const float v = set_sum(acc[0][r], ls.size);
@@ -70,10 +90,10 @@ __device__ __forceinline__ void moe_down_combine_t(const ELayout& L, const float
 
 #if FMT_GROUP_ON(FG_MOE_DOWN_COMBINE)
 extern "C" __global__ void __launch_bounds__(256)
-    moe_down_combine(ELayout L, const float* h, float* out, const float* wts, const u32* ids, const u64* table, int k,
-                     int hidden, int inter, int assign, int rpb) {
+    moe_down_combine(ELayout L, const float* h, float* out, const float* wts, const u32* ids, const u64* table,
+                     PairBases pb, int k, int hidden, int inter, int assign, int rpb) {
     GRID_DEP();
-    FOR_FMT(L.fmt, (moe_down_combine_t<F, S>(L, h, out, wts, ids, table, k, hidden, inter, assign, rpb)));
+    FOR_FMT(L.fmt, (moe_down_combine_t<F, S>(L, h, out, wts, ids, table, pb, k, hidden, inter, assign, rpb)));
 }
 #endif
 
@@ -84,13 +104,14 @@ extern "C" __global__ void __launch_bounds__(256)
 // Grid (inter/(8·MV_R/2), pairs), 256 threads.
 template <int FMT, bool F16S>
 __device__ __forceinline__ void moe_up_routed_t(const ELayout& L, const float* x, float* h, const u32* ids,
-                                                const u64* table, int k, int hidden, int inter) {
+                                                const u64* table, const PairBases& pb, int k, int hidden, int inter) {
     const int HR = MV_R / 2;
     const int lane = threadIdx.x & 31;
     const int r0 = ((blockIdx.x * blockDim.x + threadIdx.x) >> 5) * HR;
     if (r0 >= inter) return;
     const int p = blockIdx.y;
-    const char* base = (const char*)table[ids[p]];
+    const char* base = pair_base(table, ids, pb, p);
+    if (!base) return;  // the CPU's pair: its row of h is not read
     Row rows[MV_R];
     bool live[MV_R];
 #pragma unroll
@@ -114,9 +135,9 @@ __device__ __forceinline__ void moe_up_routed_t(const ELayout& L, const float* x
 
 #if FMT_GROUP_ON(FG_MOE_UP_ROUTED)
 extern "C" __global__ void __launch_bounds__(256, 2)
-    moe_up_routed(ELayout L, const float* x, float* h, const u32* ids, const u64* table, int k, int hidden,
-                  int inter) {
+    moe_up_routed(ELayout L, const float* x, float* h, const u32* ids, const u64* table, PairBases pb, int k,
+                  int hidden, int inter) {
     GRID_DEP();
-    FOR_FMT(L.fmt, (moe_up_routed_t<F, S>(L, x, h, ids, table, k, hidden, inter)));
+    FOR_FMT(L.fmt, (moe_up_routed_t<F, S>(L, x, h, ids, table, pb, k, hidden, inter)));
 }
 #endif
