@@ -27,6 +27,7 @@ mod mixers;
 mod moe;
 mod moe_groups;
 mod moe_mt;
+mod moe_routed;
 mod ops;
 mod probe;
 mod readback;

@@ -19,6 +19,7 @@ use super::host_cpu::HostSum;
 use super::hybrid::{self, HostStep, HYBRID_TOKENS};
 use super::moe_groups::{expert_layout, experts_tc, run_experts, run_experts_tc, ELayout, Groups};
 use super::moe_mt;
+use super::moe_routed::{routed_pairs, PairBases, Pairs, PAIR_BASES};
 use super::tensor::{self, Half};
 use super::timeline::Mark;
 use crate::backend::{MoeArgs, MoeInputs};
@@ -35,38 +36,6 @@ const DEVICE_ROUTE_TOKENS: usize = 16;
 /// Experts per launch while streaming: the GPU computes one chunk while
 /// the next is read and copied.
 pub(crate) const STREAM_CHUNK: usize = 32;
-/// Most rows of a token per `moe_down_combine` block (`DC_ROWS` in
-/// kernels/moe_routed.cu).
-const DC_ROWS: usize = 32;
-
-/// Rows of a token per `moe_down_combine` block for `n` tokens: the most
-/// (4, 8, 16 or DC_ROWS) that still make two blocks per SM. With DC_ROWS
-/// for one token the 64 blocks of a 2048-row layer left half the H100's
-/// SMs idle and one stream's decode fell from 293 to 257 tok/s; with 4
-/// for 8 tokens, 4,096 blocks did little each and the kernel took 69 µs
-/// (ncu) where 32 rows take 41.
-fn dc_rows(gpu: &Gpu, n: usize, hidden: usize) -> usize {
-    [DC_ROWS, 16, 8, 4]
-        .into_iter()
-        .find(|&r| hidden.div_ceil(r) * n >= 2 * gpu.sms)
-        .unwrap_or(4)
-}
-
-/// Most pairs whose expert addresses a launch carries (`PB_MAX` in
-/// kernels/moe_routed.cu): a streamed step of up to this many pairs
-/// runs `moe_up_routed` and `moe_down_combine` (4 decode tokens of 8
-/// experts).
-const PAIR_BASES: usize = 32;
-
-/// The `PairBases` kernel argument (kernels/moe_routed.cu): pair p's
-/// expert address, 0 for a pair the CPU computes; unused (zeros) with a
-/// resident table.
-#[repr(C)]
-#[derive(Clone, Copy, Default)]
-struct PairBases {
-    p: [u64; PAIR_BASES],
-}
-
 /// Most experts per token the router kernel takes.
 const MAX_K: usize = 64;
 /// Softmax routing over at most 32 × this many experts (and k ≤ 32) runs
@@ -276,60 +245,6 @@ pub(crate) fn moe(gpu: &Arc<Gpu>, cache: Option<&ExpertCache>, io: MoeIo, a: Moe
             }
         }
     }
-}
-
-/// Where the pairs' experts are for [`routed_pairs`].
-enum Pairs<'a> {
-    /// Every expert resident: the layer's row of expert addresses, and
-    /// the routed ids `[n, k]` (u32) on the device.
-    Table { table: u64, ids: u64 },
-    /// Each pair's expert address (0: computed on the CPU).
-    Carried(&'a PairBases),
-}
-
-/// gate/up per pair (`moe_up_routed`), then down and the weighted sum
-/// per token (`moe_down_combine`) into `op` (`assign`: out reads as
-/// zeros and is written, not added to).
-#[allow(clippy::too_many_arguments)]
-fn routed_pairs(
-    gpu: &Gpu,
-    el: ELayout,
-    x: &CudaBuf,
-    h: &CudaBuf,
-    wts: &CudaBuf,
-    pairs: Pairs<'_>,
-    a: &MoeArgs,
-    op: u64,
-    assign: i32,
-) -> Result<()> {
-    let (t, ip, pb) = match pairs {
-        Pairs::Table { table, ids } => (table, ids, PairBases::default()),
-        Pairs::Carried(pb) => (0, 0, *pb),
-    };
-    let (kk, hid, inter) = (a.k as i32, a.hidden as i32, a.inter as i32);
-    let (xp, hw) = (x.read(gpu)?, h.write(gpu, a.n * a.k * a.inter)?);
-    // 8 warps × 2 rows of gate and of up per block, one pair per block row.
-    let up_grid = (a.inter.div_ceil(16) as u32, (a.n * a.k) as u32, 1);
-    gpu.launch(
-        gpu.k.fmt(el.fmt)?.moe_up_routed,
-        up_grid,
-        256,
-        0,
-        cuda_args![el, xp, hw, ip, t, pb, kk, hid, inter],
-    )?;
-    let (hp, wp) = (h.read(gpu)?, wts.read(gpu)?);
-    // One block per `rpb` rows of a token; its warps' lane sets split the
-    // (pair, 4 rows) items.
-    let rpb = dc_rows(gpu, a.n, a.hidden);
-    let grid = (a.hidden.div_ceil(rpb) as u32, a.n as u32, 1);
-    let rpb = rpb as i32;
-    gpu.launch(
-        gpu.k.fmt(el.fmt)?.moe_down_combine,
-        grid,
-        256,
-        0,
-        cuda_args![el, hp, op, wp, ip, t, pb, kk, hid, inter, assign, rpb],
-    )
 }
 
 /// Where a host-grouped step's weighted sum goes: `out` at `op`, assigned
