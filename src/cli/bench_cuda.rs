@@ -17,6 +17,21 @@ struct CacheCols {
     floor: Option<f64>,
 }
 
+/// What the copies ahead of need (router guesses, the last token's
+/// experts, whole next layers) came to over `tokens` tokens: experts a
+/// token, their share of the experts copied, and the share of them hit
+/// before they were evicted. None without any.
+fn ahead_cols(c: &CacheStats, tokens: usize) -> Option<(f64, f64, f64)> {
+    (c.prefetched > 0).then(|| {
+        let pf = c.prefetched as f64;
+        (
+            pf / tokens.max(1) as f64,
+            pf / (pf + c.misses as f64),
+            c.prefetch_hits as f64 / pf,
+        )
+    })
+}
+
 /// `copy_gbps` is the achieved streaming rate: bytes copied over the
 /// timed runs' wall time. The floor: copies at the pinned H2D rate and,
 /// with a split, the CPU's share at its modelled rate, both at once.
@@ -94,6 +109,8 @@ pub(super) fn print_cuda(
                     "bytes_on_cpu_per_token": cols.cpu_mb_per_tok * 1e6,
                     "cpu_steps": c.host_steps, "cpu_step_us": c.host_ns as f64 / 1e3 / c.host_steps.max(1) as f64,
                     "cpu_last": c.host_last, "guesses_per_hint": c.guesses as f64 / c.hints.max(1) as f64,
+                    "copied_ahead_per_token": ahead_cols(&c, r.tokens).map(|a| a.0),
+                    "copied_ahead_used": ahead_cols(&c, r.tokens).map(|a| a.2),
                     "copy_gb_s": cols.copy_gbps, "stall_s": c.stall_ns as f64 * 1e-9, "floor_tok_s": cols.floor,
                     "layer_parts_us": (c.layer_steps > 0).then(|| moeflux::experts::budget::LAYER_PARTS.iter().zip(c.layer_parts_ns)
                         .map(|(name, ns)| (name.to_string(), serde_json::json!(ns as f64 / 1e3 / c.layer_steps as f64)))
@@ -178,6 +195,15 @@ pub(super) fn print_cuda(
                 c.layer_host_ns[1] as f64 / 1e3 / c.layer_steps as f64
             )?;
         }
+        if let Some((per_tok, share, used)) = ahead_cols(&c, r.tokens) {
+            writeln!(
+                out,
+                "{} copied ahead of need: {per_tok:.1} experts a token ({:.0}% of the experts copied), {:.0}% of them hit before eviction",
+                r.label(),
+                100.0 * share,
+                100.0 * used
+            )?;
+        }
         if c.hints > 0 && c.guesses < c.hints * k as u64 {
             writeln!(
                 out,
@@ -191,4 +217,24 @@ pub(super) fn print_cuda(
     print_ram(out, model.ram_stats())?;
     print_phases(out, rows)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn copies_ahead_are_counted_per_token() {
+        let c = CacheStats {
+            misses: 100,
+            prefetched: 300,
+            prefetch_hits: 225,
+            ..CacheStats::default()
+        };
+        let (per_tok, share, used) = ahead_cols(&c, 10).expect("copies ahead");
+        assert_eq!(per_tok, 30.0);
+        assert_eq!(share, 0.75);
+        assert_eq!(used, 0.75);
+        assert!(ahead_cols(&CacheStats::default(), 10).is_none());
+    }
 }
