@@ -299,7 +299,9 @@ fn streamed_on_cpu_close(name: &str, dir: &std::path::Path, resident: &Model, to
         resident.n_vocab(),
         tol,
     );
-    eprintln!("{name}: batched, misses on the CPU vs resident, worst relative L2 {worst:.2e}");
+    let on_host = streamed.expert_cache_stats().map_or(0, |s| s.on_host);
+    assert!(on_host > 0, "{name}: no miss was computed on the CPU");
+    eprintln!("{name}: batched, misses on the CPU vs resident, worst relative L2 {worst:.2e} ({on_host} on the CPU)");
 }
 
 /// The batched steps with every expert missing from a three-slot cache

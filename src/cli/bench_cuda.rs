@@ -101,6 +101,7 @@ pub(super) fn print_cuda(
                 let (m, sd) = mean_sd(&r.tps);
                 let c = r.cache.unwrap_or_default();
                 let cols = cache_cols(&c, r.tokens, r.secs, h2d, split.as_ref());
+                let ahead = ahead_cols(&c, r.tokens);
                 serde_json::json!({"test": r.name, "streams": r.streams, "tok_s_mean": m, "tok_s_sd": sd, "runs": r.tps,
                     "per_stream_tok_s": m / r.streams as f64,
                     "hits": c.hits, "misses": c.misses, "bypassed": c.bypassed, "on_cpu": c.on_host,
@@ -109,8 +110,8 @@ pub(super) fn print_cuda(
                     "bytes_on_cpu_per_token": cols.cpu_mb_per_tok * 1e6,
                     "cpu_steps": c.host_steps, "cpu_step_us": c.host_ns as f64 / 1e3 / c.host_steps.max(1) as f64,
                     "cpu_last": c.host_last, "guesses_per_hint": c.guesses as f64 / c.hints.max(1) as f64,
-                    "copied_ahead_per_token": ahead_cols(&c, r.tokens).map(|a| a.0),
-                    "copied_ahead_used": ahead_cols(&c, r.tokens).map(|a| a.2),
+                    "copied_ahead_per_token": ahead.map(|a| a.0),
+                    "copied_ahead_used": ahead.map(|a| a.2),
                     "copy_gb_s": cols.copy_gbps, "stall_s": c.stall_ns as f64 * 1e-9, "floor_tok_s": cols.floor,
                     "layer_parts_us": (c.layer_steps > 0).then(|| moeflux::experts::budget::LAYER_PARTS.iter().zip(c.layer_parts_ns)
                         .map(|(name, ns)| (name.to_string(), serde_json::json!(ns as f64 / 1e3 / c.layer_steps as f64)))

@@ -146,7 +146,7 @@ pub struct CacheStats {
     /// With `trace_layers` (CUDA, for measuring): nanoseconds of the GPU's
     /// time in each part of a streamed decode step's MoE layer
     /// ([`LAYER_PARTS`]), summed over `layer_steps` steps.
-    pub layer_parts_ns: [u64; 5],
+    pub layer_parts_ns: [u64; LAYER_PARTS.len()],
     pub layer_steps: u64,
     /// With `trace_layers`: the host's nanoseconds, over the same steps,
     /// from a step's ids to its copies issued (planning), and from there

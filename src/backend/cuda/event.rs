@@ -20,17 +20,16 @@ unsafe impl Sync for Event {}
 
 impl Event {
     pub fn new(gpu: &Arc<Gpu>) -> Result<Event> {
-        let mut ev = std::ptr::null_mut();
-        // SAFETY: plain event creation in the bound context.
-        unsafe { sys::cuEventCreate(&mut ev, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32) }
-            .check("creating an event")?;
-        Ok(Event { ev, gpu: gpu.clone() })
+        Event::create(gpu, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32)
     }
     /// An event that also takes the time (`timeline.rs`).
     pub fn timed(gpu: &Arc<Gpu>) -> Result<Event> {
+        Event::create(gpu, 0)
+    }
+    fn create(gpu: &Arc<Gpu>, flags: u32) -> Result<Event> {
         let mut ev = std::ptr::null_mut();
         // SAFETY: plain event creation in the bound context.
-        unsafe { sys::cuEventCreate(&mut ev, 0) }.check("creating a timed event")?;
+        unsafe { sys::cuEventCreate(&mut ev, flags) }.check("creating an event")?;
         Ok(Event { ev, gpu: gpu.clone() })
     }
     pub fn raw(&self) -> sys::CUevent {

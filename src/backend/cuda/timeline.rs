@@ -24,7 +24,10 @@ pub(crate) enum Mark {
     Copied,
     /// The GPU's expert launches are queued.
     Experts,
-    /// The CPU's share is done (or there was none): the combine is next.
+    /// The CPU's share is done (or there was none): the combine is next
+    /// (a step whose pairs' addresses were carried to `moe_down_combine`
+    /// has combined in its experts' launch: its last part then holds only
+    /// the CPU's sum and the next layer).
     Add,
 }
 
