@@ -277,19 +277,27 @@ fn check(name: &str, flags: &[&str], device: Device, tol: f64, exact: bool) {
     }
 }
 
-/// The batched steps of at most `HYBRID_TOKENS` tokens with every expert
-/// missing from a three-slot cache computed on the CPU (`--hybrid cpu`,
+/// The batched steps of at most `HYBRID_TOKENS` (4) tokens with every
+/// expert missing from a small cache computed on the CPU (`--hybrid cpu`,
 /// exact kernels; the CPU's sums added on the device by `add_when`)
-/// against the resident run: within `tol`, the same argmax.
+/// against the resident run: within `tol`, the same argmax. The cache
+/// holds such a step's experts (4·k slots; a step whose distinct experts
+/// outnumber the slots is copied in launches, never split), and far fewer
+/// than the model's.
 fn streamed_on_cpu_close(name: &str, dir: &std::path::Path, resident: &Model, tol: f64) {
+    let k = resident.config().num_experts_per_tok as u64;
     let opts = Options {
         device: Device::Cuda(0),
         exact: true,
-        expert_cache: three_slots(resident),
+        expert_cache: slots(resident, (4 * k).max(3)),
         hybrid: Some(moeflux::experts::Hybrid::Cpu),
         ..Options::default()
     };
-    let streamed = Model::open(dir, &opts).expect("open with a three-slot cache");
+    let streamed = Model::open(dir, &opts).expect("open with a 4·k-slot cache");
+    assert!(
+        !streamed.expert_cache().expect("a cache report").resident,
+        "{name}: a 4·k-slot cache holds every expert"
+    );
     let (got, want) = (run(&streamed, true), run(resident, true));
     let worst = close(
         name,

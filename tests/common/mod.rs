@@ -183,11 +183,16 @@ pub fn open_cpu(dir: &Path) -> moeflux::Model {
 
 /// An expert cache of three experts' slots: every step misses.
 pub fn three_slots(model: &moeflux::Model) -> moeflux::experts::CacheSize {
+    slots(model, 3)
+}
+
+/// An expert cache of `n` slots of the model's largest expert.
+pub fn slots(model: &moeflux::Model, n: u64) -> moeflux::experts::CacheSize {
     let store = model.expert_store();
     let size = (0..model.config().num_hidden_layers)
         .filter_map(|l| store.layer_layout(l).ok())
         .map(|l| l.expert_size)
         .max()
         .expect("a MoE layer");
-    moeflux::experts::CacheSize::Bytes(3 * size.div_ceil(256) as u64 * 256)
+    moeflux::experts::CacheSize::Bytes(n * size.div_ceil(256) as u64 * 256)
 }
