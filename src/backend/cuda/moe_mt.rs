@@ -23,13 +23,16 @@ use std::sync::Arc;
 /// BENCHMARKS.md). Above 16 the prefill kernels (`moe_up_tc`,
 /// `moe_down_tc`) take the step.
 const TOKENS: std::ops::RangeInclusive<usize> = 5..=super::driver::PDL_MAX_TOKENS;
-/// Warps of a block (`MM_WARPS` in kernels/moe_mt.cu): they split each
-/// row's quantization groups.
-const WARPS: u32 = 8;
-/// Most 16-row tiles a block of `moe_down_mt` takes (`MM_RT` in
-/// kernels/moe_mt.cu); `moe_up_mt`'s take half as many of gate and of
-/// up.
-const MAX_TILES: usize = 4;
+/// 16-row tiles of gate and of up a block of `moe_up_mt` takes
+/// (`MM_UP_RT` in kernels/moe_mt.cu).
+const UP_TILES: usize = 1;
+/// Warps of a `moe_up_mt` block, which share its rows' quantization
+/// groups (`MM_UP_KS`): fixed, as a sum's order follows from it.
+const UP_WARPS: u32 = 4;
+/// 16-row tiles of down a block of `moe_down_mt` takes (`MM_DOWN_RT`).
+const DOWN_TILES: usize = 2;
+/// Warps of a `moe_down_mt` block (`MM_DOWN_KS`).
+const DOWN_WARPS: u32 = 2;
 
 /// The `MtGroups` kernel argument (kernels/moe_mt.cu).
 #[repr(C)]
@@ -69,15 +72,9 @@ pub(crate) fn takes(gpu: &Gpu, el: &ELayout, n: usize) -> bool {
     gpu.tensor_cores && TOKENS.contains(&n) && el.vec == 1 && matches!(words, 1 | 2 | 4)
 }
 
-/// 16-row tiles a block takes over `rows` rows of `groups` groups: the
-/// most (up to `most`) that still give every SM two blocks. A row's sums
-/// do not depend on it.
-fn tiles(gpu: &Gpu, rows: usize, groups: usize, most: usize) -> usize {
-    let mut rt = most;
-    while rt > 1 && rows.div_ceil(16 * rt) * groups < 2 * gpu.sms {
-        rt /= 2;
-    }
-    rt
+/// Blocks of a launch over `rows` rows, `tiles` 16-row tiles a block.
+fn blocks(rows: usize, tiles: usize) -> u32 {
+    rows.div_ceil(16 * tiles) as u32
 }
 
 /// The step's `n` tokens `x` split for these kernels (`to_half`).
@@ -135,18 +132,9 @@ pub(crate) fn run(
     }
     let f = gpu.k.fmt(el.fmt)?;
     let (k, hid, inter) = (a.k as i32, a.hidden as i32, a.inter as i32);
-    let threads = 32 * WARPS;
     let (xa, hw) = (xh.arg, h.write(gpu, h.len())?);
-    let rt = tiles(gpu, a.inter, groups, MAX_TILES / 2);
-    let grid = (a.inter.div_ceil(16 * rt) as u32, groups as u32, 1);
-    let rt = rt as i32;
-    gpu.launch(
-        f.moe_up_mt,
-        grid,
-        threads,
-        0,
-        cuda_args![el, xa, hw, g, k, hid, inter, rt],
-    )?;
+    let grid = (blocks(a.inter, UP_TILES), groups as u32, 1);
+    gpu.launch(f.moe_up_mt, grid, 32 * UP_WARPS, 0, cuda_args![el, xa, hw, g, k, hid, inter])?;
     // The pairs' rows of h split in their places (all of them with a table).
     let (list, n) = match rows {
         Some((p, n)) => (Some(p), n),
@@ -154,14 +142,26 @@ pub(crate) fn run(
     };
     let hh = tensor::to_half(gpu, h.read(gpu)?, list, n, np, a.inter, el.fmt, el.gs_shift)?;
     let (hp, dw) = (hh.arg, d.write(gpu, d.len())?);
-    let rt = tiles(gpu, a.hidden, groups, MAX_TILES);
-    let grid = (a.hidden.div_ceil(16 * rt) as u32, groups as u32, 1);
-    let rt = rt as i32;
-    gpu.launch(
-        f.moe_down_mt,
-        grid,
-        threads,
-        0,
-        cuda_args![el, hp, dw, g, hid, inter, rt],
-    )
+    let grid = (blocks(a.hidden, DOWN_TILES), groups as u32, 1);
+    gpu.launch(f.moe_down_mt, grid, 32 * DOWN_WARPS, 0, cuda_args![el, hp, dw, g, hid, inter])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::compile::define;
+    use super::*;
+
+    #[test]
+    fn sizes_match_the_kernels() {
+        let src = include_str!("kernels/moe_mt.cu");
+        assert_eq!(define(src, "MM_UP_RT"), Some(UP_TILES));
+        assert_eq!(define(src, "MM_UP_KS"), Some(UP_WARPS as usize));
+        assert_eq!(define(src, "MM_DOWN_RT"), Some(DOWN_TILES));
+        assert_eq!(define(src, "MM_DOWN_KS"), Some(DOWN_WARPS as usize));
+        let most = define(src, "MM_KS").unwrap();
+        assert!(UP_WARPS as usize <= most && DOWN_WARPS as usize <= most);
+        assert_eq!(blocks(512, UP_TILES), 32);
+        assert_eq!(blocks(2048, DOWN_TILES), 64);
+        assert_eq!(blocks(520, UP_TILES), 33);
+    }
 }

@@ -99,15 +99,8 @@ pub(crate) fn routed_pairs(
 
 #[cfg(test)]
 mod tests {
+    use super::super::compile::define;
     use super::*;
-
-    /// The value of `#define NAME` in a kernel source.
-    fn define(src: &str, name: &str) -> Option<usize> {
-        src.lines().find_map(|l| {
-            let rest = l.trim().strip_prefix("#define ")?.strip_prefix(name)?;
-            rest.split_whitespace().next()?.parse().ok()
-        })
-    }
 
     #[test]
     fn sizes_match_the_kernels() {
