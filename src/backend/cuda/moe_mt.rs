@@ -134,7 +134,13 @@ pub(crate) fn run(
     let (k, hid, inter) = (a.k as i32, a.hidden as i32, a.inter as i32);
     let (xa, hw) = (xh.arg, h.write(gpu, h.len())?);
     let grid = (blocks(a.inter, UP_TILES), groups as u32, 1);
-    gpu.launch(f.moe_up_mt, grid, 32 * UP_WARPS, 0, cuda_args![el, xa, hw, g, k, hid, inter])?;
+    gpu.launch(
+        f.moe_up_mt,
+        grid,
+        32 * UP_WARPS,
+        0,
+        cuda_args![el, xa, hw, g, k, hid, inter],
+    )?;
     // The pairs' rows of h split in their places (all of them with a table).
     let (list, n) = match rows {
         Some((p, n)) => (Some(p), n),
@@ -143,7 +149,13 @@ pub(crate) fn run(
     let hh = tensor::to_half(gpu, h.read(gpu)?, list, n, np, a.inter, el.fmt, el.gs_shift)?;
     let (hp, dw) = (hh.arg, d.write(gpu, d.len())?);
     let grid = (blocks(a.hidden, DOWN_TILES), groups as u32, 1);
-    gpu.launch(f.moe_down_mt, grid, 32 * DOWN_WARPS, 0, cuda_args![el, hp, dw, g, hid, inter])
+    gpu.launch(
+        f.moe_down_mt,
+        grid,
+        32 * DOWN_WARPS,
+        0,
+        cuda_args![el, hp, dw, g, hid, inter],
+    )
 }
 
 #[cfg(test)]
