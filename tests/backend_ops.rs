@@ -491,6 +491,27 @@ pub fn check_moe<B: Backend>(b: &B) {
     }
 }
 
+/// Router logits of NaN (a model whose activations diverged) for one
+/// token of three: every backend routes that token to experts in range,
+/// as the host router does (NaN ranks lowest, ties to the lower index),
+/// instead of failing or reading past the layer's experts; the other
+/// tokens' results are unchanged.
+pub fn check_moe_nan<B: Backend>(b: &B) {
+    let mut rng = Rng::new(31);
+    let routings = [
+        Routing::Softmax { norm_topk_prob: true },
+        Routing::NoauxTc {
+            n_group: 2,
+            topk_group: 1,
+            routed_scaling_factor: 1.0,
+            norm_topk_prob: true,
+        },
+    ];
+    for routing in &routings {
+        moe_case_with(b, &mut rng, (4, 32), (128, 64, 6), 3, 2, routing, 5e-6, &[1]);
+    }
+}
+
 /// One MoE step of `n` tokens through `ne` random experts of
 /// `[inter, hidden]` / `[hidden, inter]` (`bits`, group `gs`), each token
 /// to `k` of them, against the reference within `tol`; returns the
@@ -499,18 +520,38 @@ pub fn check_moe<B: Backend>(b: &B) {
 pub fn moe_case<B: Backend>(
     b: &B,
     rng: &mut Rng,
+    bits_gs: (usize, usize),
+    shape: (usize, usize, usize),
+    n: usize,
+    k: usize,
+    routing: &Routing,
+    tol: f64,
+) -> (Vec<f32>, f64) {
+    moe_case_with(b, rng, bits_gs, shape, n, k, routing, tol, &[])
+}
+
+/// [`moe_case`] with the router logits of the tokens `nan_rows` all NaN;
+/// those tokens' outputs are left out of the comparison.
+#[allow(clippy::too_many_arguments)]
+pub fn moe_case_with<B: Backend>(
+    b: &B,
+    rng: &mut Rng,
     (bits, gs): (usize, usize),
     (hidden, inter, ne): (usize, usize, usize),
     n: usize,
     k: usize,
     routing: &Routing,
     tol: f64,
+    nan_rows: &[usize],
 ) -> (Vec<f32>, f64) {
     let dir = tempfile::tempdir().expect("tempdir");
     let (store, experts) = write_experts(rng, dir.path(), hidden, inter, ne, bits, gs);
     let x = rng.vec(n * hidden, 1.0);
     let out0 = rng.vec(n * hidden, 1.0);
-    let logits = rng.vec(n * ne, 3.0);
+    let mut logits = rng.vec(n * ne, 3.0);
+    for &t in nan_rows {
+        logits[t * ne..(t + 1) * ne].fill(f32::NAN);
+    }
     let bias = matches!(routing, Routing::NoauxTc { .. }).then(|| rng.vec(ne, 0.5));
     let routes = route(routing, &logits, n, k, bias.as_deref());
     let bias_buf = bias.as_ref().map(|v| up(b, v));
@@ -537,6 +578,10 @@ pub fn moe_case<B: Backend>(
         &mut out,
     )
     .expect("moe");
+    assert!(
+        routes.ids.iter().all(|&e| (e as usize) < ne),
+        "the host router chose past {ne} experts"
+    );
     let mut want: Vec<f64> = out0.iter().map(|&v| v as f64).collect();
     for t in 0..n {
         let xt = &x[t * hidden..(t + 1) * hidden];
@@ -556,9 +601,21 @@ pub fn moe_case<B: Backend>(
         }
     }
     let got = run(b, &out, n * hidden);
+    // The rows compared: all but the NaN tokens'.
+    let keep = |t: &usize| !nan_rows.contains(t);
+    let pick = |v: &[f32]| -> Vec<f32> {
+        (0..n)
+            .filter(keep)
+            .flat_map(|t| v[t * hidden..(t + 1) * hidden].to_vec())
+            .collect()
+    };
+    let want: Vec<f64> = (0..n)
+        .filter(keep)
+        .flat_map(|t| want[t * hidden..(t + 1) * hidden].to_vec())
+        .collect();
     let err = close(
-        &format!("moe q{bits} gs{gs} [{hidden}, {inter}] x{ne} n={n} k={k} {routing:?}"),
-        &got,
+        &format!("moe q{bits} gs{gs} [{hidden}, {inter}] x{ne} n={n} k={k} {routing:?} NaN rows {nan_rows:?}"),
+        &pick(&got),
         &want,
         tol,
     );
@@ -616,6 +673,7 @@ fn checks<B: Backend>() -> Vec<(&'static str, Check<B>)> {
         ("attention_seqs", seqs::check_attention_seqs::<B>),
         ("gated_delta_seqs", seqs::check_gated_delta_seqs::<B>),
         ("moe", check_moe::<B>),
+        ("moe_nan", check_moe_nan::<B>),
         ("download_parts", check_download_parts::<B>),
     ]
 }

@@ -21,6 +21,11 @@ typedef long long i64;
 #define GRID_DEP()
 #endif
 #define NEG_INF (-__int_as_float(0x7f800000))
+#define QNAN __int_as_float(0x7fc00000)
+
+// A router score as selection ranks it: NaN as −∞, as the host router does
+// (model/router.rs), so that a row of NaN still picks experts in range.
+__device__ __forceinline__ float rank_key(float x) { return x != x ? NEG_INF : x; }
 
 // A grid-stride loop: i over [0, len) across every thread of the grid.
 #define GRID_LOOP(i, len) \

@@ -10,14 +10,14 @@
 // way, so results do not depend on which.
 
 // The index of the largest of v[0..n) over the block (ties: the lower
-// index); sh_v / sh_i hold 32 entries.
+// index), NaN entries (taken) skipped; sh_v / sh_i hold 32 entries.
 __device__ int block_argmax(const float* v, int n, float* sh_v, int* sh_i) {
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
     float best = NEG_INF;
     int bi = 0x7fffffff;
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        const float x = v[i];
-        if (x > best || (x == best && i < bi)) {
+        const float x = v[i];  // NaN: taken already (callers rank their scores with rank_key)
+        if (x == x && (x > best || (x == best && i < bi))) {
             best = x;
             bi = i;
         }
@@ -71,14 +71,14 @@ extern "C" __global__ void moe_route(const float* logits, const float* bias, u32
         s = block_sum(s, sh);
         for (int i = threadIdx.x; i < E; i += blockDim.x) {
             p[i] = p[i] / s;
-            v[i] = p[i];
+            v[i] = rank_key(p[i]);
         }
         __syncthreads();
     } else {
         for (int i = threadIdx.x; i < E; i += blockDim.x) {
             const float sc = 1.0f / (1.0f + expf(-l[i]));
             p[i] = sc;
-            v[i] = sc + (bias ? bias[i] : 0.0f);
+            v[i] = rank_key(sc + (bias ? bias[i] : 0.0f));
         }
         __syncthreads();
         const int per = E / n_group;
@@ -102,8 +102,8 @@ extern "C" __global__ void moe_route(const float* logits, const float* bias, u32
                 int bi = -1;
                 float best = NEG_INF;
                 for (int g = 0; g < n_group; g++)
-                    if (!keep[g] && (bi < 0 || gsc[g] > best)) {
-                        best = gsc[g];
+                    if (!keep[g] && (bi < 0 || rank_key(gsc[g]) > best)) {
+                        best = rank_key(gsc[g]);
                         bi = g;
                     }
                 if (bi >= 0) keep[bi] = 1;
@@ -118,7 +118,7 @@ extern "C" __global__ void moe_route(const float* logits, const float* bias, u32
         const int idx = block_argmax(v, E, sh_v, sh_i);
         if (threadIdx.x == 0) {
             sel[j] = idx;
-            v[idx] = NEG_INF;
+            v[idx] = QNAN;  // taken
         }
         __syncthreads();
     }
@@ -141,7 +141,8 @@ extern "C" __global__ void moe_route(const float* logits, const float* bias, u32
 // per token: lane l holds experts l, l + 32, ... in registers, and each of
 // the k rounds is a warp argmax (ties to the lower index, as
 // block_argmax): no shared memory, no barrier. The weights are summed in
-// selection order, as in moe_route. Grid rows, 32 threads.
+// selection order, as in moe_route. A NaN probability ranks as −∞
+// (rank_key) and weighs −∞. Grid rows, 32 threads.
 template <int J>
 __device__ __forceinline__ void route_warp_t(const float* l, u32* ids, float* wts, int E, int k, int norm) {
     const int lane = threadIdx.x & 31;
@@ -162,8 +163,10 @@ __device__ __forceinline__ void route_warp_t(const float* l, u32* ids, float* wt
         s += p[j];
     }
     s = warp_sum(s);
+    // p[j]: the probability as selection ranks it (rank_key), NaN once
+    // taken or past E.
 #pragma unroll
-    for (int j = 0; j < J; j++) p[j] = lane + 32 * j < E ? p[j] / s : NEG_INF;
+    for (int j = 0; j < J; j++) p[j] = lane + 32 * j < E ? rank_key(p[j] / s) : QNAN;
     float sum = 0.0f, mine = 0.0f;
     int my_id = 0;
     for (int r = 0; r < k; r++) {
@@ -171,14 +174,14 @@ __device__ __forceinline__ void route_warp_t(const float* l, u32* ids, float* wt
         int bi = 0x7fffffff;
 #pragma unroll
         for (int j = 0; j < J; j++)
-            if (p[j] > best) {
+            if (p[j] == p[j] && (p[j] > best || (p[j] == best && lane + 32 * j < bi))) {
                 best = p[j];
                 bi = lane + 32 * j;
             }
         warp_argmax(best, bi);
 #pragma unroll
         for (int j = 0; j < J; j++)
-            if (lane + 32 * j == bi) p[j] = NEG_INF;
+            if (lane + 32 * j == bi) p[j] = QNAN;
         if (lane == r) {
             mine = best;
             my_id = bi;
