@@ -348,6 +348,16 @@ fn compile(source: &str, opts: &[String]) -> Result<Vec<u8>> {
     }
 }
 
+/// The value of `#define NAME` in a kernel source (the tests that check a
+/// launch's constants against its kernel's).
+#[cfg(test)]
+pub(crate) fn define(src: &str, name: &str) -> Option<usize> {
+    src.lines().find_map(|l| {
+        let rest = l.trim().strip_prefix("#define ")?.strip_prefix(name)?;
+        rest.split_whitespace().next()?.parse().ok()
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -359,14 +369,4 @@ mod tests {
         assert_ne!(a, fnv1a(&[b"ab", b"csm_90"]));
         assert_eq!(a, fnv1a(&[b"abc", b"sm_90"]));
     }
-}
-
-/// The value of `#define NAME` in a kernel source (the tests that check a
-/// launch's constants against its kernel's).
-#[cfg(test)]
-pub(crate) fn define(src: &str, name: &str) -> Option<usize> {
-    src.lines().find_map(|l| {
-        let rest = l.trim().strip_prefix("#define ")?.strip_prefix(name)?;
-        rest.split_whitespace().next()?.parse().ok()
-    })
 }
