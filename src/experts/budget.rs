@@ -100,12 +100,16 @@ impl CacheSize {
 }
 
 /// The parts of a streamed decode step's MoE layer, from its routing to
-/// the next layer's, as `CacheStats::layer_parts_ns` counts them.
+/// the next layer's, as `CacheStats::layer_parts_ns` counts them. The
+/// fourth is the host's work after the experts are queued: the CPU's
+/// share, and where expert files are read into staging buffers (not
+/// registered with the driver: a memory limit), the reads of the next
+/// layer's guesses.
 pub const LAYER_PARTS: [&str; 5] = [
     "ids to the host, copies issued",
     "wait for the copies",
     "GPU experts",
-    "wait for the CPU",
+    "wait for the host (CPU share, reads ahead)",
     "combine, on to the next routing",
 ];
 
