@@ -5,7 +5,8 @@
 #   tools/device/run.sh STAGE...
 # Stages: probe coldstart coldstart-model ops golden synth resident half quarter zero quarter-nopf cpu
 # golden-staging pieces quarter-staging quick quick25 kernels resident-nograph
-# quarter-nograph golden-nograph resident-nopdl quarter-nopdl profile profile-stream profile-parallel batch parallel
+# quarter-nograph golden-nograph resident-nopdl quarter-nopdl profile profile-stream profile-parallel
+# profile-kernel batch parallel
 # parallel-skewed parallel-cpu cpu-prefill prefill profile-prefill.
 # Logs go to $OUT; a short table is printed last.
 set -uo pipefail
@@ -182,6 +183,19 @@ for stage in "$@"; do
             "$BIN/moeflux" bench --model "$MODEL" --device cuda -p 0 -n 24 -r 1 --parallel 8 >"$OUT/ncu-par.csv" 2>"$OUT/ncu-par.err"
         note "ncu parallel (rc $?, $((SECONDS - t0)) s)"
         python3 tools/device/ncu_summary.py "$OUT/ncu-par.csv" | tee -a "$SUMMARY"
+        ;;
+    profile-kernel)
+        # One kernel of 8-stream decode steps in depth (Nsight Compute,
+        # clocks and caches left alone): time, registers, warps active,
+        # instructions, spills and the warp stall reasons per issued
+        # instruction. KERNEL (a regex, default the batched expert kernels)
+        # picks it.
+        t0=$SECONDS
+        ncu --clock-control none --cache-control none -k "regex:${KERNEL:-moe_.*_mt}" --launch-skip 200 --launch-count 4 \
+            --metrics "gpu__time_duration.sum,launch__registers_per_thread,sm__warps_active.avg.pct_of_peak_sustained_active,smsp__inst_executed.sum,l1tex__t_bytes_pipe_lsu_mem_local_op_st.sum,regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" \
+            "$BIN/moeflux" bench --model "$MODEL" --device cuda -p 0 -n 24 -r 1 --parallel 8 >"$OUT/ncu-kernel.txt" 2>"$OUT/ncu-kernel.err"
+        note "ncu kernel ${KERNEL:-moe_.*_mt} (rc $?, $((SECONDS - t0)) s)"
+        grep -vE "^==|^\s*$" "$OUT/ncu-kernel.txt" | awk '$NF+0 > 0.05 || /\(/' | tee -a "$SUMMARY"
         ;;
     batch)
         # Sequences in one forward pass against each alone, on CUDA.
