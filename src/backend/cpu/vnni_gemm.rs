@@ -195,12 +195,17 @@ fn sources(plan: &Plan) -> Arc<[u32]> {
 }
 
 thread_local! {
-    /// A task's repacked rows and their lane vectors, kept between tasks.
+    /// A register tile's repacked rows and their lane vectors, kept
+    /// between tasks.
     static SCRATCH: RefCell<(Vec<i32>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
 }
 
-/// Rows `r0..` into `out` `[rows, n]`: the task's rows repacked, then
-/// register tiles of 4 rows × up to 3 tokens.
+/// Rows `r0..` into `out` `[rows, n]`, a register tile of 4 rows at a
+/// time: its rows repacked (into L1), then every tile of up to 3 tokens
+/// over them. (Repacking all of a task's rows first and reading them back
+/// from L2 once per token tile took 1.49–1.56 ms for 8 tokens through a
+/// 4-bit 8192×2048 matrix on the 2-core Zen 4 VM, the repacking about
+/// half of it; BENCHMARKS.)
 ///
 /// # Safety
 /// AVX-512 F/BW and VNNI must be available, `m` must come from `Mat::new`
@@ -209,54 +214,53 @@ thread_local! {
 pub(crate) unsafe fn quant_rows(m: &QuantMat, xt: &Tiled, n: usize, r0: usize, out: &mut [f32]) {
     let plan = &xt.plan;
     let rows = out.len() / n;
-    let padded = rows.div_ceil(R) * R;
     let (wd, nc) = (plan.row_dwords(), plan.chunks.len());
     SCRATCH.with(|s| {
         let mut s = s.borrow_mut();
         let (w, wl) = &mut *s;
-        w.resize(padded * wd, 0);
-        wl.resize(padded * nc * LANES, 0.0);
+        w.resize(R * wd, 0);
+        wl.resize(R * nc * LANES, 0.0);
         let pf = super::simd512::prefetch_rows(m.row_bytes());
-        for i in 0..rows {
-            let r = r0 + i;
-            let groups = m.groups();
-            super::simd512::prefetch_row(
-                m.weight.as_ptr().add(r * m.row_bytes()),
-                m.scales.as_ptr().add(2 * r * groups),
-                m.biases.as_ptr().add(2 * r * groups),
-                m.row_bytes(),
-                2 * groups,
-                pf,
-            );
-            repack_row(
-                m,
-                plan,
-                r0 + i,
-                &mut w[i * wd..(i + 1) * wd],
-                &mut wl[i * nc * LANES..(i + 1) * nc * LANES],
-            );
-        }
-        w[rows * wd..].fill(0);
-        wl[rows * nc * LANES..].fill(0.0);
-        let mut t0 = 0;
-        while t0 < n {
-            let tn = (n - t0).min(T);
-            let xp = xt.x.as_ptr().add(t0 * wd);
-            let xl = xt.lanes.as_ptr().add(t0 * nc * LANES);
-            for i0 in (0..rows).step_by(R) {
-                let wp = w.as_ptr().add(i0 * wd);
-                let wlp = wl.as_ptr().add(i0 * nc * LANES);
+        let groups = m.groups();
+        for i0 in (0..rows).step_by(R) {
+            let nr = (rows - i0).min(R);
+            for i in 0..nr {
+                let r = r0 + i0 + i;
+                super::simd512::prefetch_row(
+                    m.weight.as_ptr().add(r * m.row_bytes()),
+                    m.scales.as_ptr().add(2 * r * groups),
+                    m.biases.as_ptr().add(2 * r * groups),
+                    m.row_bytes(),
+                    2 * groups,
+                    pf,
+                );
+                repack_row(
+                    m,
+                    plan,
+                    r,
+                    &mut w[i * wd..(i + 1) * wd],
+                    &mut wl[i * nc * LANES..(i + 1) * nc * LANES],
+                );
+            }
+            // A last tile's missing rows multiply zeros.
+            w[nr * wd..].fill(0);
+            wl[nr * nc * LANES..].fill(0.0);
+            let mut t0 = 0;
+            while t0 < n {
+                let tn = (n - t0).min(T);
+                let xp = xt.x.as_ptr().add(t0 * wd);
+                let xl = xt.lanes.as_ptr().add(t0 * nc * LANES);
                 let mut o = [[0.0f32; T]; R];
                 match tn {
-                    1 => tile::<1>(plan, wp, wlp, xp, xl, &mut o),
-                    2 => tile::<2>(plan, wp, wlp, xp, xl, &mut o),
-                    _ => tile::<3>(plan, wp, wlp, xp, xl, &mut o),
+                    1 => tile::<1>(plan, w.as_ptr(), wl.as_ptr(), xp, xl, &mut o),
+                    2 => tile::<2>(plan, w.as_ptr(), wl.as_ptr(), xp, xl, &mut o),
+                    _ => tile::<3>(plan, w.as_ptr(), wl.as_ptr(), xp, xl, &mut o),
                 }
-                for (r, or) in o.iter().enumerate().take(rows - i0) {
+                for (r, or) in o.iter().enumerate().take(nr) {
                     out[(i0 + r) * n + t0..][..tn].copy_from_slice(&or[..tn]);
                 }
+                t0 += tn;
             }
-            t0 += tn;
         }
     });
 }
