@@ -602,24 +602,22 @@ pub fn moe_case_with<B: Backend>(
     }
     let got = run(b, &out, n * hidden);
     // The rows compared: all but the NaN tokens'.
-    let keep = |t: &usize| !nan_rows.contains(t);
-    let pick = |v: &[f32]| -> Vec<f32> {
-        (0..n)
-            .filter(keep)
-            .flat_map(|t| v[t * hidden..(t + 1) * hidden].to_vec())
-            .collect()
-    };
-    let want: Vec<f64> = (0..n)
-        .filter(keep)
-        .flat_map(|t| want[t * hidden..(t + 1) * hidden].to_vec())
-        .collect();
     let err = close(
         &format!("moe q{bits} gs{gs} [{hidden}, {inter}] x{ne} n={n} k={k} {routing:?} NaN rows {nan_rows:?}"),
-        &pick(&got),
-        &want,
+        &rows_but(&got, hidden, nan_rows),
+        &rows_but(&want, hidden, nan_rows),
         tol,
     );
     (got, err)
+}
+
+/// The rows of `v` (`cols` each) but those in `skip`, in order.
+fn rows_but<T: Copy>(v: &[T], cols: usize, skip: &[usize]) -> Vec<T> {
+    v.chunks_exact(cols)
+        .enumerate()
+        .filter(|(t, _)| !skip.contains(t))
+        .flat_map(|(_, r)| r.iter().copied())
+        .collect()
 }
 
 /// `download_parts` against `download` of each part: small parts and
