@@ -162,6 +162,37 @@ fn check(name: &str, flags: &[&str]) {
     let ram = m.ram_stats().expect("a RAM tier");
     assert!(ram.hits > 0, "{name}: the RAM tier served nothing: {ram:?}");
     drop(m);
+    // A quarter of the expert files pinned, the other layers held in the
+    // device cache for good where it can spare them, the rest staged.
+    let opts = Options {
+        device: Device::Cuda(0),
+        expert_cache: CacheSize::Percent(80.0),
+        hybrid: Some(Hybrid::Off),
+        exact: true,
+        cuda: CudaOptions {
+            pin: CacheSize::Percent(25.0),
+            ..cuda_options()
+        },
+        ..Options::default()
+    };
+    let m = Model::open(&dst, &opts).expect("open with some layers pinned");
+    let report = m.expert_cache().expect("a cache report");
+    let (c2, s2) = run(&m, &r.tokens);
+    eprintln!(
+        "{name}: tiers: {} layers pinned, {} held: {:?}",
+        report.pinned_layers,
+        report.held_layers,
+        m.expert_cache_stats()
+    );
+    assert!(bits(&c2) == bits(&chunk), "{name}: tiers: chunk logits differ");
+    assert!(bits(&s2) == bits(&steps), "{name}: tiers: token-by-token logits differ");
+    if name == "qwen3_next" {
+        // 4 MoE layers of 8 experts, 25 slots: one layer pinned, one held
+        // (16 slots stay free), two staged.
+        let (p, h) = (report.pinned_layers, report.held_layers);
+        assert!(p >= 1 && h >= 1 && p + h < 4, "{name}: tiers: {p} pinned, {h} held");
+    }
+    drop(m);
     // Misses of one-token steps computed on the CPU (every one, or as the
     // cost model splits them): other arithmetic, the same f32 values to
     // within the step tolerance.

@@ -79,6 +79,14 @@ pub struct ModelArgs {
     /// buffers even where the files could be registered with the driver.
     #[arg(long, hide = true)]
     pub staging: bool,
+    /// CUDA: host memory the expert files may lock (registered with the
+    /// driver, so that a miss is one copy from there); the layers that do
+    /// not fit are read into staging buffers, as many of them as the
+    /// device cache can spare held there for good: auto (half of the
+    /// memory this process may use, its cgroup limit included), a
+    /// percentage of the expert files, or a size (8G) [default: auto].
+    #[arg(long, value_name = "SIZE", default_value = "auto")]
+    pub pin_experts: CacheSize,
     /// CUDA, for measuring: time the parts of each streamed decode step's
     /// MoE layer on the GPU (`bench` prints them; events end graph
     /// segments, so a traced run is a little slower).
@@ -105,6 +113,7 @@ impl ModelArgs {
                 pdl: !self.no_pdl,
                 staging: self.staging,
                 copy_piece_bytes: self.copy_piece_kib.max(4) << 10,
+                pin: self.pin_experts,
                 kernel_cache: self.kernel_cache.clone(),
                 tensor_cores: true,
                 trace_layers: self.trace_layers,

@@ -16,6 +16,9 @@
 //! is promoted by swapping the two slots' roles, with no copy. Guesses
 //! (prefetch) take the same path. With every expert in a slot (resident)
 //! there is no probation.
+//!
+//! Slots may also be *held* ([`SlotTable::hold`]): given to whole layers
+//! for good (`experts::tiers`), out of both parts, never evicted.
 
 use super::split::HostShare;
 use crate::error::{Error, Result};
@@ -69,6 +72,9 @@ pub struct SlotTable {
     referenced: Vec<bool>,
     /// Filled by a guess and not asked for since.
     guessed: Vec<bool>,
+    /// Given to an expert for good ([`SlotTable::hold`]).
+    held: Vec<bool>,
+    n_held: usize,
     hand: usize,
     /// Probation slots, the next victim first.
     probation: VecDeque<usize>,
@@ -154,6 +160,8 @@ impl SlotTable {
             main: (0..n_slots).map(|s| s >= p).collect(),
             referenced: vec![false; n_slots],
             guessed: vec![false; n_slots],
+            held: vec![false; n_slots],
+            n_held: 0,
             hand: 0,
             probation: (0..p).collect(),
             freq: vec![0; n_layers * n_experts],
@@ -188,6 +196,50 @@ impl SlotTable {
 
     pub fn n_slots(&self) -> usize {
         self.n_slots
+    }
+
+    /// Slots the policy moves: all but the held ones.
+    pub fn free_slots(&self) -> usize {
+        self.n_slots - self.n_held
+    }
+
+    /// Give every expert of `layers` a slot for good, the last main slots
+    /// first: from then on each is a hit and never evicted. Returns
+    /// `(layer, expert, slot)` of each, for the backend to fill. Called
+    /// before any lookup; at least one main slot must stay free.
+    pub fn hold(&mut self, layers: &[usize]) -> Result<Vec<(usize, u32, usize)>> {
+        let want = layers.len() * self.n_experts;
+        let takeable: Vec<usize> = (0..self.n_slots)
+            .rev()
+            .filter(|&s| self.main[s] && !self.held[s] && self.owner[s].is_none())
+            .collect();
+        if want >= takeable.len() {
+            return Err(Error::Invalid(format!(
+                "holding {} layers of {} experts takes {want} slots; {} are free",
+                layers.len(),
+                self.n_experts,
+                takeable.len()
+            )));
+        }
+        for (i, &l) in layers.iter().enumerate() {
+            if layers[..i].contains(&l) || (0..self.n_experts as u32).any(|e| self.slot_of.contains_key(&(l, e))) {
+                return Err(Error::Invalid(format!("layer {l} is held twice, or after lookups")));
+            }
+        }
+        let mut out = Vec::with_capacity(want);
+        let keys = layers
+            .iter()
+            .flat_map(|&l| (0..self.n_experts as u32).map(move |e| (l, e)));
+        for (key, s) in keys.zip(takeable) {
+            self.main[s] = false;
+            self.held[s] = true;
+            self.n_held += 1;
+            self.owner[s] = Some(key);
+            self.slot_of.insert(key, s);
+            out.push((key.0, key.1, s));
+        }
+        self.climb.max = self.climb.max.min(self.free_slots().saturating_sub(1));
+        Ok(out)
     }
 
     pub fn counts(&self) -> TableCounts {
@@ -358,7 +410,9 @@ impl SlotTable {
                             self.guessed[s] = false;
                             self.counts.prefetch_hits += 1;
                         }
-                        if self.main[s] {
+                        if self.held[s] {
+                            // Held for good: no policy to tell.
+                        } else if self.main[s] {
                             self.referenced[s] = true;
                         } else {
                             self.promote(s, (layer, e), &protect);
@@ -463,13 +517,13 @@ impl SlotTable {
             p.extend_from_slice(experts);
         }
         let want = self.prev.get(next).cloned().unwrap_or_default();
-        (!want.is_empty() && want.len() * 3 <= self.n_slots).then_some((next, want))
+        (!want.is_empty() && want.len() * 3 <= self.free_slots()).then_some((next, want))
     }
 
     /// Whether a guess of `n` experts is small enough to copy (at most
     /// half the slots: the layer that computes keeps the other half).
     pub fn guess_fits(&self, n: usize) -> bool {
-        n > 0 && n * 2 <= self.n_slots
+        n > 0 && n * 2 <= self.free_slots()
     }
 
     /// After a step of `n` tokens of `layer`, each routed to `k` experts:
@@ -482,7 +536,7 @@ impl SlotTable {
         }
         let e = self.n_experts;
         let miss_all = (1.0 - k as f64 / e as f64).powi(n.min(i32::MAX as usize) as i32);
-        if 1.0 - miss_all < 0.95 || 3 * e > self.n_slots {
+        if 1.0 - miss_all < 0.95 || 3 * e > self.free_slots() {
             return None;
         }
         let i = self.moe_layers.iter().position(|&l| l == layer)?;

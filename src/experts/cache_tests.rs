@@ -85,11 +85,15 @@ fn consistent(t: &SlotTable) {
     for &p in &t.probation {
         assert!(!t.main[p]);
     }
+    for &p in &t.probation {
+        assert!(!t.held[p], "a held slot in the ring");
+    }
     assert_eq!(
         t.probation.len(),
-        t.main.iter().filter(|m| !**m).count(),
-        "every non-main slot is in the ring"
+        (0..t.n_slots).filter(|&s| !t.main[s] && !t.held[s]).count(),
+        "every slot neither main nor held is in the ring"
     );
+    assert_eq!(t.n_held, t.held.iter().filter(|h| **h).count());
 }
 
 #[test]
@@ -294,4 +298,47 @@ fn prefetch_plans() {
     assert_eq!(big.next_layer_for_all(1, 30, 8), Some(3));
     assert_eq!(big.next_layer_for_all(1, 2, 8), None, "two tokens cover too little");
     assert_eq!(big.next_layer_for_all(5, 30, 8), None, "the last layer");
+}
+
+#[test]
+fn held_layers_always_hit_and_are_never_evicted() {
+    // 4 layers of 16 experts, 40 slots (5 in probation): layer 2 held.
+    let mut t = SlotTable::new(&[0, 1, 2, 3], 16, 40, 5);
+    let fills = t.hold(&[2]).unwrap();
+    assert_eq!(fills.len(), 16);
+    assert!(fills.iter().all(|&(l, _, s)| l == 2 && s >= 5), "from main's slots");
+    assert_eq!(t.free_slots(), 24);
+    consistent(&t);
+    let held: Vec<usize> = fills.iter().map(|f| f.2).collect();
+    // Uniform routing over the other layers, with guesses, many times over
+    // what the free slots hold.
+    let tr = trace(4, 16, 4, 300, 0.0, 0.3, 11);
+    for (i, (l, ex)) in tr.iter().enumerate() {
+        let p = t.place(*l, ex, i % 7 == 0).unwrap();
+        if *l == 2 {
+            assert!(p.iter().all(|p| matches!(p, Place::Hit(_))), "{p:?}");
+        }
+        for p in &p {
+            if let Place::Fill(s) = p {
+                assert!(!held.contains(s), "slot {s} is held");
+            }
+        }
+    }
+    for &(l, e, s) in &fills {
+        assert_eq!(t.slot(l, e), Some(s));
+    }
+    consistent(&t);
+    // Guesses and plans count the free slots only.
+    assert!(t.guess_fits(12) && !t.guess_fits(13));
+}
+
+#[test]
+fn holding_refuses_what_does_not_leave_a_slot_free() {
+    let mut t = SlotTable::new(&[0, 1, 2], 8, 20, 4);
+    assert!(t.hold(&[0, 1]).is_err(), "16 of 16 main slots");
+    assert_eq!(t.free_slots(), 20, "nothing held by a refused call");
+    assert!(t.hold(&[1, 1]).is_err(), "a layer twice");
+    assert_eq!(t.hold(&[1]).unwrap().len(), 8);
+    assert!(t.hold(&[1]).is_err(), "held already");
+    consistent(&t);
 }

@@ -10,6 +10,7 @@ mod io;
 pub mod memory;
 pub mod ram;
 pub mod split;
+pub mod tiers;
 
 pub use budget::{CacheSize, CacheStats};
 pub use cache::{Place, SlotTable};

@@ -16,6 +16,7 @@ use super::timeline::{Mark, Timeline};
 use crate::error::{Error, Result};
 pub(crate) use crate::experts::budget::SlotBudget;
 pub use crate::experts::budget::{CacheSize, CacheStats};
+use crate::experts::tiers::LayerTiers;
 use crate::experts::{ExpertStore, GuessTuner, HostShare, Hybrid, Place, SlotTable, SplitModel};
 use crate::format::Region;
 use cudarc::driver::sys;
@@ -63,6 +64,10 @@ pub(crate) struct ExpertCache {
     store_id: usize,
     slot_bytes: usize,
     n_slots: usize,
+    /// Slots not held for good (`SlotTable::hold`).
+    free_slots: usize,
+    /// The MoE layers of each tier (`experts::tiers`).
+    tiers: LayerTiers,
     pool: DevMem,
     resident: bool,
     /// `[layers, experts]` slot addresses (resident only).
@@ -120,13 +125,15 @@ impl ExpertCache {
         let staging = Stager::new(gpu, n_slots, slot_bytes)?;
         let n_layers = moe_layers.iter().max().map_or(0, |m| m + 1);
         let resident = n_slots == total;
-        let host = if resident {
-            None
-        } else {
-            hostmap::map_all(gpu, store, moe_layers)
+        let (host, tiers) = match resident {
+            true => (None, Default::default()),
+            false => hostmap::map_tiers(gpu, store, moe_layers, n_slots)?,
         };
+        let mut table = SlotTable::new(moe_layers, n_experts, n_slots, probation);
+        let held = table.hold(&tiers.held)?;
+        let free_slots = table.free_slots();
         let st = State {
-            table: SlotTable::new(moe_layers, n_experts, n_slots, probation),
+            table,
             use_seq: vec![0; n_slots],
             seq: 0,
             done_seq: 0,
@@ -142,6 +149,8 @@ impl ExpertCache {
             store_id: store.id(),
             slot_bytes,
             n_slots,
+            free_slots,
+            tiers,
             pool,
             resident,
             table: None,
@@ -160,8 +169,27 @@ impl ExpertCache {
         gpu.sync()?;
         if cache.resident {
             cache.load_all(store, n_layers)?;
+        } else if !held.is_empty() {
+            cache.load_held(store, &held)?;
         }
         Ok(cache)
+    }
+
+    /// Copy the held experts (`(layer, expert, slot)`, by layer) into
+    /// their slots; the first fetch waits for the copies.
+    fn load_held(&mut self, store: &ExpertStore, held: &[(usize, u32, usize)]) -> Result<()> {
+        let st = self.st.get_mut().map_err(|_| lock_err())?;
+        for layer in held.chunk_by(|a, b| a.0 == b.0) {
+            let l = layer[0].0;
+            let size = store.layer_layout(l)?.expert_size;
+            let jobs: Vec<(u32, u64)> = layer
+                .iter()
+                .map(|&(_, e, s)| (e, self.pool.ptr() + (s * self.slot_bytes) as u64))
+                .collect();
+            st.staging.copy(&self.gpu, store, l, &jobs, size)?;
+        }
+        st.pending = true;
+        Ok(())
     }
 
     /// Copy every expert into its slot and upload the table.
@@ -188,8 +216,17 @@ impl ExpertCache {
     pub fn resident(&self) -> bool {
         self.resident
     }
-    pub fn n_slots(&self) -> usize {
-        self.n_slots
+    /// Slots a call may use: all of them, less those held for good.
+    pub fn free_slots(&self) -> usize {
+        self.free_slots
+    }
+    /// MoE layers whose files are registered with the driver.
+    pub fn pinned_layers(&self) -> usize {
+        self.tiers.pinned.len()
+    }
+    /// MoE layers held in the cache for good.
+    pub fn held_layers(&self) -> usize {
+        self.tiers.held.len()
     }
     /// Device address of layer `layer`'s row of the table (resident only).
     pub fn table_row(&self, layer: usize) -> Option<u64> {

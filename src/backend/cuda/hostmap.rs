@@ -1,16 +1,17 @@
 //! Expert files mapped and registered with the driver as page-locked
 //! memory: the copy of a missing expert then goes straight from the page
-//! cache to the device by DMA, with no read into a staging buffer. Used
-//! when the expert files fit in half the memory this process may still
-//! use, its cgroup limit included (registering locks them there, where
-//! they count against the limit and cannot be reclaimed:
-//! [`pin_refusal`]); otherwise the cache reads into pinned staging
-//! buffers.
+//! cache to the device by DMA, with no read into a staging buffer. As many
+//! layers' files as fit in half the memory this process may still use,
+//! its cgroup limit included (registering locks them there, where they
+//! count against the limit and cannot be reclaimed: [`pin_refusal`]); the
+//! other layers are held in the device cache or read into pinned staging
+//! buffers (`experts::tiers`).
 
 use super::driver::{Check, Gpu};
 use crate::error::{Error, Result};
-use crate::experts::memory::pin_refusal;
-use crate::experts::{ExpertStore, Memory};
+use crate::experts::memory::{human_size, pin_refusal};
+use crate::experts::tiers::{self, LayerTiers};
+use crate::experts::{CacheSize, ExpertStore, Memory};
 use crate::format::Region;
 use cudarc::driver::sys;
 use memmap2::Mmap;
@@ -69,37 +70,67 @@ impl Drop for HostMap {
     }
 }
 
-/// Every MoE layer's file registered, indexed by layer, when they fit in
-/// half the memory this process may still use (read now, cgroup limit
-/// included); `None` (with the reason said) otherwise, or when
-/// `CudaOptions::staging` asks for the staging path. Nothing is mapped
-/// before that check.
-pub(crate) fn map_all(gpu: &Arc<Gpu>, store: &ExpertStore, moe_layers: &[usize]) -> Option<Vec<Option<HostMap>>> {
-    if gpu.opts.staging {
-        return None;
-    }
-    let mut total = 0u64;
+/// The MoE layers' tiers (`experts::tiers`) for a device cache of
+/// `n_slots` slots, and the files of the pinned ones registered, indexed
+/// by layer (`None` where nothing is pinned). The pin budget is
+/// `CudaOptions::pin` (`Auto`: half of what the process may still use,
+/// read now, cgroup limit included); `CudaOptions::staging` pins nothing.
+/// Nothing is mapped before the plan; a layer the driver refuses ends the
+/// pinning there (said), the rest planned again.
+pub(crate) fn map_tiers(
+    gpu: &Arc<Gpu>,
+    store: &ExpertStore,
+    moe_layers: &[usize],
+    n_slots: usize,
+) -> Result<(Option<Vec<Option<HostMap>>>, LayerTiers)> {
+    let mut layers = Vec::with_capacity(moe_layers.len());
     for &l in moe_layers {
-        let size = store.layer_layout(l).ok()?.expert_size as u64;
-        total = total.saturating_add(size.saturating_mul(store.num_experts() as u64));
+        let size = store.layer_layout(l)?.expert_size as u64;
+        layers.push((l, size.saturating_mul(store.num_experts() as u64)));
     }
-    if let Some(why) = pin_refusal(total, Memory::read().as_ref()) {
-        gpu.notify
-            .say(&format!("expert cache: {why}; copying through staging buffers"));
-        return None;
-    }
+    let total: u64 = layers.iter().map(|l| l.1).sum();
+    let mem = Memory::read();
+    let (budget, why) = match gpu.opts.pin {
+        _ if gpu.opts.staging => (0, "staging asked for".to_string()),
+        CacheSize::Auto => match pin_refusal(total, mem.as_ref()) {
+            None => (total, String::new()),
+            Some(why) => (mem.as_ref().map_or(0, |m| m.available / 2), why),
+        },
+        CacheSize::Bytes(b) => (b, format!("--pin-experts {}", human_size(b))),
+        CacheSize::Percent(p) => (
+            (total as f64 * p / 100.0) as u64,
+            format!("--pin-experts {p}% of {}", human_size(total)),
+        ),
+    };
+    let e = store.num_experts();
+    let mut tiers = tiers::plan(&layers, budget, n_slots, e);
     let n = moe_layers.iter().max().map_or(0, |m| m + 1);
     let mut maps: Vec<Option<HostMap>> = (0..n).map(|_| None).collect();
-    for &l in moe_layers {
-        let m = store.layer_path(l).and_then(|p| HostMap::register(gpu, p));
-        match m {
-            Ok(m) => maps[l] = Some(m),
-            Err(e) => {
+    let mut pinned = 0u64;
+    for &l in &tiers.pinned.clone() {
+        match store.layer_path(l).and_then(|p| HostMap::register(gpu, p)) {
+            Ok(m) => {
+                maps[l] = Some(m);
+                pinned += layers.iter().find(|x| x.0 == l).map_or(0, |x| x.1);
+            }
+            Err(err) => {
                 gpu.notify
-                    .say(&format!("expert cache: {e}; copying through staging buffers"));
-                return None;
+                    .say(&format!("expert cache: {err}; the layers from {l} on are not pinned"));
+                tiers = tiers::plan(&layers, pinned, n_slots, e);
+                break;
             }
         }
     }
-    Some(maps)
+    if tiers.pinned.len() < layers.len() {
+        gpu.notify.say(&format!(
+            "expert cache: {} of {} MoE layers' files locked in host memory ({}; {why}); {} held on the device for good, {} read through staging buffers",
+            tiers.pinned.len(),
+            layers.len(),
+            human_size(pinned),
+            tiers.held.len(),
+            tiers.staged.len()
+        ));
+    }
+    let maps = (!tiers.pinned.is_empty()).then_some(maps);
+    Ok((maps, tiers))
 }

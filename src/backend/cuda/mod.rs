@@ -99,6 +99,11 @@ pub struct CacheReport {
     pub load_s: f64,
     /// How misses are split between copies and the CPU (streaming only).
     pub split: Option<SplitModel>,
+    /// MoE layers whose files are locked in host memory (registered with
+    /// the driver), and those held in the device cache for good
+    /// (`experts::tiers`; streaming only).
+    pub pinned_layers: usize,
+    pub held_layers: usize,
 }
 
 /// How [`CudaBackend::attach_experts`] sizes and runs the expert cache.
@@ -187,6 +192,11 @@ pub struct CudaOptions {
     pub staging: bool,
     /// Bytes of one piece of a staged expert copy (512 KiB by default).
     pub copy_piece_bytes: usize,
+    /// Host memory the expert files may lock, registered with the driver
+    /// so that a miss is one DMA (`experts::tiers`): `Auto` is half of
+    /// what the process may still use (its cgroup limit included); a
+    /// percentage is of the expert files' bytes.
+    pub pin: CacheSize,
     /// Where compiled kernels are kept (`None`:
     /// `$XDG_CACHE_HOME/moeflux/kernels`, else `~/.cache/moeflux/kernels`).
     pub kernel_cache: Option<std::path::PathBuf>,
@@ -206,6 +216,7 @@ impl Default for CudaOptions {
             pdl: true,
             staging: false,
             copy_piece_bytes: 512 << 10,
+            pin: CacheSize::Auto,
             kernel_cache: None,
             tensor_cores: true,
             trace_layers: false,
@@ -278,6 +289,8 @@ impl CudaBackend {
                 minimum: false,
                 load_s: 0.0,
                 split: None,
+                pinned_layers: 0,
+                held_layers: 0,
             });
         }
         let slot = (largest.div_ceil(256) * 256) as u64;
@@ -327,6 +340,8 @@ impl CudaBackend {
             minimum,
             load_s,
             split,
+            pinned_layers: cache.pinned_layers(),
+            held_layers: cache.held_layers(),
         };
         self.cache
             .set(cache)

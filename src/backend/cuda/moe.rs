@@ -378,9 +378,9 @@ fn grouped(
         false => None,
     };
     let per_launch = if cache.resident() {
-        cache.n_slots()
+        cache.free_slots()
     } else {
-        STREAM_CHUNK.min(cache.n_slots())
+        STREAM_CHUNK.min(cache.free_slots())
     };
     let carried = x16.is_none() && n * k <= PAIR_BASES && experts.len() <= per_launch;
     // [pairs, hidden], for the grouped kernels.
