@@ -60,8 +60,8 @@ pub struct ModelArgs {
     /// CUDA: who computes the experts that miss the device cache: auto
     /// (the CPU computes some from host memory while the others are
     /// copied, split by a cost model measured at start), off (copy them
-    /// all) or cpu (compute them all on the CPU) [default: auto where the
-    /// expert files fit in half of the available memory, else off].
+    /// all) or cpu (compute them all on the CPU) [default: auto where
+    /// every expert file is pinned (see --pin-experts), else off].
     #[arg(long, value_name = "MODE")]
     pub hybrid: Option<Hybrid>,
     /// CUDA: where compiled kernels are kept [default:
@@ -82,9 +82,10 @@ pub struct ModelArgs {
     /// CUDA: host memory the expert files may lock (registered with the
     /// driver, so that a miss is one copy from there); the layers that do
     /// not fit are read into staging buffers, as many of them as the
-    /// device cache can spare held there for good: auto (half of the
-    /// memory this process may use, its cgroup limit included), a
-    /// percentage of the expert files, or a size (8G) [default: auto].
+    /// device cache can spare held there for good: auto (under a cgroup
+    /// memory limit, all of the room but an eighth, at least 2 GiB; on a
+    /// host, half of the available memory), a percentage of the expert
+    /// files, or a size (8G) [default: auto].
     #[arg(long, value_name = "SIZE", default_value = "auto")]
     pub pin_experts: CacheSize,
     /// CUDA, for measuring: time the parts of each streamed decode step's

@@ -162,19 +162,27 @@ impl std::fmt::Display for Memory {
     }
 }
 
-/// Why expert files of `expert_bytes` may not be pinned (registered with
-/// a GPU driver as page-locked memory), or `None` when they may: pinned
-/// pages count against the cgroup limit and cannot be reclaimed, so they
-/// must fit in half of what the process may still use (the other half
-/// is left to everything else it holds, the page cache included).
-pub fn pin_refusal(expert_bytes: u64, mem: Option<&Memory>) -> Option<String> {
+/// What a container's memory limit leaves unpinned at least: for the rest
+/// of the process and the page cache of the expert files not pinned.
+pub const PIN_KEEP: u64 = 2 << 30;
+
+/// Bytes of expert files that may be pinned (registered with a GPU driver
+/// as page-locked memory), and what set that. Pinned pages count against
+/// the cgroup limit and cannot be reclaimed. Under a cgroup limit that
+/// binds (a container's memory, set aside for this work): all of the room
+/// but an eighth of it, at least [`PIN_KEEP`]. On a host: half of what is
+/// available, the other half left to the rest of the machine.
+pub fn pin_budget(mem: Option<&Memory>) -> (u64, String) {
     match mem {
-        None => Some("the memory this process may use could not be read".into()),
-        Some(m) if expert_bytes > m.available / 2 => Some(format!(
-            "the expert files ({}) are over half the memory this process may use ({m})",
-            human_size(expert_bytes)
-        )),
-        Some(_) => None,
+        None => (0, "the memory this process may use could not be read".into()),
+        Some(m) if m.limit.is_some_and(|l| l.room() < m.host_available) => {
+            let keep = (m.available / 8).max(PIN_KEEP);
+            (
+                m.available.saturating_sub(keep),
+                format!("all but {} of the memory this process may use ({m})", human_size(keep)),
+            )
+        }
+        Some(m) => (m.available / 2, format!("half the memory this process may use ({m})")),
     }
 }
 

@@ -257,25 +257,33 @@ fn a_loose_limit_does_not_bound_the_host() {
 }
 
 #[test]
-fn pinning_needs_half_of_what_the_process_may_use() {
-    let limited = host().limited_by(&[CgroupLimit {
-        version: CgroupVersion::V2,
-        limit: 16 * GB,
-        usage: GB,
-        reclaimable: 0,
-    }]);
-    let why = pin_refusal(19_300_000_000, Some(&limited)).unwrap();
+fn a_container_pins_all_but_an_eighth_a_host_half() {
+    let limited = |limit: u64| {
+        host().limited_by(&[CgroupLimit {
+            version: CgroupVersion::V2,
+            limit,
+            usage: GB,
+            reclaimable: 0,
+        }])
+    };
+    let (b, why) = pin_budget(Some(&limited(16 * GB)));
+    // 15 GB of room, of which 2 GiB (more than an eighth) stay unpinned.
+    assert_eq!(b, 15 * GB - PIN_KEEP);
     assert_eq!(
         why,
-        "the expert files (19.3 GB) are over half the memory this process may use (15.0 GB available under cgroup memory.max 16.0 GB)"
+        "all but 2.1 GB of the memory this process may use (15.0 GB available under cgroup memory.max 16.0 GB)"
     );
-    assert!(pin_refusal(7_500_000_000, Some(&limited)).is_none());
-    assert!(pin_refusal(7_500_000_001, Some(&limited)).is_some());
-    // The same files on the unlimited host are pinned.
-    assert!(pin_refusal(19_300_000_000, Some(&host())).is_none());
-    let why = pin_refusal(100 * GB, Some(&host())).unwrap();
+    // A larger container keeps an eighth.
+    assert_eq!(pin_budget(Some(&limited(65 * GB))).0, 64 * GB - 8 * GB);
+    // A container smaller than what it keeps pins nothing.
+    assert_eq!(pin_budget(Some(&limited(2 * GB))).0, 0);
+    // The host: half of MemAvailable.
+    let (b, why) = pin_budget(Some(&host()));
+    assert_eq!(b, host().available / 2);
     assert!(why.ends_with("(122.9 GB MemAvailable)"), "{why}");
-    assert!(pin_refusal(1, None).unwrap().contains("could not be read"));
+    let (b, why) = pin_budget(None);
+    assert_eq!(b, 0);
+    assert!(why.contains("could not be read"));
 }
 
 #[test]

@@ -1,15 +1,14 @@
 //! Expert files mapped and registered with the driver as page-locked
 //! memory: the copy of a missing expert then goes straight from the page
 //! cache to the device by DMA, with no read into a staging buffer. As many
-//! layers' files as fit in half the memory this process may still use,
-//! its cgroup limit included (registering locks them there, where they
-//! count against the limit and cannot be reclaimed: [`pin_refusal`]); the
-//! other layers are held in the device cache or read into pinned staging
-//! buffers (`experts::tiers`).
+//! layers' files as the pin budget allows ([`pin_budget`]: registering
+//! locks them in memory, where they count against a cgroup limit and
+//! cannot be reclaimed); the other layers are held in the device cache or
+//! read into pinned staging buffers (`experts::tiers`).
 
 use super::driver::{Check, Gpu};
 use crate::error::{Error, Result};
-use crate::experts::memory::{human_size, pin_refusal};
+use crate::experts::memory::{human_size, pin_budget};
 use crate::experts::tiers::{self, LayerTiers};
 use crate::experts::{CacheSize, ExpertStore, Memory};
 use crate::format::Region;
@@ -73,8 +72,8 @@ impl Drop for HostMap {
 /// The MoE layers' tiers (`experts::tiers`) for a device cache of
 /// `n_slots` slots, and the files of the pinned ones registered, indexed
 /// by layer (`None` where nothing is pinned). The pin budget is
-/// `CudaOptions::pin` (`Auto`: half of what the process may still use,
-/// read now, cgroup limit included); `CudaOptions::staging` pins nothing.
+/// `CudaOptions::pin` (`Auto`: [`pin_budget`] of the memory read now);
+/// `CudaOptions::staging` pins nothing.
 /// Nothing is mapped before the plan; a layer the driver refuses ends the
 /// pinning there (said), the rest planned again.
 pub(crate) fn map_tiers(
@@ -92,10 +91,7 @@ pub(crate) fn map_tiers(
     let mem = Memory::read();
     let (budget, why) = match gpu.opts.pin {
         _ if gpu.opts.staging => (0, "staging asked for".to_string()),
-        CacheSize::Auto => match pin_refusal(total, mem.as_ref()) {
-            None => (total, String::new()),
-            Some(why) => (mem.as_ref().map_or(0, |m| m.available / 2), why),
-        },
+        CacheSize::Auto => pin_budget(mem.as_ref()),
         CacheSize::Bytes(b) => (b, format!("--pin-experts {}", human_size(b))),
         CacheSize::Percent(p) => (
             (total as f64 * p / 100.0) as u64,

@@ -193,9 +193,9 @@ pub struct CudaOptions {
     /// Bytes of one piece of a staged expert copy (512 KiB by default).
     pub copy_piece_bytes: usize,
     /// Host memory the expert files may lock, registered with the driver
-    /// so that a miss is one DMA (`experts::tiers`): `Auto` is half of
-    /// what the process may still use (its cgroup limit included); a
-    /// percentage is of the expert files' bytes.
+    /// so that a miss is one DMA (`experts::tiers`): `Auto` is
+    /// `experts::memory::pin_budget`; a percentage is of the expert
+    /// files' bytes.
     pub pin: CacheSize,
     /// Where compiled kernels are kept (`None`:
     /// `$XDG_CACHE_HOME/moeflux/kernels`, else `~/.cache/moeflux/kernels`).
