@@ -96,7 +96,7 @@ impl ExpertCache {
     /// of them loaded (and the device table built) when they fit.
     pub fn new(
         gpu: &Arc<Gpu>,
-        store: &ExpertStore,
+        store: &Arc<ExpertStore>,
         moe_layers: &[usize],
         n_slots: usize,
         probation: usize,
@@ -165,7 +165,7 @@ impl ExpertCache {
     }
 
     /// Copy every expert into its slot and upload the table.
-    fn load_all(&mut self, store: &ExpertStore, n_layers: usize) -> Result<()> {
+    fn load_all(&mut self, store: &Arc<ExpertStore>, n_layers: usize) -> Result<()> {
         let mut table = vec![0u64; n_layers * self.n_experts];
         let all: Vec<u32> = (0..self.n_experts as u32).collect();
         for &l in &self.moe_layers.clone() {
