@@ -11,6 +11,7 @@ use crate::format::packed::{Layout, WeightsFile, EXPERTS_DIR, LAYOUT_FILE};
 use crate::model::{Net, SeqStep, State};
 use crate::notify::Notifier;
 use std::path::Path;
+use std::sync::Arc;
 
 /// Which device computes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -170,7 +171,7 @@ fn open_cuda(
     ordinal: usize,
     config: &ModelConfig,
     wf: &WeightsFile,
-    store: &ExpertStore,
+    store: &Arc<ExpertStore>,
     opts: &Options,
 ) -> Result<(Net<CudaBackend>, CacheReport)> {
     let codes = crate::backend::cuda::format_codes(&wf.manifest, store.layout());
@@ -230,7 +231,7 @@ pub struct Model {
     pub(crate) engine: Engine,
     /// CUDA: how the expert cache was set up.
     cache: Option<CacheReport>,
-    pub(crate) store: ExpertStore,
+    pub(crate) store: Arc<ExpertStore>,
     config: ModelConfig,
     name: String,
     /// Tokens per prefill chunk of a new session ([`Model::prefill_chunk`]).
@@ -310,6 +311,8 @@ impl Model {
                 100 * ram / store.expert_bytes().max(1)
             ));
         }
+        // Shared with the CUDA expert cache's staging thread.
+        let store = Arc::new(store);
         let mut cache = None;
         let engine = match device {
             Device::Cuda(i) => match open_cuda(i, &config, &wf, &store, opts) {

@@ -14,6 +14,7 @@ use crate::error::{Error, Result};
 use crate::experts::ExpertStore;
 use crate::format::MatrixView;
 pub use seqs::{AttnSeqs, Rotary, Seg, StatePair};
+use std::sync::Arc;
 
 /// A strided copy of `rows` rows of `width` elements:
 /// `dst[dst_off + r·dst_stride + i] = src[src_off + r·src_stride + i]`.
@@ -172,7 +173,9 @@ pub struct MoeInputs<'a, Buf> {
     pub x: &'a Buf,
     pub logits: &'a Buf,
     pub bias: Option<&'a Buf>,
-    pub store: &'a ExpertStore,
+    /// Shared: a backend may read experts on a thread of its own (CUDA's
+    /// staging thread).
+    pub store: &'a Arc<ExpertStore>,
     pub hint: Option<MoeHint<'a, Buf>>,
 }
 

@@ -102,9 +102,10 @@ impl CacheSize {
 /// The parts of a streamed decode step's MoE layer, from its routing to
 /// the next layer's, as `CacheStats::layer_parts_ns` counts them. The
 /// fourth is the host's work after the experts are queued: the CPU's
-/// share, and where expert files are read into staging buffers (not
-/// registered with the driver: a memory limit), the reads of the next
-/// layer's guesses.
+/// share, and queuing the next layer's guesses (where expert files are
+/// read into staging buffers, not registered with the driver: a memory
+/// limit, the staging thread reads them meanwhile, and the next step's
+/// first part waits for those reads).
 pub const LAYER_PARTS: [&str; 5] = [
     "ids to the host, copies issued",
     "wait for the copies",
@@ -133,9 +134,12 @@ pub struct CacheStats {
     /// (`--hybrid`), and their bytes.
     pub on_host: u64,
     pub bytes_on_host: u64,
-    /// Host time spent on misses and prefetches: issuing the copies, and
-    /// where the files are not registered with the driver, reading them
-    /// into pinned staging buffers and waiting for those.
+    /// Host time the thread driving the GPU spends on misses and
+    /// prefetches: issuing the copies, and where the files are not
+    /// registered with the driver, queuing them for the staging thread
+    /// and waiting, before a step's experts launch, until it has read
+    /// and issued every copy queued so far (its reads count only while
+    /// this thread waits for them).
     pub stall_ns: u64,
     /// CPU steps of split misses, the CPU's time in them, and the steps
     /// in which the GPU's share had finished before the CPU's (the CPU

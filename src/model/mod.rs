@@ -23,6 +23,7 @@ use attention::GqaWeights;
 use ffn::{Mlp, MoeBlock};
 use linear_attn::{linear_cfg, DeltaNetWeights};
 use mla::{mla_cfg, MlaWeights};
+use std::sync::Arc;
 use timing::{Phase, PhaseTimer};
 use trace::RouteTrace;
 
@@ -38,7 +39,7 @@ pub(crate) fn load_vec<B: Backend>(b: &B, wf: &WeightsFile, name: &str, len: usi
 pub struct Ctx<'a, B: Backend> {
     pub b: &'a B,
     pub cfg: &'a ModelConfig,
-    pub store: &'a ExpertStore,
+    pub store: &'a Arc<ExpertStore>,
     pub inv_freq: &'a B::Buf,
     /// cos/sin factor (YaRN attention_factor; 1 otherwise).
     pub rope_mscale: f32,
@@ -272,7 +273,7 @@ impl<B: Backend> Net<B> {
     pub fn forward(
         &self,
         st: &mut State<B>,
-        store: &ExpertStore,
+        store: &Arc<ExpertStore>,
         tokens: &[u32],
         pos0: usize,
         all: bool,
@@ -291,7 +292,7 @@ impl<B: Backend> Net<B> {
     /// over all the tokens (each expert is read once for every token routed
     /// to it), the token mixers per sequence. Returns each sequence's
     /// logits as [`Net::forward`] does.
-    pub fn forward_batch(&self, seqs: &mut [SeqStep<'_, B>], store: &ExpertStore) -> Result<Vec<Vec<f32>>> {
+    pub fn forward_batch(&self, seqs: &mut [SeqStep<'_, B>], store: &Arc<ExpertStore>) -> Result<Vec<Vec<f32>>> {
         let (b, cfg) = (&self.b, &self.cfg);
         if seqs.is_empty() {
             return Ok(Vec::new());

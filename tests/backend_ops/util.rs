@@ -166,7 +166,7 @@ pub fn write_experts(
     ne: usize,
     bits: usize,
     gs: usize,
-) -> (ExpertStore, Vec<[Vec<f64>; 3]>) {
+) -> (Arc<ExpertStore>, Vec<[Vec<f64>; 3]>) {
     let ll = LayerLayout::quantized(hidden, inter, bits as u32, gs);
     let mut file = vec![0u8; ne * ll.expert_size];
     let mut experts = Vec::with_capacity(ne);
@@ -200,5 +200,5 @@ pub fn write_experts(
     };
     std::fs::write(edir.join(LAYOUT_FILE), serde_json::to_vec(&layout).expect("json")).expect("write layout");
     let store = ExpertStore::open(dir, 2, IoMode::default(), 2).expect("open expert store");
-    (store, experts)
+    (Arc::new(store), experts)
 }

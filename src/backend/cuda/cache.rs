@@ -1,17 +1,22 @@
 //! The device-side expert cache: slots of one expert each in GPU memory
-//! under a byte budget, filled by asynchronous host→device copies from
-//! pinned staging buffers on the copy stream and ordered against the
-//! compute stream with events (a slot is overwritten only after the
+//! under a byte budget, filled by asynchronous host→device copies on the
+//! copy stream — straight from the expert files where they are registered
+//! with the driver, otherwise from pinned staging buffers that a thread of
+//! their own reads and copies from (`staging.rs`) — and ordered against
+//! the compute stream with events (a slot is overwritten only after the
 //! kernels that read it are done; kernels read a slot only after its copy
-//! is). Eviction is CLOCK (second chance). When the budget holds every
-//! expert, all are loaded once at start and a device table maps (layer,
-//! expert) to its slot, so that routing never leaves the GPU.
+//! is: a fetch first waits until the staging thread has issued every copy
+//! queued so far, then makes the compute stream wait for the copy
+//! stream). Which expert keeps a slot is `SlotTable`'s choice. When the
+//! budget holds every expert, all are loaded once at start and a device
+//! table maps (layer, expert) to its slot, so that routing never leaves
+//! the GPU.
 
 use super::buf::DevMem;
 use super::driver::{Check, Event, Gpu};
 use super::host_cpu::HostCpu;
 use super::hostmap::{self, HostMap};
-use super::staging::Stager;
+use super::staging::StagingThread;
 use super::timeline::{Mark, Timeline};
 use crate::error::{Error, Result};
 pub(crate) use crate::experts::budget::SlotBudget;
@@ -48,8 +53,11 @@ struct State {
     /// Every sequence ≤ this is known complete.
     done_seq: u64,
     uses: VecDeque<(u64, Event)>,
-    staging: Stager,
-    /// Copies issued that the compute stream has not been made to wait for.
+    /// Reads and copies of misses where an expert file is not registered
+    /// with the driver (none: resident, or every file registered).
+    staging: Option<StagingThread>,
+    /// Copies issued or queued on the staging thread that the compute
+    /// stream has not been made to wait for.
     pending: bool,
     copied: Event,
     /// How many of a router's guesses are copied (`--hybrid auto`; none:
@@ -101,7 +109,7 @@ impl ExpertCache {
     /// of them loaded (and the device table built) when they fit.
     pub fn new(
         gpu: &Arc<Gpu>,
-        store: &ExpertStore,
+        store: &Arc<ExpertStore>,
         moe_layers: &[usize],
         n_slots: usize,
         probation: usize,
@@ -122,7 +130,6 @@ impl ExpertCache {
             });
         }
         let pool = DevMem::new(gpu, n_slots * slot_bytes)?;
-        let staging = Stager::new(gpu, n_slots, slot_bytes)?;
         let n_layers = moe_layers.iter().max().map_or(0, |m| m + 1);
         let resident = n_slots == total;
         let (host, tiers) = match resident {
@@ -132,6 +139,12 @@ impl ExpertCache {
         let mut table = SlotTable::new(moe_layers, n_experts, n_slots, probation);
         let held = table.hold(&tiers.held)?;
         let free_slots = table.free_slots();
+        // A resident cache stages only while it loads (`load_all`).
+        let staged = !resident && !registered(&host, moe_layers);
+        let staging = match staged {
+            true => Some(StagingThread::spawn(gpu, store.clone(), n_slots, slot_bytes)?),
+            false => None,
+        };
         let st = State {
             table,
             use_seq: vec![0; n_slots],
@@ -170,36 +183,44 @@ impl ExpertCache {
         if cache.resident {
             cache.load_all(store, n_layers)?;
         } else if !held.is_empty() {
-            cache.load_held(store, &held)?;
+            cache.load_held(&held, store)?;
         }
         Ok(cache)
     }
 
-    /// Copy the held experts (`(layer, expert, slot)`, by layer) into
-    /// their slots; the first fetch waits for the copies.
-    fn load_held(&mut self, store: &ExpertStore, held: &[(usize, u32, usize)]) -> Result<()> {
+    /// Queue the copies of the held experts (`(layer, expert, slot)`, by
+    /// layer) into their slots on the staging thread; the first fetch
+    /// waits for them.
+    fn load_held(&mut self, held: &[(usize, u32, usize)], store: &ExpertStore) -> Result<()> {
+        let (pool, slot_bytes) = (self.pool.ptr(), self.slot_bytes);
         let st = self.st.get_mut().map_err(|_| lock_err())?;
+        let thread = st.staging.as_ref().ok_or_else(|| Error::Backend {
+            backend: "cuda",
+            msg: "held layers without a staging thread to load them".into(),
+        })?;
         for layer in held.chunk_by(|a, b| a.0 == b.0) {
             let l = layer[0].0;
             let size = store.layer_layout(l)?.expert_size;
-            let jobs: Vec<(u32, u64)> = layer
-                .iter()
-                .map(|&(_, e, s)| (e, self.pool.ptr() + (s * self.slot_bytes) as u64))
-                .collect();
-            st.staging.copy(&self.gpu, store, l, &jobs, size)?;
+            let jobs: Vec<(u32, u64)> = layer.iter().map(|&(_, e, s)| (e, pool + (s * slot_bytes) as u64)).collect();
+            thread.push(l, jobs, size)?;
         }
         st.pending = true;
         Ok(())
     }
 
-    /// Copy every expert into its slot and upload the table.
-    fn load_all(&mut self, store: &ExpertStore, n_layers: usize) -> Result<()> {
+    /// Copy every expert into its slot (through a staging thread that
+    /// lives as long as the load) and upload the table.
+    fn load_all(&mut self, store: &Arc<ExpertStore>, n_layers: usize) -> Result<()> {
+        let thread = StagingThread::spawn(&self.gpu, store.clone(), self.n_slots, self.slot_bytes)?;
+        self.st.get_mut().map_err(|_| lock_err())?.staging = Some(thread);
         let mut table = vec![0u64; n_layers * self.n_experts];
         let all: Vec<u32> = (0..self.n_experts as u32).collect();
         for &l in &self.moe_layers.clone() {
             let addrs = self.fetch(store, l, &all)?;
             table[l * self.n_experts..(l + 1) * self.n_experts].copy_from_slice(&addrs);
         }
+        // Joined (its copies complete) and its buffers freed.
+        self.st.get_mut().map_err(|_| lock_err())?.staging = None;
         self.table = Some(DevMem::from_host(&self.gpu, bytemuck::cast_slice(&table))?);
         self.gpu.sync()?;
         // Loading is not traffic of the run that follows.
@@ -300,6 +321,7 @@ impl ExpertCache {
     ) -> Result<Vec<Option<u64>>> {
         let mut st = self.st.lock().map_err(|_| lock_err())?;
         let addrs = self.lookup(&mut st, store, layer, experts, false, host)?;
+        self.flush(&st)?;
         self.mark(Mark::Wait)?;
         if st.pending {
             st.copied.record(self.gpu.copy)?;
@@ -452,9 +474,7 @@ impl ExpertCache {
     /// Whether a copy is only queued on the copy stream (every expert file
     /// registered with the driver), with no read of the file first.
     pub fn copies_queue_only(&self) -> bool {
-        self.host
-            .as_ref()
-            .is_some_and(|h| self.moe_layers.iter().all(|&l| h.get(l).is_some_and(|m| m.is_some())))
+        registered(&self.host, &self.moe_layers)
     }
 
     /// Reach `m` in the step's timeline, where one is kept.
@@ -523,6 +543,12 @@ impl ExpertCache {
         self.wait_uses(st, latest_use)?;
         let size = store.layer_layout(layer)?.expert_size;
         if let Some(m) = self.host.as_ref().and_then(|h| h.get(layer)).and_then(|m| m.as_ref()) {
+            // Copies queued on the staging thread go first (a slot may be
+            // refilled before they are issued). With layers pinned and
+            // layers staged (`experts::tiers`) the queue is mostly empty
+            // here: a staged layer's fetch flushed it, and guesses for a
+            // staged layer are queued after this layer's lookups.
+            self.flush(st)?;
             for &(e, s) in &jobs {
                 // SAFETY: the slot holds `slot_bytes` ≥ `size` bytes; the
                 // registered file holds expert `e` at `e·size`.
@@ -539,13 +565,20 @@ impl ExpertCache {
             self.account(st, &jobs, size, t0);
             return Ok(addrs);
         }
-        let dst: Vec<(u32, u64)> = jobs.iter().map(|&(e, s)| (e, self.addr(s))).collect();
-        st.staging.copy(&self.gpu, store, layer, &dst, size)?;
+        // Read and copied by the staging thread, after the waits above.
+        // (Copies of earlier jobs it has not issued yet land behind those
+        // waits too: a delay, never a cycle, since the compute stream
+        // waits only for copies issued before a flush.)
+        let thread = st.staging.as_ref().ok_or_else(|| Error::Backend {
+            backend: "cuda",
+            msg: format!("layer {layer}'s expert file is neither registered with the driver nor staged"),
+        })?;
+        thread.push(layer, jobs.iter().map(|&(e, s)| (e, self.addr(s))).collect(), size)?;
         self.account(st, &jobs, size, t0);
         Ok(addrs)
     }
 
-    /// Count the copies just issued.
+    /// Count the copies just issued (or queued on the staging thread).
     fn account(&self, st: &mut State, jobs: &[(u32, usize)], size: usize, t0: Instant) {
         st.pending = true;
         let n = jobs.len() as u64;
@@ -553,6 +586,21 @@ impl ExpertCache {
         self.c
             .stall_ns
             .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    /// Wait until the staging thread has issued the copies of every job
+    /// queued so far (the time counts as stall), so that an event recorded
+    /// on the copy stream next follows them; a job's error, if one failed.
+    fn flush(&self, st: &State) -> Result<()> {
+        let Some(thread) = &st.staging else {
+            return Ok(());
+        };
+        let t0 = Instant::now();
+        let res = thread.flush();
+        self.c
+            .stall_ns
+            .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        res
     }
 
     /// Make the copy stream wait for the compute work of sequence `seq`.
@@ -574,9 +622,22 @@ impl ExpertCache {
     }
 }
 
+/// Whether the files of every layer of `moe_layers` are registered with
+/// the driver (`host`).
+fn registered(host: &Option<Vec<Option<HostMap>>>, moe_layers: &[usize]) -> bool {
+    host.as_ref()
+        .is_some_and(|h| moe_layers.iter().all(|&l| h.get(l).is_some_and(|m| m.is_some())))
+}
+
 impl Drop for ExpertCache {
     fn drop(&mut self) {
-        // The staging buffers and slots must outlive their copies.
+        // The staging thread ends first (the job running finishes, the
+        // rest are dropped; its buffers outlive their copies); the slots
+        // must outlive every copy.
+        match self.st.get_mut() {
+            Ok(st) => st.staging = None,
+            Err(p) => p.into_inner().staging = None,
+        }
         if self.gpu.bind().is_ok() {
             // SAFETY: the stream is valid while `gpu` lives.
             unsafe {

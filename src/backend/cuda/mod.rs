@@ -269,7 +269,12 @@ impl CudaBackend {
 
     /// Give the routed experts of `store` (layers `moe_layers`) a device
     /// cache of `size`; when it holds them all they are loaded now.
-    pub fn attach_experts(&self, store: &ExpertStore, moe_layers: &[usize], req: CacheRequest) -> Result<CacheReport> {
+    pub fn attach_experts(
+        &self,
+        store: &Arc<ExpertStore>,
+        moe_layers: &[usize],
+        req: CacheRequest,
+    ) -> Result<CacheReport> {
         self.gpu.bind()?;
         let mut expert_bytes = 0u64;
         let mut largest = 0usize;

@@ -502,8 +502,9 @@ fn grouped(
         }
     }
     if !early {
-        // Reads into staging buffers: after the CPU's share, as they
-        // would take its cores.
+        // Reads into staging buffers (queued here for the staging thread,
+        // which reads while this thread launches the next layer): after
+        // the CPU's share, as they would take its cores.
         if cpu_part.is_some() {
             hybrid::wait_cpu(cache)?;
         }

@@ -1,14 +1,20 @@
 //! Pinned staging buffers for expert copies where the expert files are not
-//! registered with the driver: a wave of experts is read (in pieces, by
-//! as many threads as there are pieces) into one set of buffers while the
-//! other set's copies run; the copies are issued from one thread once the
-//! wave is read (driver calls on one stream from many threads contend).
+//! registered with the driver, and the thread that fills them.
+//!
+//! A wave of experts is read (in pieces, by as many threads as there are
+//! pieces) into one set of buffers while the other set's copies run; the
+//! copies are issued from one thread once the wave is read (driver calls
+//! on one stream from many threads contend). That thread is
+//! [`StagingThread`]'s own: the expert cache queues a job per lookup and
+//! goes on launching work, and before the compute stream is made to wait
+//! for the copies it flushes the queue (every job's copies issued on the
+//! copy stream), so that the wait covers them.
 
 use super::buf::Pinned;
 use super::check::Check;
 use super::driver::{Event, Gpu};
 use crate::error::Result;
-use crate::experts::ExpertStore;
+use crate::experts::{ExpertStore, JobQueue};
 use cudarc::driver::sys;
 use rayon::prelude::*;
 use std::sync::Arc;
@@ -26,14 +32,16 @@ struct Wave {
     used: bool,
 }
 
-pub(crate) struct Stager {
+/// Two waves of pinned buffers and the reads and copies through them.
+struct Stager {
+    gpu: Arc<Gpu>,
     waves: Vec<Wave>,
     next: usize,
 }
 
 impl Stager {
     /// Two waves of buffers of `slot_bytes` for a cache of `n_slots`.
-    pub fn new(gpu: &Arc<Gpu>, n_slots: usize, slot_bytes: usize) -> Result<Stager> {
+    fn new(gpu: &Arc<Gpu>, n_slots: usize, slot_bytes: usize) -> Result<Stager> {
         let waves = (0..2)
             .map(|_| {
                 Ok(Wave {
@@ -45,19 +53,17 @@ impl Stager {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok(Stager { waves, next: 0 })
+        Ok(Stager {
+            gpu: gpu.clone(),
+            waves,
+            next: 0,
+        })
     }
 
     /// Read each expert of `jobs` (expert, device address of its slot) of
     /// `layer` and queue its copy on the copy stream.
-    pub fn copy(
-        &mut self,
-        gpu: &Gpu,
-        store: &ExpertStore,
-        layer: usize,
-        jobs: &[(u32, u64)],
-        size: usize,
-    ) -> Result<()> {
+    fn copy(&mut self, store: &ExpertStore, layer: usize, jobs: &[(u32, u64)], size: usize) -> Result<()> {
+        let gpu = &*self.gpu;
         let wave = self.waves[0].bufs.len();
         for chunk in jobs.chunks(wave) {
             let w = self.next;
@@ -97,5 +103,69 @@ impl Stager {
             self.waves[w].used = true;
         }
         Ok(())
+    }
+}
+
+impl Drop for Stager {
+    fn drop(&mut self) {
+        // The buffers must outlive their copies (also those of a wave
+        // whose event a failed job did not record).
+        if self.gpu.bind().is_ok() {
+            // SAFETY: the stream is valid while `gpu` lives.
+            unsafe {
+                let _ = sys::cuStreamSynchronize(self.gpu.copy);
+            }
+        }
+    }
+}
+
+/// One job of the staging thread: experts of `layer`, `size` bytes each,
+/// to copy into their slots (expert, device address of its slot).
+struct StageJob {
+    layer: usize,
+    dst: Vec<(u32, u64)>,
+    size: usize,
+}
+
+/// Reads of experts into the staging buffers and their copies to the
+/// device, on a thread of their own ("moeflux-staging"), job by job in
+/// the order they were queued: the copy stream receives the copies in
+/// that order. What the copy stream must wait for before a job's copies
+/// (the kernels still reading a victim slot) is queued on it by the
+/// caller before [`StagingThread::push`]. Errors of a job (a failed read
+/// or driver call) come back from the next [`StagingThread::flush`].
+/// Dropping it waits for the job running, then for the copy stream, and
+/// frees the buffers.
+pub(crate) struct StagingThread {
+    queue: JobQueue<StageJob>,
+}
+
+impl StagingThread {
+    /// Staging buffers for a cache of `n_slots` slots of `slot_bytes`,
+    /// and the thread that reads `store` into them.
+    pub fn spawn(gpu: &Arc<Gpu>, store: Arc<ExpertStore>, n_slots: usize, slot_bytes: usize) -> Result<StagingThread> {
+        let mut stager = Stager::new(gpu, n_slots, slot_bytes)?;
+        let mut bound = false;
+        let queue = JobQueue::spawn("moeflux-staging", move |j: StageJob| {
+            if !bound {
+                stager.gpu.bind()?;
+                bound = true;
+            }
+            stager.copy(&store, j.layer, &j.dst, j.size)
+        })?;
+        Ok(StagingThread { queue })
+    }
+
+    /// Queue reading `dst`'s experts (expert, device address of its slot)
+    /// of `layer`, `size` bytes each, and copying them to their slots.
+    pub fn push(&self, layer: usize, dst: Vec<(u32, u64)>, size: usize) -> Result<()> {
+        self.queue.push(StageJob { layer, dst, size })
+    }
+
+    /// Wait until the copies of every job queued so far are issued on the
+    /// copy stream (an event recorded there next follows them); the first
+    /// error of a job since the last flush.
+    pub fn flush(&self) -> Result<()> {
+        self.queue.flush()
     }
 }
