@@ -201,7 +201,10 @@ impl ExpertCache {
         for layer in held.chunk_by(|a, b| a.0 == b.0) {
             let l = layer[0].0;
             let size = store.layer_layout(l)?.expert_size;
-            let jobs: Vec<(u32, u64)> = layer.iter().map(|&(_, e, s)| (e, pool + (s * slot_bytes) as u64)).collect();
+            let jobs: Vec<(u32, u64)> = layer
+                .iter()
+                .map(|&(_, e, s)| (e, pool + (s * slot_bytes) as u64))
+                .collect();
             thread.push(l, jobs, size)?;
         }
         st.pending = true;
