@@ -100,6 +100,8 @@ pub(crate) fn map_tiers(
     };
     let e = store.num_experts();
     let mut tiers = tiers::plan(&layers, budget, n_slots, e);
+    let paths: Vec<&Path> = tiers.pinned.iter().filter_map(|&l| store.layer_path(l).ok()).collect();
+    warm(&paths);
     let n = moe_layers.iter().max().map_or(0, |m| m + 1);
     let mut maps: Vec<Option<HostMap>> = (0..n).map(|_| None).collect();
     let mut pinned = 0u64;
@@ -129,4 +131,24 @@ pub(crate) fn map_tiers(
     }
     let maps = (!tiers.pinned.is_empty()).then_some(maps);
     Ok((maps, tiers))
+}
+
+/// Ask the kernel to read `paths` into the page cache now, all of them at
+/// once (`POSIX_FADV_WILLNEED`: reads queued, no copy, nearly free for
+/// pages already cached), so that registering them next finds their pages
+/// there: the driver faults a file's pages in one after the other, about
+/// one disk stream. A file that cannot be opened is left to the
+/// registration to report.
+fn warm(paths: &[&Path]) {
+    use std::os::fd::AsRawFd;
+    std::thread::scope(|s| {
+        for p in paths {
+            s.spawn(move || {
+                if let Ok(f) = std::fs::File::open(p) {
+                    // SAFETY: a valid descriptor; advice only.
+                    unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_WILLNEED) };
+                }
+            });
+        }
+    });
 }
