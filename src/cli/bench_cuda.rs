@@ -81,7 +81,7 @@ pub(super) fn print_cuda(
             c.expert_bytes as f64 / 1e9
         ),
         Some(c) => format!(
-            "{:.2} GB = {} of {} experts ({:.0}%){}",
+            "{:.2} GB = {} of {} experts ({:.0}%){}{}",
             c.budget_bytes as f64 / 1e9,
             c.slots,
             c.experts,
@@ -90,7 +90,8 @@ pub(super) fn print_cuda(
                 ", no prefetch"
             } else {
                 ", prefetch"
-            }
+            },
+            tiers_note(&c, model.config())
         ),
         None => "none".into(),
     };
@@ -218,6 +219,20 @@ pub(super) fn print_cuda(
     print_ram(out, model.ram_stats())?;
     print_phases(out, rows)?;
     Ok(())
+}
+
+/// `, layers pinned 33 / held 7 / staged 0` where not every MoE layer's
+/// expert file is pinned (`experts::tiers`), else nothing.
+fn tiers_note(c: &moeflux::backend::cuda::CacheReport, cfg: &moeflux::config::ModelConfig) -> String {
+    let layers = c.experts / cfg.num_experts.max(1);
+    if c.pinned_layers >= layers {
+        return String::new();
+    }
+    let staged = layers.saturating_sub(c.pinned_layers + c.held_layers);
+    format!(
+        ", layers pinned {} / held {} / staged {staged}",
+        c.pinned_layers, c.held_layers
+    )
 }
 
 #[cfg(test)]

@@ -153,6 +153,9 @@ impl ModelArgs {
             if self.hybrid.is_some() {
                 notes.push(format!("--hybrid has no effect on the {device}"));
             }
+            if self.pin_experts != CacheSize::Auto {
+                notes.push(format!("--pin-experts has no effect on the {device}"));
+            }
         } else if self.threads != 0 && (self.hybrid == Some(Hybrid::Off) || cache.is_some_and(|c| c.resident)) {
             notes.push("--threads has no effect on CUDA without --hybrid misses".into());
         }
@@ -162,6 +165,9 @@ impl ModelArgs {
             }
             if self.hybrid.is_some() {
                 notes.push("--hybrid has no effect: every expert is resident on the device".into());
+            }
+            if self.pin_experts != CacheSize::Auto {
+                notes.push("--pin-experts has no effect: every expert is resident on the device".into());
             }
         }
         notes
