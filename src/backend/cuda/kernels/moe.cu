@@ -101,11 +101,13 @@ extern "C" __global__ void moe_route(const float* logits, const float* bias, u32
             for (int r = 0; r < topk_group; r++) {
                 int bi = -1;
                 float best = NEG_INF;
-                for (int g = 0; g < n_group; g++)
-                    if (!keep[g] && (bi < 0 || rank_key(gsc[g]) > best)) {
-                        best = rank_key(gsc[g]);
+                for (int g = 0; g < n_group; g++) {
+                    const float key = rank_key(gsc[g]);
+                    if (!keep[g] && (bi < 0 || key > best)) {
+                        best = key;
                         bi = g;
                     }
+                }
                 if (bi >= 0) keep[bi] = 1;
             }
         }

@@ -243,6 +243,23 @@ __device__ __forceinline__ void mm_add_warps(float (&acc)[RT][NM][4], MmRed& red
     __syncthreads();
 }
 
+// Warp 0 writes a block's sums (after mm_add_warps): value(mt, j) of
+// tile mt's accumulator j goes to out[pair of column c0 + mm_col(j)]
+// [base + 16·mt + mm_row(j)] (rows of `width`), for the tiles and columns
+// that exist.
+template <int RT, typename V>
+__device__ __forceinline__ void mm_store(const MtGroups& G, const Group& g, int c0, int base, int tiles, float* out,
+                                         int width, V value) {
+    if (threadIdx.x >= 32) return;
+#pragma unroll
+    for (int mt = 0; mt < RT; mt++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const int row = base + mt * 16 + mm_row(j), col = c0 + mm_col(j);
+            if (mt < tiles && col < g.count) out[(i64)mm_pair(G, g, col) * width + row] = value(mt, j);
+        }
+}
+
 // h[p, inter] = silu(x_t·gateᵀ) ⊙ (x_t·upᵀ) for every pair p = t·k + j
 // of the groups. Grid (inter / (16·MM_UP_RT), groups), MM_UP_KS warps:
 // block (bx, g) takes MM_UP_RT tiles of 16 rows of gate and of up at rows
@@ -258,16 +275,8 @@ __device__ __forceinline__ void moe_up_mt_t(const ELayout& EL, const HalfRows& x
         mm_rows<BITS, F16S, L, 2, MM_UP_RT>(EL, g, G, c0, 0, x, k, hidden, base, tiles, threadIdx.x >> 5,
                                             blockDim.x >> 5, acc);
         mm_add_warps(acc, red);
-        if (threadIdx.x < 32) {
-#pragma unroll
-            for (int mt = 0; mt < MM_UP_RT; mt++)
-#pragma unroll
-                for (int j = 0; j < 4; j++) {
-                    const int row = base + mt * 16 + mm_row(j), col = c0 + mm_col(j);
-                    if (mt < tiles && col < g.count)
-                        h[(i64)mm_pair(G, g, col) * inter + row] = silu_f(acc[mt][0][j]) * acc[mt][1][j];
-                }
-        }
+        mm_store<MM_UP_RT>(G, g, c0, base, tiles, h, inter,
+                           [&](int mt, int j) { return silu_f(acc[mt][0][j]) * acc[mt][1][j]; });
     }
 }
 
@@ -285,15 +294,7 @@ __device__ __forceinline__ void moe_down_mt_t(const ELayout& EL, const HalfRows&
         mm_rows<BITS, F16S, L, 1, MM_DOWN_RT>(EL, g, G, c0, 2, h, 1, inter, base, tiles, threadIdx.x >> 5,
                                               blockDim.x >> 5, acc);
         mm_add_warps(acc, red);
-        if (threadIdx.x < 32) {
-#pragma unroll
-            for (int mt = 0; mt < MM_DOWN_RT; mt++)
-#pragma unroll
-                for (int j = 0; j < 4; j++) {
-                    const int row = base + mt * 16 + mm_row(j), col = c0 + mm_col(j);
-                    if (mt < tiles && col < g.count) d[(i64)mm_pair(G, g, col) * hidden + row] = acc[mt][0][j];
-                }
-        }
+        mm_store<MM_DOWN_RT>(G, g, c0, base, tiles, d, hidden, [&](int mt, int j) { return acc[mt][0][j]; });
     }
 }
 
