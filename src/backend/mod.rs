@@ -259,27 +259,6 @@ pub trait Backend: Send + Sync + Sized + 'static {
         self.swiglu(gate, up, n * inter, &mut h)?;
         self.linear(w, &h, n, y)
     }
-    /// `y[t] = sigmoid(scale[t]) · (silu(gate_t) ⊙ up_t) · Wᵀ` for the `n`
-    /// tokens (a gated shared expert; y `[n, rows]` replaced): exactly
-    /// `swiglu_linear`, then `add_scaled_rows` into zeros, fused where a
-    /// backend can.
-    #[allow(clippy::too_many_arguments)]
-    fn swiglu_linear_scaled(
-        &self,
-        w: &Self::Matrix,
-        gate: &Self::Buf,
-        up: &Self::Buf,
-        n: usize,
-        inter: usize,
-        rows: usize,
-        scale: &Self::Buf,
-        y: &mut Self::Buf,
-    ) -> Result<()> {
-        let mut t = self.alloc(n * rows)?; // [n, rows]
-        self.swiglu_linear(w, gate, up, n, inter, &mut t)?;
-        *y = self.alloc(n * rows)?;
-        self.add_scaled_rows(y, &t, scale, n, rows, true)
-    }
     /// `y[t] = row tokens[t] of table`.
     fn embed(&self, table: &Self::Matrix, tokens: &[u32], y: &mut Self::Buf) -> Result<()>;
 

@@ -154,13 +154,14 @@ impl<B: Backend> MoeBlock<B> {
             self.trace(c, &logits)?;
         }
         c.timer.measure(b, Phase::DenseFfn, || {
-            match (&self.shared, &gate_up, &gate_logit) {
-                // out = sigmoid(g·x) ⊙ shared(x), then the routed experts are added.
-                (Some(mlp), Some([g, u]), Some(gl)) => {
-                    b.swiglu_linear_scaled(&mlp.down, g, u, n, mlp.inter, hid, gl, out)?
-                }
-                (Some(mlp), Some([g, u]), None) => mlp.swiglu_down(b, g, u, n, out)?,
+            match (&self.shared, &gate_up) {
+                (Some(mlp), Some([g, u])) => mlp.swiglu_down(b, g, u, n, out)?,
                 _ => *out = b.alloc(n * hid)?,
+            }
+            if let Some(gl) = &gate_logit {
+                // out = sigmoid(g·x) ⊙ shared(x), then the routed experts are added.
+                let shared = std::mem::replace(out, b.alloc(n * hid)?);
+                b.add_scaled_rows(out, &shared, gl, n, hid, true)?;
             }
             Ok(())
         })?;

@@ -88,13 +88,10 @@ pub(crate) struct MatSet {
     pub y: [u64; MQ_SET],
     pub first: [i32; MQ_SET + 1],
     pub count: i32,
-    /// Token scales: each token's outputs times sigmoid(sc[t]) (`set_out`
-    /// in kernels/common.cuh; `matvec_q`, `matvec_qt`, `matvec_tc`), or 0.
-    pub sc: u64,
 }
 
-// The kernel's struct: 4 × 48 + 4 × 8 + 5 × 4 + 4 + 8 bytes.
-const _: () = assert!(std::mem::size_of::<MatSet>() == 256);
+// The kernel's struct: 4 × 48 + 4 × 8 + 5 × 4 + 4 bytes.
+const _: () = assert!(std::mem::size_of::<MatSet>() == 248);
 
 impl MatSet {
     /// The set of `parts` (matrix, output address, blocks it takes), in
@@ -112,7 +109,6 @@ impl MatSet {
             y: [0; MQ_SET],
             first: [0; MQ_SET + 1],
             count: parts.len() as i32,
-            sc: 0,
         };
         let mut blocks = 0usize;
         for (i, &(m, y, b)) in parts.iter().enumerate() {

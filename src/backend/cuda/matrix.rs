@@ -123,14 +123,13 @@ fn mq_blocks(gpu: &Gpu, set: &[(&CudaMatrix, u64)], per_sm: usize) -> (Vec<(MatA
 /// One `matvec_q` launch: `y = W·v` for each (matrix, output address) of
 /// `set` (1 to MQ_SET matrices that `staged` takes for one token, all of
 /// the same cols), with v = x, or silu(x) ⊙ u when `u` is not 0 (x, u
-/// `[cols]`); outputs times sigmoid(sc[0]) where `sc` is not 0.
-fn launch_matvec_q(gpu: &Gpu, set: &[(&CudaMatrix, u64)], x: u64, u: u64, sc: u64) -> Result<()> {
+/// `[cols]`).
+fn launch_matvec_q(gpu: &Gpu, set: &[(&CudaMatrix, u64)], x: u64, u: u64) -> Result<()> {
     let Some((first, _)) = set.first() else {
         return Ok(());
     };
     let (parts, threads) = mq_blocks(gpu, set, 2);
-    let (mut arg, blocks) = MatSet::new("matvec_q", &parts)?;
-    arg.sc = sc;
+    let (arg, blocks) = MatSet::new("matvec_q", &parts)?;
     let smem = one_smem(first.cols) as u32;
     gpu.launch(
         gpu.k.matvec_q,
@@ -151,16 +150,14 @@ fn qt_fits(gpu: &Gpu, cols: usize) -> bool {
 /// QT_TILE: `y[n, rows] = v[n, cols]·Wᵀ` for each (matrix, output
 /// address) of `set` (1 to MQ_SET matrices of one format code that
 /// `staged` takes, all of the same cols), v = x or silu(x) ⊙ u. Each
-/// token's row sums are the ones `matvec_q` gives it alone; token t's
-/// outputs times sigmoid(sc[t]) where `sc` is not 0.
-fn launch_matvec_qt(gpu: &Gpu, set: &[(&CudaMatrix, u64)], x: u64, u: u64, sc: u64, n: usize) -> Result<()> {
+/// token's row sums are the ones `matvec_q` gives it alone.
+fn launch_matvec_qt(gpu: &Gpu, set: &[(&CudaMatrix, u64)], x: u64, u: u64, n: usize) -> Result<()> {
     let Some((first, _)) = set.first() else {
         return Ok(());
     };
     let smem = qt_smem(QT_TILE, first.cols);
     let (parts, threads) = mq_blocks(gpu, set, (qt_smem_max(gpu) / smem).max(1));
-    let (mut arg, blocks) = MatSet::new("matvec_qt", &parts)?;
-    arg.sc = sc;
+    let (arg, blocks) = MatSet::new("matvec_qt", &parts)?;
     let f = gpu.k.fmt(first.arg.fmt)?.matvec_qt;
     let grid = (blocks as u32, n.div_ceil(QT_TILE) as u32, 1);
     let nn = n as i32;
@@ -309,14 +306,14 @@ impl CudaMatrix {
     /// The `matvec_q` (one token), `matvec_tc` or `matvec_qt` launch of
     /// `set` (matrices of one format code and group size for more than
     /// one token).
-    fn launch_staged(gpu: &Gpu, set: &[(&CudaMatrix, u64)], x: u64, u: u64, sc: u64, n: usize) -> Result<()> {
+    fn launch_staged(gpu: &Gpu, set: &[(&CudaMatrix, u64)], x: u64, u: u64, n: usize) -> Result<()> {
         match n {
-            1 => launch_matvec_q(gpu, set, x, u, sc),
+            1 => launch_matvec_q(gpu, set, x, u),
             _ if n <= super::matvec_tc::MAX_TOKENS && set.iter().all(|(m, _)| m.step_tc(gpu)) => {
                 let args: Vec<(MatArg, u64)> = set.iter().map(|&(m, y)| (m.arg, y)).collect();
-                super::matvec_tc::launch(gpu, &args, x, u, sc, n)
+                super::matvec_tc::launch(gpu, &args, x, u, n)
             }
-            _ => launch_matvec_qt(gpu, set, x, u, sc, n),
+            _ => launch_matvec_qt(gpu, set, x, u, n),
         }
     }
 
@@ -334,7 +331,7 @@ impl CudaMatrix {
         }
         let (arg, xp, yp) = (self.arg, x.read(gpu)?, y.write(gpu, n * rows)?);
         if self.staged(gpu, n) {
-            CudaMatrix::launch_staged(gpu, &[(self, yp)], xp, 0, 0, n)
+            CudaMatrix::launch_staged(gpu, &[(self, yp)], xp, 0, n)
         } else if n == 1 {
             // 2 warps of 4 rows per block: small blocks spread a matrix of
             // few rows over every SM.
@@ -445,7 +442,7 @@ impl CudaMatrix {
         let xp = x.read(gpu)?;
         for (_, set) in &sets {
             for chunk in set.chunks(MQ_SET) {
-                CudaMatrix::launch_staged(gpu, chunk, xp, 0, 0, n)?;
+                CudaMatrix::launch_staged(gpu, chunk, xp, 0, n)?;
             }
         }
         Ok(())
@@ -473,38 +470,7 @@ impl CudaMatrix {
             return self.linear(gpu, &h, n, y);
         }
         let (gp, upp, yp) = (gate.read(gpu)?, up.read(gpu)?, y.write(gpu, n * rows)?);
-        CudaMatrix::launch_staged(gpu, &[(self, yp)], gp, upp, 0, n)
-    }
-
-    /// `y[t] = sigmoid(scale[t]) · (silu(gate_t) ⊙ up_t)·Wᵀ` in one launch
-    /// where the product is staged (`matvec_q`, `matvec_qt`, `matvec_tc`:
-    /// the same values as the product then `add_scaled_rows` assigning
-    /// them); `false` (nothing done) where it is not.
-    pub(crate) fn swiglu_linear_scaled(
-        &self,
-        gpu: &Arc<Gpu>,
-        gate: &CudaBuf,
-        up: &CudaBuf,
-        n: usize,
-        scale: &CudaBuf,
-        y: &mut CudaBuf,
-    ) -> Result<bool> {
-        let (rows, cols) = (self.rows, self.cols);
-        if n == 0 || rows == 0 || cols == 0 || !self.staged(gpu, n) {
-            return Ok(false);
-        }
-        gate.want(&format!("swiglu_linear [{rows}, {cols}] gate"), n * cols)?;
-        up.want(&format!("swiglu_linear [{rows}, {cols}] up"), n * cols)?;
-        scale.want(&format!("swiglu_linear [{rows}, {cols}] token scales"), n)?;
-        y.want(&format!("swiglu_linear [{rows}, {cols}] output"), n * rows)?;
-        let (gp, upp, sp, yp) = (
-            gate.read(gpu)?,
-            up.read(gpu)?,
-            scale.read(gpu)?,
-            y.write(gpu, n * rows)?,
-        );
-        CudaMatrix::launch_staged(gpu, &[(self, yp)], gp, upp, sp, n)?;
-        Ok(true)
+        CudaMatrix::launch_staged(gpu, &[(self, yp)], gp, upp, n)
     }
 
     /// `y[t] = row tokens[t]`, dequantized.

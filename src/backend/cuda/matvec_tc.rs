@@ -103,9 +103,8 @@ fn tiles_per_warp(gpu: &Gpu, set: &[(MatArg, u64)], bits: usize) -> usize {
 /// One `matvec_tc` launch: `y_i[n, rows_i] = v[n, cols]·W_iᵀ` for each
 /// (matrix, output address) of `set` (1 to MQ_SET matrices of one format
 /// code and group size that [`takes`] takes, all of the same cols), v = x
-/// or silu(x) ⊙ u when `u` is not 0, 2 ≤ n ≤ MAX_TOKENS; token t's outputs
-/// times sigmoid(sc[t]) where `sc` is not 0.
-pub(crate) fn launch(gpu: &Gpu, set: &[(MatArg, u64)], x: u64, u: u64, sc: u64, n: usize) -> Result<()> {
+/// or silu(x) ⊙ u when `u` is not 0, 2 ≤ n ≤ MAX_TOKENS.
+pub(crate) fn launch(gpu: &Gpu, set: &[(MatArg, u64)], x: u64, u: u64, n: usize) -> Result<()> {
     let Some((first, _)) = set.first() else {
         return Ok(());
     };
@@ -120,8 +119,7 @@ pub(crate) fn launch(gpu: &Gpu, set: &[(MatArg, u64)], x: u64, u: u64, sc: u64, 
         .iter()
         .map(|&(m, y)| (m, y, (m.rows as usize).div_ceil(16 * rt)))
         .collect();
-    let (mut arg, blocks) = MatSet::new("matvec_tc", &parts)?;
-    arg.sc = sc;
+    let (arg, blocks) = MatSet::new("matvec_tc", &parts)?;
     let f = gpu.k.fmt(first.fmt)?.matvec_tc;
     let threads = 32 * warps(rt);
     let bytes = smem(first, bits, rt) as u32;

@@ -456,32 +456,6 @@ impl Backend for CudaBackend {
         }
         w.swiglu_linear(&self.gpu, gate, up, n, y)
     }
-    fn swiglu_linear_scaled(
-        &self,
-        w: &CudaMatrix,
-        gate: &CudaBuf,
-        up: &CudaBuf,
-        n: usize,
-        inter: usize,
-        rows: usize,
-        scale: &CudaBuf,
-        y: &mut CudaBuf,
-    ) -> Result<()> {
-        self.gpu.bind()?;
-        if inter != w.cols || rows != w.rows {
-            return Err(Error::Invalid(format!(
-                "swiglu_linear_scaled: [{n}, {inter}] → [{n}, {rows}] through a [{}, {}] matrix",
-                w.rows, w.cols
-            )));
-        }
-        if w.swiglu_linear_scaled(&self.gpu, gate, up, n, scale, y)? {
-            return Ok(());
-        }
-        let mut t = CudaBuf::zeroed(&self.gpu, n * rows)?; // [n, rows]
-        w.swiglu_linear(&self.gpu, gate, up, n, &mut t)?;
-        *y = CudaBuf::zeroed(&self.gpu, n * rows)?;
-        ops::add_scaled_rows(&self.gpu, y, &t, scale, n, rows, true)
-    }
     fn embed(&self, table: &CudaMatrix, tokens: &[u32], y: &mut CudaBuf) -> Result<()> {
         self.gpu.bind()?;
         table.embed(&self.gpu, tokens, y)

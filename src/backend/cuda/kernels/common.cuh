@@ -65,10 +65,6 @@ __device__ __forceinline__ void warp_argmax(float& best, int& bi) {
 }
 __device__ __forceinline__ float silu_f(float x) { return x / (1.0f + expf(-x)); }
 __device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
-// A product's output v of token t: v, or sigmoid(sc[t])·v where the
-// launch's set has token scales (`MatSet::sc`: a gated shared expert's
-// down product; the same value as `add_scaled_rows` assigning it after).
-__device__ __forceinline__ float set_out(const float* sc, int t, float v) { return sc ? sigmoid_f(sc[t]) * v : v; }
 
 // The sum of `v` over the block (blockDim.x a multiple of 32, at most
 // 1024); `sh` holds 32 floats. Every thread gets the total.

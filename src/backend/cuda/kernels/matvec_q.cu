@@ -207,7 +207,7 @@ __device__ __forceinline__ void mq_rows(const Row (&rows)[MQ_R], int i0, int ste
 // sums [T, chunks].
 template <int BITS, bool F16S, int T>
 __device__ __forceinline__ void matvec_q_t(const Mat& m, const float* x, const float* u, float* y, float4* xs,
-                                           int blk, int nblk, int t0, int n, const float* sc) {
+                                           int blk, int nblk, int t0, int n) {
     const int chunks = m.cols / (128 / BITS);
     float* sxs = (float*)(xs + T * (m.cols >> 2));  // [T, chunks]
     __shared__ float part_sum[8][T][MQ_R];
@@ -249,7 +249,7 @@ __device__ __forceinline__ void matvec_q_t(const Mat& m, const float* x, const f
 #pragma unroll
                 for (int r = 0; r < MQ_R; r++) {
                     const float v = warp_sum(acc[t][r]);
-                    if (lane == 0 && r0 + r < m.rows && t0 + t < n) y[(i64)(t0 + t) * m.rows + r0 + r] = set_out(sc, t0 + t, v);
+                    if (lane == 0 && r0 + r < m.rows && t0 + t < n) y[(i64)(t0 + t) * m.rows + r0 + r] = v;
                 }
             continue;
         }
@@ -266,7 +266,7 @@ __device__ __forceinline__ void matvec_q_t(const Mat& m, const float* x, const f
             if (r0 + r < m.rows && t0 + t < n) {
                 float s = part_sum[wid][t][r];
                 for (int q = 1; q < split; q++) s += part_sum[wid + q][t][r];
-                y[(i64)(t0 + t) * m.rows + r0 + r] = set_out(sc, t0 + t, s);
+                y[(i64)(t0 + t) * m.rows + r0 + r] = s;
             }
         }
         __syncthreads();
@@ -282,8 +282,6 @@ struct MatSet {
     u64 y[MQ_SET];
     int first[MQ_SET + 1];
     int count;
-    // Token scales (`set_out`), or 0.
-    u64 sc;
 };
 
 // The matrix of `s` whose block range holds block b, its output, and
@@ -319,12 +317,12 @@ extern "C" __global__ void __launch_bounds__(256) matvec_q(MatSet s, const float
     int blk, nblk;
     set_pick(s, blockIdx.x, m, y, blk, nblk);
     switch (m.fmt) {
-        case FMT_Q2: matvec_q_t<2, false, 1>(m, x, u, y, xs, blk, nblk, 0, 1, (const float*)s.sc); break;
-        case FMT_Q4: matvec_q_t<4, false, 1>(m, x, u, y, xs, blk, nblk, 0, 1, (const float*)s.sc); break;
-        case FMT_Q8: matvec_q_t<8, false, 1>(m, x, u, y, xs, blk, nblk, 0, 1, (const float*)s.sc); break;
-        case FMT_Q2 + FMT_F16_SCALES: matvec_q_t<2, true, 1>(m, x, u, y, xs, blk, nblk, 0, 1, (const float*)s.sc); break;
-        case FMT_Q4 + FMT_F16_SCALES: matvec_q_t<4, true, 1>(m, x, u, y, xs, blk, nblk, 0, 1, (const float*)s.sc); break;
-        case FMT_Q8 + FMT_F16_SCALES: matvec_q_t<8, true, 1>(m, x, u, y, xs, blk, nblk, 0, 1, (const float*)s.sc); break;
+        case FMT_Q2: matvec_q_t<2, false, 1>(m, x, u, y, xs, blk, nblk, 0, 1); break;
+        case FMT_Q4: matvec_q_t<4, false, 1>(m, x, u, y, xs, blk, nblk, 0, 1); break;
+        case FMT_Q8: matvec_q_t<8, false, 1>(m, x, u, y, xs, blk, nblk, 0, 1); break;
+        case FMT_Q2 + FMT_F16_SCALES: matvec_q_t<2, true, 1>(m, x, u, y, xs, blk, nblk, 0, 1); break;
+        case FMT_Q4 + FMT_F16_SCALES: matvec_q_t<4, true, 1>(m, x, u, y, xs, blk, nblk, 0, 1); break;
+        case FMT_Q8 + FMT_F16_SCALES: matvec_q_t<8, true, 1>(m, x, u, y, xs, blk, nblk, 0, 1); break;
         default: break;
     }
 }
@@ -342,7 +340,7 @@ __device__ __forceinline__ void matvec_qt_fmt(const MatSet& s, const float* x, c
         float* y;
         int blk, nblk;
         set_pick(s, blockIdx.x, m, y, blk, nblk);
-        matvec_q_t<Fmt<FMT>::BITS, F16S, T>(m, x, u, y, xs, blk, nblk, blockIdx.y * T, n, (const float*)s.sc);
+        matvec_q_t<Fmt<FMT>::BITS, F16S, T>(m, x, u, y, xs, blk, nblk, blockIdx.y * T, n);
     }
 }
 

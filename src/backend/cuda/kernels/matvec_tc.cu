@@ -239,7 +239,7 @@ __device__ __forceinline__ void mt_stage(const Mat& m, int base, int R, int rb, 
 // a row's quarter group (gs·BITS/128).
 template <int BITS, bool F16S, int L>
 __device__ __forceinline__ void matvec_tc_t(const Mat& m, const float* x, const float* u, float* y, int blk,
-                                            int nblk, int rt, int n, MtRed& red, char* sm, const float* sc) {
+                                            int nblk, int rt, int n, MtRed& red, char* sm) {
     const int EPW = 32 / BITS;     // levels per word
     const int HALF = EPW / 2;      // pairs per word
     const int PAIRS = L * HALF;    // pairs of a quarter
@@ -307,7 +307,7 @@ __device__ __forceinline__ void matvec_tc_t(const Mat& m, const float* x, const 
             if (base + row < m.rows) {
                 float s = red[row][t];
                 for (int w = 1; w < nw; w++) s += red[w * R + row][t];
-                y[(i64)t * m.rows + base + row] = set_out(sc, t, s);
+                y[(i64)t * m.rows + base + row] = s;
             }
         }
     }
@@ -343,7 +343,7 @@ __device__ __forceinline__ void matvec_tc_fmt(const MatSet& s, const float* x, c
         float* y;
         int blk, nblk;
         set_pick(s, blockIdx.x, m, y, blk, nblk);
-        MT_WORDS(BITS, m.gs_shift, (matvec_tc_t<BITS, F16S, L>(m, x, u, y, blk, nblk, rt, n, red, mt_sm, (const float*)s.sc)));
+        MT_WORDS(BITS, m.gs_shift, (matvec_tc_t<BITS, F16S, L>(m, x, u, y, blk, nblk, rt, n, red, mt_sm)));
     }
 #endif
 }
