@@ -1,7 +1,7 @@
 //! The expert cache's bookkeeping, backend-neutral: which (layer, expert)
 //! sits in which slot, which slot a miss goes to, what prefetch should
 //! copy, and the counters. A backend owns the slot memory and the copies
-//! (CUDA: `backend/cuda/cache.rs`); it asks [`SlotTable::place`] where each
+//! (CUDA: `backend/cuda/cache/`); it asks [`SlotTable::place`] where each
 //! expert of a call is and copies the ones marked [`Place::Fill`].
 //!
 //! Policy. The slots are split in two: a small *probation* ring (FIFO) and

@@ -12,6 +12,9 @@
 //! table maps (layer, expert) to its slot, so that routing never leaves
 //! the GPU.
 
+mod ahead;
+mod split;
+
 use super::buf::DevMem;
 use super::driver::{Check, Event, Gpu};
 use super::host_cpu::HostCpu;
@@ -22,8 +25,7 @@ use crate::error::{Error, Result};
 pub(crate) use crate::experts::budget::SlotBudget;
 pub use crate::experts::budget::{CacheSize, CacheStats};
 use crate::experts::tiers::LayerTiers;
-use crate::experts::{ExpertStore, GuessTuner, HostShare, Hybrid, Place, SlotTable, SplitModel};
-use crate::format::Region;
+use crate::experts::{ExpertStore, GuessTuner, HostShare, Place, SlotTable, SplitModel};
 use cudarc::driver::sys;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -363,117 +365,6 @@ impl ExpertCache {
         Ok(())
     }
 
-    /// After a single-token step of `layer` used `experts`: start copying
-    /// the experts the next MoE layer used at the previous token (those
-    /// already in a slot are left alone; [`SlotTable::predict`]).
-    pub fn predict(&self, store: &ExpertStore, layer: usize, experts: &[u32]) -> Result<()> {
-        if !self.prefetch || self.resident {
-            return Ok(());
-        }
-        let mut st = self.st.lock().map_err(|_| lock_err())?;
-        if let Some((next, want)) = st.table.predict(layer, experts) {
-            self.lookup(&mut st, store, next, &want, true, |_| HostShare::Nothing)?;
-        }
-        Ok(())
-    }
-
-    /// Start copying `experts` of `layer`, a guess at what its next step
-    /// will route to (the top-k of that layer's router run early on the
-    /// current layer's input): those already in a slot are left alone, and
-    /// a guess never takes more than a third of the slots.
-    ///
-    /// `experts` come best first; with misses split between copies and
-    /// the CPU, only as many of the first as [`GuessTuner`] finds fastest
-    /// are copied (the call for the first MoE layer's guess marks a token).
-    pub fn prefetch_hint(&self, store: &ExpertStore, layer: usize, experts: &[u32]) -> Result<()> {
-        let mut st = self.st.lock().map_err(|_| lock_err())?;
-        let k = experts.len();
-        let now = st.epoch.elapsed().as_secs_f64();
-        let first = self.moe_layers.get(1) == Some(&layer);
-        let take = match st.guesses.as_mut() {
-            Some(t) => {
-                if first {
-                    t.token(now, k);
-                }
-                t.count(k)
-            }
-            None => k,
-        };
-        let mut want = experts[..take].to_vec();
-        want.sort_unstable();
-        want.dedup();
-        if !self.prefetch || self.resident || !st.table.guess_fits(want.len()) {
-            return Ok(());
-        }
-        self.c.hints.fetch_add(1, Ordering::Relaxed);
-        self.c.guesses.fetch_add(take as u64, Ordering::Relaxed);
-        self.lookup(&mut st, store, layer, &want, true, |_| HostShare::Nothing)?;
-        Ok(())
-    }
-
-    /// Let `cpu` compute misses, split by `m` (not when resident).
-    pub fn set_split(&self, m: SplitModel, cpu: HostCpu) -> Result<()> {
-        if self.resident {
-            return Ok(());
-        }
-        self.host_cpu
-            .set(cpu)
-            .map_err(|_| Error::Invalid("the expert cache already has a CPU for its misses".into()))?;
-        *self.split.lock().map_err(|_| lock_err())? = Some(m);
-        if m.mode == Hybrid::Auto {
-            self.st.lock().map_err(|_| lock_err())?.guesses = Some(GuessTuner::new());
-        }
-        Ok(())
-    }
-
-    /// The CPU that computes misses, once `set_split` gave one.
-    pub fn host_cpu(&self) -> Option<&HostCpu> {
-        self.host_cpu.get()
-    }
-
-    /// The split model, when the CPU may compute misses.
-    pub fn split(&self) -> Option<SplitModel> {
-        self.split.lock().ok().and_then(|m| *m)
-    }
-
-    /// How many of a step's `misses` experts (of `bytes`, `tokens` tokens
-    /// each on average) the CPU should compute.
-    fn plan(&self, misses: usize, bytes: u64, tokens: usize) -> HostShare {
-        match self.split.lock() {
-            Ok(mut m) => m.as_mut().map_or(HostShare::Nothing, |m| m.plan(misses, bytes, tokens)),
-            Err(_) => HostShare::Nothing,
-        }
-    }
-
-    /// A CPU step computed `c` experts of `bytes` for `tokens` tokens each
-    /// in `secs`; `last`: the GPU's share had finished before it.
-    pub fn observe_host(&self, c: usize, bytes: u64, tokens: usize, secs: f64, last: bool) -> Result<()> {
-        self.c.host_bytes.fetch_add(c as u64 * bytes, Ordering::Relaxed);
-        self.c.host_steps.fetch_add(1, Ordering::Relaxed);
-        self.c.host_ns.fetch_add((secs * 1e9) as u64, Ordering::Relaxed);
-        self.c.host_last.fetch_add(last as u64, Ordering::Relaxed);
-        if let Some(m) = self.split.lock().map_err(|_| lock_err())?.as_mut() {
-            m.observe(c, bytes, tokens, secs, last);
-        }
-        Ok(())
-    }
-
-    /// The bytes of `experts` of `layer` for the CPU: in place where the
-    /// file is mapped for the driver, read from the store otherwise.
-    pub fn host_regions(&self, store: &ExpertStore, layer: usize, experts: &[u32]) -> Result<Vec<Region>> {
-        let size = store.layer_layout(layer)?.expert_size;
-        if let Some(m) = self.host.as_ref().and_then(|h| h.get(layer)).and_then(|m| m.as_ref()) {
-            return experts
-                .iter()
-                .map(|&e| {
-                    m.region(e as usize * size, size)
-                        .ok_or_else(|| Error::Invalid(format!("expert {e} of layer {layer} lies past its mapped file")))
-                })
-                .collect();
-        }
-        store.read(layer, experts)
-    }
-
     /// Whether a copy is only queued on the copy stream (every expert file
     /// registered with the driver), with no read of the file first.
     pub fn copies_queue_only(&self) -> bool {
@@ -490,30 +381,6 @@ impl ExpertCache {
         if let Some(t) = &self.timeline {
             t.ids_back();
         }
-    }
-
-    /// Whether copies ahead of need are allowed (and useful: not resident).
-    pub fn prefetching(&self) -> bool {
-        self.prefetch && !self.resident
-    }
-
-    /// After a step of `n` tokens of `layer` (each routed to `k` of the
-    /// layer's experts): when so many tokens almost surely need every
-    /// expert of the next MoE layer (expected coverage 1 − (1 − k/E)^n ≥
-    /// 95%), start copying all of that layer's experts now, so that the
-    /// copies run while this layer's experts and the next layer's attention
-    /// compute. Only when the cache holds three layers' worth (this layer,
-    /// the next, and room to spare), and never past the last layer.
-    pub fn prefetch_next_layer(&self, store: &ExpertStore, layer: usize, n: usize, k: usize) -> Result<()> {
-        if !self.prefetch || self.resident {
-            return Ok(());
-        }
-        let mut st = self.st.lock().map_err(|_| lock_err())?;
-        if let Some(next) = st.table.next_layer_for_all(layer, n, k) {
-            let all: Vec<u32> = (0..self.n_experts as u32).collect();
-            self.lookup(&mut st, store, next, &all, true, |_| HostShare::Nothing)?;
-        }
-        Ok(())
     }
 
     /// Slots for `experts`: hits touched, misses given victims and copied.
