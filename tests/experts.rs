@@ -267,6 +267,11 @@ fn the_ram_tier_serves_the_same_bytes_and_reads_each_expert_once() {
         // Room for 6 of the 30 experts.
         assert_eq!(store.set_ram_tier(CacheSize::Bytes(6 * size + 1)).unwrap(), 6 * size);
         assert!(store.has_ram_tier());
+        assert_eq!(
+            store.ram_tier_bytes(),
+            6 * size,
+            "the tier's budget, before it holds anything"
+        );
         for _ in 0..4 {
             for (layer, ids) in [(0usize, [3u32, 9, 1]), (2, [3, 4, 14])] {
                 let got = store.read(layer, &ids).unwrap();
@@ -289,6 +294,7 @@ fn the_ram_tier_serves_the_same_bytes_and_reads_each_expert_once() {
         for off in [CacheSize::Bytes(0), CacheSize::Percent(0.0)] {
             assert_eq!(store.set_ram_tier(off).unwrap(), 0);
             assert!(!store.has_ram_tier() && store.ram_stats().is_none());
+            assert_eq!(store.ram_tier_bytes(), 0);
         }
         // Auto keeps none where the page cache holds the experts.
         if store.mode() == IoMode::Pread {

@@ -315,6 +315,15 @@ impl ExpertStore {
         self.ram.is_some()
     }
 
+    /// The bytes the RAM tier may hold once full (0 without one): memory
+    /// the process will take as it reads, not taken yet.
+    pub fn ram_tier_bytes(&self) -> u64 {
+        self.ram.as_ref().map_or(0, |r| {
+            let s = r.stats();
+            s.slots * s.slot_bytes
+        })
+    }
+
     /// Read the experts `ids` of `layer` from their file, in parallel.
     fn read_files(&self, layer: usize, ids: &[u32]) -> Result<Vec<Region>> {
         let lf = self.layer_file(layer)?;

@@ -91,7 +91,14 @@ pub(crate) fn map_tiers(
     let mem = Memory::read();
     let (budget, why) = match gpu.opts.pin {
         _ if gpu.opts.staging => (0, "staging asked for".to_string()),
-        CacheSize::Auto => pin_budget(mem.as_ref()),
+        // Less the RAM tier, which fills as it reads (not counted yet).
+        CacheSize::Auto => match (pin_budget(mem.as_ref()), store.ram_tier_bytes()) {
+            (b, 0) => b,
+            ((b, why), ram) => (
+                b.saturating_sub(ram),
+                format!("{why}, less the {} RAM tier", human_size(ram)),
+            ),
+        },
         CacheSize::Bytes(b) => (b, format!("--pin-experts {}", human_size(b))),
         CacheSize::Percent(p) => (
             (total as f64 * p / 100.0) as u64,
