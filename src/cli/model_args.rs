@@ -85,7 +85,7 @@ pub struct ModelArgs {
     /// device cache can spare held there for good: auto (under a cgroup
     /// memory limit, all of the room but an eighth, at least 2 GiB; on a
     /// host, half of the available memory), a percentage of the expert
-    /// files, or a size (8G) [default: auto].
+    /// files, or a size (8G).
     #[arg(long, value_name = "SIZE", default_value = "auto")]
     pub pin_experts: CacheSize,
     /// CUDA, for measuring: time the parts of each streamed decode step's
