@@ -91,7 +91,7 @@ pub(super) fn print_cuda(
             } else {
                 ", prefetch"
             },
-            tiers_note(&c, model.config())
+            tiers_note(&c, model.config().num_experts)
         ),
         None => "none".into(),
     };
@@ -125,7 +125,9 @@ pub(super) fn print_cuda(
             "{}",
             serde_json::json!({"model": model.name(), "synth_routing": moeflux::synth::synth_routing(&args.model).map(|r| r.name()),
                 "device": format!("{} ({gpu})", args.device), "prefill_products": prefill, "expert_cache": cache_desc,
-                "hybrid": split.map(|m| m.describe()), "ram_tier": ram_json(model.ram_stats()), "load_s": load_s, "h2d_pinned_gb_s": h2d, "results": j})
+                "hybrid": split.map(|m| m.describe()), "ram_tier": ram_json(model.ram_stats()), "load_s": load_s, "h2d_pinned_gb_s": h2d,
+                "layers_pinned": cache.filter(|c| !c.resident).map(|c| c.pinned_layers),
+                "layers_held": cache.filter(|c| !c.resident).map(|c| c.held_layers), "results": j})
         )?;
         return Ok(());
     }
@@ -223,8 +225,8 @@ pub(super) fn print_cuda(
 
 /// `, layers pinned 33 / held 7 / staged 0` where not every MoE layer's
 /// expert file is pinned (`experts::tiers`), else nothing.
-fn tiers_note(c: &moeflux::backend::cuda::CacheReport, cfg: &moeflux::config::ModelConfig) -> String {
-    let layers = c.experts / cfg.num_experts.max(1);
+fn tiers_note(c: &moeflux::backend::cuda::CacheReport, n_experts: usize) -> String {
+    let layers = c.experts / n_experts.max(1);
     if c.pinned_layers >= layers {
         return String::new();
     }
@@ -238,6 +240,25 @@ fn tiers_note(c: &moeflux::backend::cuda::CacheReport, cfg: &moeflux::config::Mo
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tiers_are_named_only_when_some_layer_is_not_pinned() {
+        let mut c = moeflux::backend::cuda::CacheReport {
+            budget_bytes: 0,
+            expert_bytes: 0,
+            slots: 2560,
+            experts: 40 * 256,
+            resident: false,
+            minimum: false,
+            load_s: 0.0,
+            split: None,
+            pinned_layers: 40,
+            held_layers: 0,
+        };
+        assert_eq!(tiers_note(&c, 256), "");
+        (c.pinned_layers, c.held_layers) = (30, 7);
+        assert_eq!(tiers_note(&c, 256), ", layers pinned 30 / held 7 / staged 3");
+    }
 
     #[test]
     fn copies_ahead_are_counted_per_token() {
