@@ -111,21 +111,21 @@ pub(crate) fn map_tiers(
     warm(&paths);
     let n = moe_layers.iter().max().map_or(0, |m| m + 1);
     let mut maps: Vec<Option<HostMap>> = (0..n).map(|_| None).collect();
-    let mut pinned = 0u64;
-    for &l in &tiers.pinned.clone() {
+    let bytes_of = |l: usize| layers.iter().find(|x| x.0 == l).map_or(0, |x| x.1);
+    for (i, &l) in tiers.pinned.clone().iter().enumerate() {
         match store.layer_path(l).and_then(|p| HostMap::register(gpu, p)) {
-            Ok(m) => {
-                maps[l] = Some(m);
-                pinned += layers.iter().find(|x| x.0 == l).map_or(0, |x| x.1);
-            }
+            Ok(m) => maps[l] = Some(m),
             Err(err) => {
                 gpu.notify
                     .say(&format!("expert cache: {err}; the layers from {l} on are not pinned"));
-                tiers = tiers::plan(&layers, pinned, n_slots, e);
+                // Planned again with what was pinned: the same layers.
+                let done: u64 = tiers.pinned[..i].iter().map(|&p| bytes_of(p)).sum();
+                tiers = tiers::plan(&layers, done, n_slots, e);
                 break;
             }
         }
     }
+    let pinned = tiers.pinned_bytes(bytes_of);
     if tiers.pinned.len() < layers.len() {
         gpu.notify.say(&format!(
             "expert cache: {} of {} MoE layers' files locked in host memory ({}; {why}); {} held on the device for good, {} read through staging buffers",

@@ -294,7 +294,7 @@ impl ExpertCache {
 
     /// The device addresses of `experts` (distinct) of `layer`, copying the
     /// missing ones; the compute stream is made to wait for the copies.
-    /// At most [`ExpertCache::n_slots`] experts per call.
+    /// At most [`ExpertCache::free_slots`] experts per call.
     pub fn fetch(&self, store: &ExpertStore, layer: usize, experts: &[u32]) -> Result<Vec<u64>> {
         let addrs = self.fetch_planned(store, layer, experts, |_| HostShare::Nothing)?;
         addrs
