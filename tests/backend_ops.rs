@@ -574,6 +574,7 @@ pub fn moe_case_with<B: Backend>(
             n_experts: ne,
             k,
             routing,
+            decode: n == 1,
         },
         &mut out,
     )

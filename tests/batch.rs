@@ -277,13 +277,13 @@ fn check(name: &str, flags: &[&str], device: Device, tol: f64, exact: bool) {
     }
 }
 
-/// The batched steps of at most `HYBRID_TOKENS` (4) tokens with every
-/// expert missing from a small cache computed on the CPU (`--hybrid cpu`,
-/// exact kernels; the CPU's sums added on the device by `add_when`)
-/// against the resident run: within `tol`, the same argmax. The cache
-/// holds such a step's experts (4·k slots; a step whose distinct experts
-/// outnumber the slots is copied in launches, never split), and far fewer
-/// than the model's.
+/// The batched decode steps (one token of each sequence, up to 16) with
+/// every expert missing from a small cache computed on the CPU
+/// (`--hybrid cpu`, exact kernels; the CPU's sums added on the device by
+/// `add_when`) against the resident run: within `tol`, the same argmax.
+/// The cache holds a 4-token step's experts (4·k slots; a step whose
+/// distinct experts outnumber the slots is copied in launches, never
+/// split), and far fewer than the model's.
 fn streamed_on_cpu_close(name: &str, dir: &std::path::Path, resident: &Model, tol: f64) {
     let k = resident.config().num_experts_per_tok as u64;
     let opts = Options {

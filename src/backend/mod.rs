@@ -154,6 +154,11 @@ pub struct MoeArgs<'a> {
     pub n_experts: usize,
     pub k: usize,
     pub routing: &'a Routing,
+    /// Every sequence of the pass gives it one token (a decode step of
+    /// `n` sequences), so each expert serves few tokens: a backend that
+    /// streams experts may compute some misses where they lie (CUDA's
+    /// `--hybrid`) instead of copying them; prefill chunks never do.
+    pub decode: bool,
 }
 
 /// A guess at a later MoE layer's experts: that layer's router logits

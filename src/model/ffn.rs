@@ -173,6 +173,7 @@ impl<B: Backend> MoeBlock<B> {
             n_experts: e,
             k: cfg.num_experts_per_tok,
             routing: &cfg.routing,
+            decode: c.segs.iter().all(|s| s.n == 1),
         };
         // Routing happens inside `moe` (on the device where there is one).
         let m = MoeInputs {

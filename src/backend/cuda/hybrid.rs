@@ -21,9 +21,12 @@ use crate::error::{Error, Result};
 use crate::experts::{ExpertStore, Hybrid, SplitModel};
 use crate::format::MatrixView;
 
-/// Tokens up to which a step may split its misses (decode and speculative
-/// steps; longer prefill chunks reuse each copied expert across tokens).
-pub(crate) const HYBRID_TOKENS: usize = 4;
+/// Tokens up to which a decode step (`MoeArgs::decode`: one token of
+/// each sequence) may split its misses: 8 sequences route about 57
+/// experts a layer, 1.1 tokens each, so the CPU's cost per expert is
+/// still about one token's. Prefill chunks never split (they reuse each
+/// copied expert across tokens).
+pub(crate) const HYBRID_TOKENS: usize = super::driver::PDL_MAX_TOKENS;
 
 /// What the CPU is given of one step: the host copies of the routing and
 /// of the activations `[n, hidden]`.

@@ -338,7 +338,7 @@ fn grouped(
     to: Combine,
 ) -> Result<Option<HostSum>> {
     let (n, k) = (a.n, a.k);
-    let split = cache.filter(|c| n <= HYBRID_TOKENS && c.split().is_some());
+    let split = cache.filter(|c| a.decode && n <= HYBRID_TOKENS && c.split().is_some());
     // The ids of the n tokens, then (with a hint) the next layer's guess;
     // for a split, the weights and the activations in the same wait.
     let mut host = vec![0u32; (n + hint.is_some() as usize) * k];
@@ -446,7 +446,14 @@ fn grouped(
     // Where copies are only queued (the files registered with the driver),
     // they start before the CPU computes its share of the step, so that
     // the link is busy meanwhile; where they read files first, after.
-    let splits = split.is_some() && experts.len() <= per_launch;
+    // A split step fetches its device share at once: where copies are only
+    // queued, as many experts as the cache has free slots (a batched
+    // step's ~57); where files are read first, one launch's chunk.
+    let split_max = match cache.copies_queue_only() {
+        true => cache.free_slots(),
+        false => per_launch,
+    };
+    let splits = split.is_some() && experts.len() <= split_max;
     let early = splits && cache.copies_queue_only();
     let mut cpu_part = None;
     if !splits {
