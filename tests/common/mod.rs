@@ -160,15 +160,47 @@ pub fn packed(name: &str) -> PathBuf {
 
 /// Fixture `name` converted with `flags`, once per test binary.
 pub fn packed_with(name: &str, flags: &[&str]) -> PathBuf {
-    static DIR: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
     static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let root = DIR.get_or_init(|| tempfile::tempdir().unwrap());
-    let dst = root.path().join(format!("{name}{}", flags.concat()));
+    let dst = packed_root().join(format!("{name}{}", flags.concat()));
     let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
     if !dst.exists() {
         convert(name, &dst, flags);
     }
     dst
+}
+
+/// Where this run of this test binary converts fixtures: a directory of
+/// Cargo's target tmpdir named by the binary and the process id. (A
+/// `TempDir` in a static is never dropped, so the conversions of every
+/// run stayed in /tmp, 3.6 GB after a day's runs.) The directories of the
+/// binary's earlier runs whose process is gone are removed first, so at
+/// most one per binary stays behind, under `target/`.
+fn packed_root() -> &'static Path {
+    static ROOT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    ROOT.get_or_init(|| {
+        let base = Path::new(env!("CARGO_TARGET_TMPDIR"));
+        let exe = std::env::current_exe().expect("the test binary's path");
+        let stem = exe.file_stem().and_then(|s| s.to_str()).unwrap_or("test");
+        let prefix = format!("fixtures-{stem}-");
+        // A process's liveness is read from /proc (Linux); elsewhere
+        // nothing is removed.
+        let gone = |pid: u32| Path::new("/proc/self").exists() && !Path::new(&format!("/proc/{pid}")).exists();
+        if let Ok(entries) = std::fs::read_dir(base) {
+            for e in entries.flatten() {
+                let name = e.file_name();
+                let pid = name
+                    .to_str()
+                    .and_then(|n| n.strip_prefix(&prefix))
+                    .and_then(|p| p.parse().ok());
+                if pid.is_some_and(gone) {
+                    let _ = std::fs::remove_dir_all(e.path());
+                }
+            }
+        }
+        let dir = base.join(format!("{prefix}{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("creating {}: {e}", dir.display()));
+        dir
+    })
 }
 
 /// Open a packed model on the CPU, with exact (f32) products.

@@ -9,16 +9,10 @@ use std::process::{Child, Stdio};
 use std::sync::OnceLock;
 use std::time::Duration;
 
-/// The demo model converted once per test run.
+/// The demo model converted once per test run (`common::packed_with`).
 fn demo_model() -> &'static Path {
-    static DIR: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
-    let (_, path) = DIR.get_or_init(|| {
-        let tmp = tempfile::tempdir().expect("temp dir");
-        let dst = tmp.path().join("demo");
-        common::convert("demo_kjv", &dst, &[]);
-        (tmp, dst)
-    });
-    path
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| common::packed_with("demo_kjv", &[]))
 }
 
 /// A server process, stopped (SIGTERM) when dropped.
