@@ -6,7 +6,7 @@
 # Stages: probe coldstart coldstart-model ops golden synth resident half quarter zero quarter-nopf cpu
 # golden-staging pieces quarter-staging quick quick25 kernels resident-nograph
 # quarter-nograph golden-nograph resident-nopdl quarter-nopdl profile profile-stream profile-parallel
-# profile-kernel batch parallel
+# profile-kernel profile-sass batch parallel
 # parallel-skewed parallel-cpu cpu-prefill prefill profile-prefill.
 # Logs go to $OUT; a short table is printed last.
 set -uo pipefail
@@ -196,6 +196,18 @@ for stage in "$@"; do
             "$BIN/moeflux" bench --model "$MODEL" --device cuda -p 0 -n 24 -r 1 --parallel 8 >"$OUT/ncu-kernel.txt" 2>"$OUT/ncu-kernel.err"
         note "ncu kernel ${KERNEL:-moe_.*_mt} (rc $?, $((SECONDS - t0)) s)"
         grep -vE "^==|^\s*$" "$OUT/ncu-kernel.txt" | awk '$NF+0 > 0.05 || /\(/' | tee -a "$SUMMARY"
+        ;;
+    profile-sass)
+        # One launch of a kernel of 8-stream decode steps, instruction by
+        # instruction (Nsight Compute's source counters): its mix by opcode
+        # and its loop bodies (tools/device/sass_mix.py). KERNEL (a regex,
+        # default moe_up_mt) picks it.
+        t0=$SECONDS
+        ncu --set none --section SourceCounters -k "regex:${KERNEL:-moe_up_mt}" --launch-skip 200 --launch-count 1 \
+            --page source --print-source sass --csv \
+            "$BIN/moeflux" bench --model "$MODEL" --device cuda -p 0 -n 24 -r 1 --parallel 8 >"$OUT/sass.csv" 2>"$OUT/sass.err"
+        note "ncu sass ${KERNEL:-moe_up_mt} (rc $?, $((SECONDS - t0)) s)"
+        python3 tools/device/sass_mix.py "$OUT/sass.csv" 20 | tee -a "$SUMMARY"
         ;;
     batch)
         # Sequences in one forward pass against each alone, on CUDA.
