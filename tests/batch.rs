@@ -273,17 +273,18 @@ fn check(name: &str, flags: &[&str], device: Device, tol: f64, exact: bool) {
         streamed_same_bits(name, &dir, &model, exact);
         if exact {
             streamed_on_cpu_close(name, &dir, &model, tol);
+            many_decodes_on_cpu_close(name, &dir, &model, tol);
         }
     }
 }
 
-/// The batched decode steps (one token of each sequence, up to 16) with
-/// every expert missing from a small cache computed on the CPU
-/// (`--hybrid cpu`, exact kernels; the CPU's sums added on the device by
-/// `add_when`) against the resident run: within `tol`, the same argmax.
-/// The cache holds a 4-token step's experts (4·k slots; a step whose
-/// distinct experts outnumber the slots is copied in launches, never
-/// split), and far fewer than the model's.
+/// `SCHEDULE` with every expert missing from a small cache computed on the
+/// CPU in its decode steps (one token of each sequence in the step: those
+/// split; `--hybrid cpu`, exact kernels; the CPU's sums added on the
+/// device by `add_when`) against the resident run: within `tol`, the same
+/// argmax. The cache holds 4·k slots (a step whose distinct experts
+/// outnumber the slots is copied in launches, never split), far fewer
+/// than the model's experts.
 fn streamed_on_cpu_close(name: &str, dir: &std::path::Path, resident: &Model, tol: f64) {
     let k = resident.config().num_experts_per_tok as u64;
     let opts = Options {
@@ -310,6 +311,74 @@ fn streamed_on_cpu_close(name: &str, dir: &std::path::Path, resident: &Model, to
     let on_host = streamed.expert_cache_stats().map_or(0, |s| s.on_host);
     assert!(on_host > 0, "{name}: no miss was computed on the CPU");
     eprintln!("{name}: batched, misses on the CPU vs resident, worst relative L2 {worst:.2e} ({on_host} on the CPU)");
+}
+
+/// Eight sequences: each prompt (two tokens of `SEQ`'s rows, alone), then
+/// three decode steps of all eight together (one token each); each
+/// sequence's logits of every step.
+fn eight_decodes(model: &Model) -> Vec<Vec<Vec<f32>>> {
+    let toks = |i: usize, j: usize| SEQ[i % 3][(4 * (i / 3) + j) % 12];
+    let mut sessions: Vec<Session> = (0..8).map(|_| model.session().unwrap()).collect();
+    let mut out = vec![Vec::new(); 8];
+    for (i, s) in sessions.iter_mut().enumerate() {
+        out[i].push(s.eval_prompt(&[toks(i, 0), toks(i, 1)], 0).unwrap());
+    }
+    for step in 0..3 {
+        let tokens: Vec<[u32; 1]> = (0..8).map(|i| [toks(i, 2 + step)]).collect();
+        let mut items: Vec<BatchItem> = sessions
+            .iter_mut()
+            .zip(&tokens)
+            .map(|(session, t)| BatchItem {
+                session,
+                tokens: t,
+                all: false,
+            })
+            .collect();
+        for (o, l) in out.iter_mut().zip(model.eval_batch(&mut items).unwrap()) {
+            o.push(l);
+        }
+    }
+    out
+}
+
+/// Decode steps of eight sequences (8-token steps: split since they are
+/// decode steps of at most 16) with every miss computed on the CPU
+/// (`--hybrid cpu`, exact kernels), the cache holding a layer's experts
+/// (so that a step's distinct experts fit at once and the step splits)
+/// and far fewer than the model's, against the resident run's same
+/// steps: within `tol`, the same argmax.
+fn many_decodes_on_cpu_close(name: &str, dir: &std::path::Path, resident: &Model, tol: f64) {
+    let e = resident.config().num_experts as u64;
+    let opts = Options {
+        device: Device::Cuda(0),
+        exact: true,
+        expert_cache: slots(resident, e),
+        hybrid: Some(moeflux::experts::Hybrid::Cpu),
+        ..Options::default()
+    };
+    let streamed = Model::open(dir, &opts).expect("open with a layer's experts of cache");
+    assert!(
+        !streamed.expert_cache().expect("a cache report").resident,
+        "{name}: a layer's experts of cache hold every expert"
+    );
+    let before = streamed.expert_cache_stats().map_or(0, |s| s.on_host);
+    let (got, want) = (eight_decodes(&streamed), eight_decodes(resident));
+    let worst = close(
+        name,
+        "eight sequences' decode steps, misses on the CPU, vs resident",
+        &got,
+        &want,
+        resident.n_vocab(),
+        tol,
+    );
+    let on_host = streamed.expert_cache_stats().map_or(0, |s| s.on_host) - before;
+    assert!(
+        on_host > 0,
+        "{name}: no miss of the 8-token steps was computed on the CPU"
+    );
+    eprintln!(
+        "{name}: eight decodes, misses on the CPU vs resident, worst relative L2 {worst:.2e} ({on_host} on the CPU)"
+    );
 }
 
 /// The batched steps with every expert missing from a three-slot cache

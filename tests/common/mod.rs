@@ -172,32 +172,35 @@ pub fn packed_with(name: &str, flags: &[&str]) -> PathBuf {
 /// Where this run of this test binary converts fixtures: a directory of
 /// Cargo's target tmpdir named by the binary and the process id. (A
 /// `TempDir` in a static is never dropped, so the conversions of every
-/// run stayed in /tmp, 3.6 GB after a day's runs.) The directories of the
-/// binary's earlier runs whose process is gone are removed first, so at
-/// most one per binary stays behind, under `target/`.
+/// run stayed in /tmp, 3.6 GB after a day's runs.) First the directories
+/// of earlier runs (of any test binary) whose process is gone are
+/// removed, and one left with this process's id by an earlier process
+/// (ids are reused) is emptied, so that no conversion of another run is
+/// taken for this one's.
 fn packed_root() -> &'static Path {
     static ROOT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     ROOT.get_or_init(|| {
         let base = Path::new(env!("CARGO_TARGET_TMPDIR"));
         let exe = std::env::current_exe().expect("the test binary's path");
         let stem = exe.file_stem().and_then(|s| s.to_str()).unwrap_or("test");
-        let prefix = format!("fixtures-{stem}-");
-        // A process's liveness is read from /proc (Linux); elsewhere
-        // nothing is removed.
+        let me = std::process::id();
+        // A process's liveness is read from /proc (Linux); elsewhere only
+        // this process's own leftover is removed.
         let gone = |pid: u32| Path::new("/proc/self").exists() && !Path::new(&format!("/proc/{pid}")).exists();
         if let Ok(entries) = std::fs::read_dir(base) {
             for e in entries.flatten() {
                 let name = e.file_name();
                 let pid = name
                     .to_str()
-                    .and_then(|n| n.strip_prefix(&prefix))
-                    .and_then(|p| p.parse().ok());
-                if pid.is_some_and(gone) {
+                    .filter(|n| n.starts_with("fixtures-"))
+                    .and_then(|n| n.rsplit('-').next())
+                    .and_then(|p| p.parse::<u32>().ok());
+                if pid.is_some_and(|p| p == me || gone(p)) {
                     let _ = std::fs::remove_dir_all(e.path());
                 }
             }
         }
-        let dir = base.join(format!("{prefix}{}", std::process::id()));
+        let dir = base.join(format!("fixtures-{stem}-{me}"));
         std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("creating {}: {e}", dir.display()));
         dir
     })

@@ -200,7 +200,7 @@ for stage in "$@"; do
     profile-sass)
         # One launch of a kernel of 8-stream decode steps, instruction by
         # instruction (Nsight Compute's source counters): its mix by opcode
-        # and its loop bodies (tools/device/sass_mix.py). KERNEL (a regex,
+        # and its instructions by times run (tools/device/sass_mix.py). KERNEL (a regex,
         # default moe_up_mt) picks it.
         t0=$SECONDS
         ncu --set none --section SourceCounters -k "regex:${KERNEL:-moe_up_mt}" --launch-skip 200 --launch-count 1 \

@@ -2,8 +2,8 @@
 page (`ncu --section SourceCounters --page source --print-source sass
 --csv`, as `tools/device/run.sh profile-sass` writes it): warp
 instructions executed by opcode (share of the launch and of the warp
-stall samples), then the loop bodies, the runs of instructions executed
-the same number of times, most executed first.
+stall samples), then the instructions grouped by how many times each
+ran (a loop body's instructions share one count), largest share first.
 Usage: python3 sass_mix.py sass.csv [TOP]"""
 import csv
 import sys
@@ -19,17 +19,25 @@ def rows(path):
         sys.exit(f"{path}: no source table (a CSV of `ncu --page source --print-source sass`?)")
     table = list(csv.reader(lines[start:]))
     head = table[0]
-    ie, src, st = head.index("Instructions Executed"), head.index("Source"), head.index("Warp Stall Sampling (All Samples)")
+    want = ["Instructions Executed", "Source", "Warp Stall Sampling (All Samples)"]
+    missing = [w for w in want if w not in head]
+    if missing:
+        sys.exit(f"{path}: no column {missing} among {head}")
+    ie, src, st = (head.index(w) for w in want)
+
+    def number(text):
+        try:
+            return int(float(text.replace(",", "")))
+        except ValueError:
+            return 0
+
     out = []
     for r in table[1:]:
-        if len(r) <= max(ie, src, st) or r[0] in ("Kernel Name", "Address"):
+        if len(r) <= max(ie, src, st) or r[0] in ("Kernel Name", "Address") or not r[src].strip():
             continue
-        try:
-            n = int(r[ie].replace(",", ""))
-        except ValueError:
-            continue
+        n = number(r[ie])
         if n:
-            out.append((n, r[src].strip(), int(r[st].replace(",", "") or 0)))
+            out.append((n, r[src].strip(), number(r[st])))
     return out
 
 
@@ -42,7 +50,7 @@ def opcode(text):
 
 def main(path, top=25):
     insts = rows(path)
-    total = sum(n for n, _, _ in insts)
+    total = sum(n for n, _, _ in insts) or 1
     stalls = sum(s for _, _, s in insts) or 1
     by_op, stall_op = Counter(), Counter()
     for n, text, s in insts:
@@ -53,8 +61,8 @@ def main(path, top=25):
     print("|---|---|---|---|")
     for op, n in by_op.most_common(top):
         print(f"| {op} | {n:,} | {100 * n / total:.1f}% | {100 * stall_op[op] / stalls:.1f}% |")
-    # Runs of the same count: the loop bodies (a body is executed once per
-    # pass of every warp, so all its instructions share the count).
+    # Instructions by how many times they ran: a loop body's share one
+    # count (one execution a pass of every warp); other code may share it.
     runs = Counter(n for n, _, _ in insts)
     print("\n| times executed | instructions | share of the launch | top opcodes |")
     print("|---|---|---|---|")

@@ -348,7 +348,7 @@ fn grouped(
         Some(_) => (wts.read(gpu)?, io.x.read(gpu)?),
         None => (0, 0),
     };
-    if let Some(c) = cache.filter(|_| n <= HYBRID_TOKENS) {
+    if let Some(c) = cache.filter(|_| a.decode && n <= HYBRID_TOKENS) {
         c.mark(Mark::Route)?;
     }
     gpu.publish_many(&mut [
