@@ -287,18 +287,7 @@ fn check(name: &str, flags: &[&str], device: Device, tol: f64, exact: bool) {
 /// than the model's experts.
 fn streamed_on_cpu_close(name: &str, dir: &std::path::Path, resident: &Model, tol: f64) {
     let k = resident.config().num_experts_per_tok as u64;
-    let opts = Options {
-        device: Device::Cuda(0),
-        exact: true,
-        expert_cache: slots(resident, (4 * k).max(3)),
-        hybrid: Some(moeflux::experts::Hybrid::Cpu),
-        ..Options::default()
-    };
-    let streamed = Model::open(dir, &opts).expect("open with a 4·k-slot cache");
-    assert!(
-        !streamed.expert_cache().expect("a cache report").resident,
-        "{name}: a 4·k-slot cache holds every expert"
-    );
+    let streamed = open_cpu_misses(name, dir, resident, (4 * k).max(3));
     let (got, want) = (run(&streamed, true), run(resident, true));
     let worst = close(
         name,
@@ -311,6 +300,25 @@ fn streamed_on_cpu_close(name: &str, dir: &std::path::Path, resident: &Model, to
     let on_host = streamed.expert_cache_stats().map_or(0, |s| s.on_host);
     assert!(on_host > 0, "{name}: no miss was computed on the CPU");
     eprintln!("{name}: batched, misses on the CPU vs resident, worst relative L2 {worst:.2e} ({on_host} on the CPU)");
+}
+
+/// The fixture on CUDA with an expert cache of `n` slots that does not
+/// hold every expert, every miss of a step that splits computed on the
+/// CPU (`--hybrid cpu`), exact kernels.
+fn open_cpu_misses(name: &str, dir: &std::path::Path, resident: &Model, n: u64) -> Model {
+    let opts = Options {
+        device: Device::Cuda(0),
+        exact: true,
+        expert_cache: slots(resident, n),
+        hybrid: Some(moeflux::experts::Hybrid::Cpu),
+        ..Options::default()
+    };
+    let streamed = Model::open(dir, &opts).unwrap_or_else(|e| panic!("{name}: open with {n} slots of cache: {e}"));
+    assert!(
+        !streamed.expert_cache().expect("a cache report").resident,
+        "{name}: {n} slots of cache hold every expert"
+    );
+    streamed
 }
 
 /// Eight sequences: each prompt (two tokens of `SEQ`'s rows, alone), then
@@ -349,18 +357,7 @@ fn eight_decodes(model: &Model) -> Vec<Vec<Vec<f32>>> {
 /// steps: within `tol`, the same argmax.
 fn many_decodes_on_cpu_close(name: &str, dir: &std::path::Path, resident: &Model, tol: f64) {
     let e = resident.config().num_experts as u64;
-    let opts = Options {
-        device: Device::Cuda(0),
-        exact: true,
-        expert_cache: slots(resident, e),
-        hybrid: Some(moeflux::experts::Hybrid::Cpu),
-        ..Options::default()
-    };
-    let streamed = Model::open(dir, &opts).expect("open with a layer's experts of cache");
-    assert!(
-        !streamed.expert_cache().expect("a cache report").resident,
-        "{name}: a layer's experts of cache hold every expert"
-    );
+    let streamed = open_cpu_misses(name, dir, resident, e);
     let before = streamed.expert_cache_stats().map_or(0, |s| s.on_host);
     let (got, want) = (eight_decodes(&streamed), eight_decodes(resident));
     let worst = close(
