@@ -449,12 +449,13 @@ fn grouped(
     // A split step fetches its device share at once: where copies are only
     // queued, as many experts as the cache has free slots (a batched
     // step's ~57); where files are read first, one launch's chunk.
-    let split_max = match cache.copies_queue_only() {
+    let queue_only = cache.copies_queue_only();
+    let split_max = match queue_only {
         true => cache.free_slots(),
         false => per_launch,
     };
     let splits = split.is_some() && experts.len() <= split_max;
-    let early = splits && cache.copies_queue_only();
+    let early = splits && queue_only;
     let mut cpu_part = None;
     if !splits {
         for chunk in experts.chunks(per_launch) {

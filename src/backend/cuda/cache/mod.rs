@@ -74,8 +74,6 @@ pub(crate) struct ExpertCache {
     store_id: usize,
     slot_bytes: usize,
     n_slots: usize,
-    /// Slots not held for good (`SlotTable::hold`).
-    free_slots: usize,
     /// The MoE layers of each tier (`experts::tiers`).
     tiers: LayerTiers,
     pool: DevMem,
@@ -140,7 +138,8 @@ impl ExpertCache {
         };
         let mut table = SlotTable::new(moe_layers, n_experts, n_slots, probation);
         let held = table.hold(&tiers.held)?;
-        let free_slots = table.free_slots();
+        // `free_slots` counts on this.
+        debug_assert_eq!(table.free_slots(), n_slots - tiers.held.len() * n_experts);
         // A resident cache stages only while it loads (`load_all`).
         let staged = !resident && !registered(&host, moe_layers);
         let staging = match staged {
@@ -164,7 +163,6 @@ impl ExpertCache {
             store_id: store.id(),
             slot_bytes,
             n_slots,
-            free_slots,
             tiers,
             pool,
             resident,
@@ -242,9 +240,10 @@ impl ExpertCache {
     pub fn resident(&self) -> bool {
         self.resident
     }
-    /// Slots a call may use: all of them, less those held for good.
+    /// Slots a call may use: all of them, less those held for good (every
+    /// expert of each held layer: `SlotTable::hold`).
     pub fn free_slots(&self) -> usize {
-        self.free_slots
+        self.n_slots - self.tiers.held.len() * self.n_experts
     }
     /// MoE layers whose files are registered with the driver.
     pub fn pinned_layers(&self) -> usize {
