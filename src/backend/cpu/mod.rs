@@ -11,6 +11,8 @@ mod fast_tests;
 mod lanes;
 pub mod matmul;
 pub(crate) mod moe;
+#[doc(hidden)]
+pub use moe::MoeStep;
 mod pool;
 mod profile;
 mod qmatvec;

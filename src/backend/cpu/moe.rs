@@ -137,6 +137,49 @@ pub(crate) fn apply(
     Ok(())
 }
 
+/// One token's MoE step as the CPU backend's decode and `--hybrid`'s CPU
+/// share run it (`apply`, on spinning workers of its own), for
+/// `examples/moe_step_bench.rs`; not an interface of the engine.
+#[doc(hidden)]
+pub struct MoeStep {
+    pool: crate::parallel::SpinPool,
+    kernel: Kernel,
+}
+
+impl MoeStep {
+    /// `threads` workers (the caller of `step` is one of them), the
+    /// fastest kernel (`exact`: the exact one).
+    pub fn new(threads: usize, exact: bool) -> Result<MoeStep> {
+        let pool = crate::parallel::SpinPool::new(threads.max(1))
+            .map_err(|e| Error::Invalid(format!("cannot start {threads} threads: {e}")))?;
+        Ok(MoeStep {
+            pool,
+            kernel: Kernel::choose(exact),
+        })
+    }
+
+    /// `out [hidden] += Σ_i weights[i] · expert_i(x)`, experts `mats`
+    /// (`[gate, up, down]`).
+    pub fn step(
+        &self,
+        x: &[f32],
+        inter: usize,
+        mats: &[[MatrixView; 3]],
+        weights: &[f32],
+        out: &mut [f32],
+    ) -> Result<()> {
+        let routed: Vec<Routed> = weights
+            .iter()
+            .map(|&w| Routed {
+                toks: vec![0],
+                wts: vec![w],
+            })
+            .collect();
+        self.pool
+            .install(|| apply(self.kernel, x, 1, x.len(), inter, mats, &routed, out))
+    }
+}
+
 /// Experts with at most this many tokens on average (decode, batched
 /// decode) run as two flat sets; more (prefill) one expert per task.
 const FLAT_MAX_ROWS: usize = 4;

@@ -1,0 +1,129 @@
+//! One token's MoE step on the CPU, as decode and `--hybrid`'s CPU share
+//! run it: the time of a step against its number of experts, with the
+//! weights coming from memory.
+//!
+//! `cargo run --release --example moe_step_bench [-- THREADS]`
+//!
+//! Experts of the Qwen3.6-35B-A3B shape (hidden 2048, intermediate 512,
+//! 4-bit in groups of 64; 1,769,472 bytes each), enough of them to hold
+//! more than 4× the last-level cache, used in rotation so that every step
+//! reads its experts from memory. Steps are 150 µs apart (as the layers
+//! of a streamed CUDA token are a few hundred µs apart). Prints a markdown
+//! table: experts a step, median and mean µs, GB/s of expert bytes at the
+//! median. What it is for: a step's cost that does not depend on its size
+//! (BENCHMARKS, "Where a streamed token's time goes, from the host").
+
+use moeflux::backend::cpu::MoeStep;
+use moeflux::format::{Dtype, MatrixData, MatrixView, Region};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const HIDDEN: usize = 2048;
+const INTER: usize = 512;
+const GROUP: usize = 64;
+const STEPS: usize = 300;
+const WARMUP: usize = 20;
+
+/// Last-level cache size in bytes (sysfs), 32 MiB when unknown.
+fn l3_bytes() -> usize {
+    let text = std::fs::read_to_string("/sys/devices/system/cpu/cpu0/cache/index3/size").unwrap_or_default();
+    let t = text.trim();
+    let (num, mult) = match t.chars().last() {
+        Some('K') => (&t[..t.len() - 1], 1 << 10),
+        Some('M') => (&t[..t.len() - 1], 1 << 20),
+        _ => (t, 1),
+    };
+    num.parse::<usize>().map(|v| v * mult).unwrap_or(32 << 20)
+}
+
+/// A `[rows, cols]` 4-bit matrix of random levels with scales and biases
+/// of normal size (random bits would include denormals, which slow some
+/// CPUs' float units by 2× and no real model has).
+fn matrix(rows: usize, cols: usize, seed: &mut u64) -> MatrixView {
+    let mut w = vec![0u8; rows * cols / 2];
+    for c in w.chunks_mut(8) {
+        *seed ^= *seed << 13;
+        *seed ^= *seed >> 7;
+        *seed ^= *seed << 17;
+        c.copy_from_slice(&seed.to_le_bytes()[..c.len()]);
+    }
+    let groups = rows * cols / GROUP;
+    let halfs = |v: f32| Region::whole(Arc::new(half::bf16::from_f32(v).to_le_bytes().repeat(groups)));
+    MatrixView {
+        rows,
+        cols,
+        data: MatrixData::Quant {
+            bits: 4,
+            group_size: GROUP,
+            weight: Region::whole(Arc::new(w)),
+            scales: halfs(0.01),
+            biases: halfs(-0.07),
+            scale_dtype: Dtype::Bf16,
+        },
+    }
+}
+
+fn main() {
+    let threads = std::env::args()
+        .nth(1)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let one = 3 * (INTER * HIDDEN / 2 + 2 * 2 * INTER * HIDDEN / GROUP);
+    let count = (4 * l3_bytes()).div_ceil(one) + 8;
+    let mut seed = 0x9E37_79B9_7F4A_7C15u64;
+    let experts: Vec<[MatrixView; 3]> = (0..count)
+        .map(|_| {
+            [
+                matrix(INTER, HIDDEN, &mut seed),
+                matrix(INTER, HIDDEN, &mut seed),
+                matrix(HIDDEN, INTER, &mut seed),
+            ]
+        })
+        .collect();
+    let step = match MoeStep::new(threads, false) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("moe_step_bench: {e}");
+            std::process::exit(1);
+        }
+    };
+    let x: Vec<f32> = (0..HIDDEN).map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5).collect();
+    let mut out = vec![0f32; HIDDEN];
+    println!(
+        "{threads} threads, {count} experts of {one} bytes in rotation ({} MiB), steps {} µs apart\n",
+        (count * one) >> 20,
+        150
+    );
+    println!("| experts a step | median µs | mean ± sd µs | GB/s (median) |");
+    println!("| --- | --- | --- | --- |");
+    let mut at = 0;
+    for e in [1usize, 2, 4, 8, 16] {
+        let weights = vec![1.0 / e as f32; e];
+        let mut times = Vec::with_capacity(STEPS);
+        for i in 0..STEPS + WARMUP {
+            let mats: Vec<[MatrixView; 3]> = (0..e).map(|j| experts[(at + j) % count].clone()).collect();
+            at += e;
+            let t0 = Instant::now();
+            if let Err(err) = step.step(&x, INTER, &mats, &weights, &mut out) {
+                eprintln!("moe_step_bench: {err}");
+                std::process::exit(1);
+            }
+            if i >= WARMUP {
+                times.push(t0.elapsed().as_secs_f64());
+            }
+            std::thread::sleep(Duration::from_micros(150));
+        }
+        let mean = times.iter().sum::<f64>() / times.len() as f64;
+        let sd = (times.iter().map(|t| (t - mean).powi(2)).sum::<f64>() / (times.len() - 1) as f64).sqrt();
+        times.sort_by(f64::total_cmp);
+        let median = times[times.len() / 2];
+        println!(
+            "| {e} | {:.1} | {:.1} ± {:.1} | {:.1} |",
+            median * 1e6,
+            mean * 1e6,
+            sd * 1e6,
+            (e * one) as f64 / median / 1e9
+        );
+    }
+    std::hint::black_box(&out);
+}
