@@ -14,4 +14,6 @@ for t in backend_ops batch cuda_golden cuda_kernels fast_path; do
     strip -o "target/devbin/$t" "$exe"
 done
 strip -o target/devbin/moeflux target/release/moeflux
+cargo build --release --example moe_step_bench
+strip -o target/devbin/moe_step_bench target/release/examples/moe_step_bench
 du -ch target/devbin/* | tail -1

@@ -7,7 +7,7 @@
 # golden-staging pieces quarter-staging quick quick25 kernels resident-nograph
 # quarter-nograph golden-nograph resident-nopdl quarter-nopdl profile profile-stream profile-parallel
 # profile-kernel profile-sass batch parallel
-# parallel-skewed parallel-cpu cpu-prefill prefill profile-prefill.
+# parallel-skewed parallel-cpu cpu-prefill prefill profile-prefill moe-step.
 # Logs go to $OUT; a short table is printed last.
 set -uo pipefail
 OUT=${OUT:-/tmp/moeflux-out}
@@ -208,6 +208,14 @@ for stage in "$@"; do
             "$BIN/moeflux" bench --model "$MODEL" --device cuda -p 0 -n 24 -r 1 --parallel 8 >"$OUT/sass.csv" 2>"$OUT/sass.err"
         note "ncu sass ${KERNEL:-moe_up_mt} (rc $?, $((SECONDS - t0)) s)"
         python3 tools/device/sass_mix.py "$OUT/sass.csv" 20 | tee -a "$SUMMARY"
+        ;;
+    moe-step)
+        # One token's CPU MoE step against its number of experts (the
+        # hybrid CPU share's cost; examples/moe_step_bench.rs), all threads.
+        t0=$SECONDS
+        "$BIN/moe_step_bench" >"$OUT/moe-step.md" 2>&1
+        note "moe_step_bench (rc $?, $((SECONDS - t0)) s)"
+        tee -a "$SUMMARY" <"$OUT/moe-step.md"
         ;;
     batch)
         # Sequences in one forward pass against each alone, on CUDA.
