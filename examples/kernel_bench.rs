@@ -10,6 +10,8 @@
 //! compute ceiling of the kernels) and skips the bandwidth tests.
 //! `RAYON_NUM_THREADS` sets the number of threads.
 
+mod common;
+use common::l3_bytes;
 use moeflux::backend::cpu::matmul::{linear_with, Kernel};
 use moeflux::format::{Dtype, MatrixData, MatrixView, Region};
 use std::hint::black_box;
@@ -40,18 +42,6 @@ fn stats(t: &[f64]) -> Stats {
         median: sorted[sorted.len() / 2],
         best: sorted[0],
     }
-}
-
-/// Last-level cache size in bytes (sysfs), 32 MiB when unknown.
-fn l3_bytes() -> usize {
-    let text = std::fs::read_to_string("/sys/devices/system/cpu/cpu0/cache/index3/size").unwrap_or_default();
-    let t = text.trim();
-    let (num, mult) = match t.chars().last() {
-        Some('K') => (&t[..t.len() - 1], 1 << 10),
-        Some('M') => (&t[..t.len() - 1], 1 << 20),
-        _ => (t, 1),
-    };
-    num.parse::<usize>().map(|v| v * mult).unwrap_or(32 << 20)
 }
 
 fn cpu_model() -> String {

@@ -13,6 +13,8 @@
 //! median. What it is for: a step's cost that does not depend on its size
 //! (BENCHMARKS, "Where a streamed token's time goes, from the host").
 
+mod common;
+use common::l3_bytes;
 use moeflux::backend::cpu::MoeStep;
 use moeflux::format::{Dtype, MatrixData, MatrixView, Region};
 use std::sync::Arc;
@@ -23,18 +25,6 @@ const INTER: usize = 512;
 const GROUP: usize = 64;
 const STEPS: usize = 300;
 const WARMUP: usize = 20;
-
-/// Last-level cache size in bytes (sysfs), 32 MiB when unknown.
-fn l3_bytes() -> usize {
-    let text = std::fs::read_to_string("/sys/devices/system/cpu/cpu0/cache/index3/size").unwrap_or_default();
-    let t = text.trim();
-    let (num, mult) = match t.chars().last() {
-        Some('K') => (&t[..t.len() - 1], 1 << 10),
-        Some('M') => (&t[..t.len() - 1], 1 << 20),
-        _ => (t, 1),
-    };
-    num.parse::<usize>().map(|v| v * mult).unwrap_or(32 << 20)
-}
 
 /// A `[rows, cols]` 4-bit matrix of random levels with scales and biases
 /// of normal size (random bits would include denormals, which slow some
