@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# Two builds of moeflux side by side on the device machine, alternated:
+# Builds of moeflux side by side on the device machine, alternated:
 #   tools/device/ab.sh ROUNDS "BENCH ARGS" ["BENCH ARGS"...]
-# runs, ROUNDS times over, every set of bench arguments with
-# target/devbin/moeflux-base (the "before" build, carried) and then with
-# target/devbin/moeflux (the tree's), on $MODEL (made by `synth` first if
-# missing). Each run's table goes to $OUT/ab.log; one line per run (its tg
-# or pp rows) to $OUT/ab.txt, printed last.
+# runs, ROUNDS times over, every set of bench arguments with each build of
+# $BUILDS (default "base tree"): base is target/devbin/moeflux-base (the
+# "before" build, carried), tree target/devbin/moeflux (the tree's), any
+# other NAME target/devbin/moeflux-NAME (tools/device/prepare_branch.sh
+# builds a branch as one), on $MODEL (made by `synth` first if missing).
+# Each run's table goes to $OUT/ab.log; one line per run (its tg or pp
+# rows) to $OUT/ab.txt, printed last.
 set -uo pipefail
 OUT=${OUT:-/tmp/moeflux-out}
 mkdir -p "$OUT"
@@ -19,9 +21,9 @@ shift
 : >"$OUT/ab.txt"
 for r in $(seq "$rounds"); do
     for args in "$@"; do
-        for build in base tree; do
-            exe=$BIN/moeflux
-            [ $build = base ] && exe=$BIN/moeflux-base
+        for build in ${BUILDS:-base tree}; do
+            exe=$BIN/moeflux-$build
+            [ "$build" = tree ] && exe=$BIN/moeflux
             # shellcheck disable=SC2086
             "$exe" bench --model "$MODEL" $args >"$OUT/run.md" 2>"$OUT/run.err"
             rc=$?
