@@ -134,6 +134,21 @@ fn close(name: &str, what: &str, got: &[Vec<Vec<f32>>], want: &[Vec<Vec<f32>>], 
 
 /// Greedy decoding of three prompts of different lengths, together and
 /// alone: the same tokens.
+/// One forward pass of every session, each with its tokens (the last
+/// token's logits of each).
+fn step_all(model: &Model, sessions: &mut [Session], tokens: &[impl AsRef<[u32]>]) -> Vec<Vec<f32>> {
+    let mut items: Vec<BatchItem> = sessions
+        .iter_mut()
+        .zip(tokens)
+        .map(|(session, t)| BatchItem {
+            session,
+            tokens: t.as_ref(),
+            all: false,
+        })
+        .collect();
+    model.eval_batch(&mut items).unwrap()
+}
+
 fn same_greedy_tokens(name: &str, model: &Model) {
     let prompts: [&[u32]; 3] = [&SEQ[0][..7], &SEQ[1][..2], &SEQ[2][..4]];
     let alone: Vec<Vec<u32>> = prompts
@@ -155,16 +170,7 @@ fn same_greedy_tokens(name: &str, model: &Model) {
     let mut next: Vec<Vec<u32>> = prompts.iter().map(|p| p.to_vec()).collect();
     let mut got = vec![Vec::new(); 3];
     for _ in 0..8 {
-        let mut items: Vec<BatchItem> = sessions
-            .iter_mut()
-            .zip(&next)
-            .map(|(session, t)| BatchItem {
-                session,
-                tokens: t,
-                all: false,
-            })
-            .collect();
-        let logits = model.eval_batch(&mut items).unwrap();
+        let logits = step_all(model, &mut sessions, &next);
         for (i, l) in logits.iter().enumerate() {
             let t = argmax(l) as u32;
             got[i].push(t);
@@ -333,16 +339,7 @@ fn eight_decodes(model: &Model) -> Vec<Vec<Vec<f32>>> {
     }
     for step in 0..3 {
         let tokens: Vec<[u32; 1]> = (0..8).map(|i| [toks(i, 2 + step)]).collect();
-        let mut items: Vec<BatchItem> = sessions
-            .iter_mut()
-            .zip(&tokens)
-            .map(|(session, t)| BatchItem {
-                session,
-                tokens: t,
-                all: false,
-            })
-            .collect();
-        for (o, l) in out.iter_mut().zip(model.eval_batch(&mut items).unwrap()) {
+        for (o, l) in out.iter_mut().zip(step_all(model, &mut sessions, &tokens)) {
             o.push(l);
         }
     }

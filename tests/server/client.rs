@@ -4,15 +4,13 @@ use super::common;
 use serde_json::Value;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Stdio};
-use std::sync::OnceLock;
 use std::time::Duration;
 
-/// The demo model converted once per test run (`common::packed_with`).
-fn demo_model() -> &'static Path {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| common::packed_with("demo_kjv", &[]))
+/// The demo model, converted once per test run (`common::packed_with`).
+fn demo_model() -> PathBuf {
+    common::packed_with("demo_kjv", &[])
 }
 
 /// A server process, stopped (SIGTERM) when dropped.
