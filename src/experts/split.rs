@@ -87,6 +87,62 @@ pub struct SplitModel {
     pub cpu: Option<(&'static str, usize)>,
     /// Steps with misses that the model gave none of to the CPU in a row.
     idle: u32,
+    /// The CPU steps' times against their work, for a fit of both costs.
+    fit: Fit,
+}
+
+/// Exponentially weighted sums of the CPU steps' work `w` (bytes × tokens)
+/// and time `t`, for the line `t ≈ fixed + per_byte · w`. The start-up
+/// timing (hot weights, no copies running) put the H200 host's fixed cost
+/// at 27 µs; in decode, with the copies reading host memory too, steps of
+/// 1–4 experts showed about 50 µs (BENCHMARKS, "Where a streamed token's
+/// time goes, from the host"), which a per-byte cost alone can only fit
+/// at one step size.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+struct Fit {
+    n: f64,
+    w: f64,
+    t: f64,
+    ww: f64,
+    wt: f64,
+}
+
+/// How much of the sums each CPU step keeps (a window of ~100 steps).
+const FIT_KEEP: f64 = 0.99;
+
+/// The fit is used once this many steps are in it and their work spreads
+/// by at least this coefficient of variation (else a line through them
+/// is not defined well enough, and only the per-byte cost moves).
+const FIT_MIN_STEPS: u64 = 32;
+const FIT_MIN_CV: f64 = 0.15;
+
+impl Fit {
+    fn add(&mut self, w: f64, t: f64) {
+        let k = FIT_KEEP;
+        *self = Fit {
+            n: k * self.n + 1.0,
+            w: k * self.w + w,
+            t: k * self.t + t,
+            ww: k * self.ww + w * w,
+            wt: k * self.wt + w * t,
+        };
+    }
+
+    /// (fixed seconds, seconds per unit of work), when well defined and
+    /// both positive.
+    fn line(&self) -> Option<(f64, f64)> {
+        if self.n <= 0.0 {
+            return None;
+        }
+        let (mw, mt) = (self.w / self.n, self.t / self.n);
+        let var = self.ww / self.n - mw * mw;
+        if var.is_nan() || var <= (FIT_MIN_CV * mw).powi(2) {
+            return None;
+        }
+        let per = (self.wt / self.n - mw * mt) / var;
+        let fixed = mt - per * mw;
+        (per > 0.0 && fixed >= 0.0 && per.is_finite() && fixed.is_finite()).then_some((fixed, per))
+    }
 }
 
 /// Every this many steps that give the CPU nothing, one miss goes to the
@@ -118,6 +174,7 @@ impl SplitModel {
             observed: 0,
             cpu: None,
             idle: 0,
+            fit: Fit::default(),
         }
     }
 
@@ -197,8 +254,9 @@ impl SplitModel {
 
     /// A CPU step computed `c` experts of `bytes` for `tokens` tokens each
     /// in `secs`, and finished `last` (after the device's share) or not:
-    /// move the per-byte cost toward what it showed, and the device's
-    /// extra time toward the balance.
+    /// fit both CPU costs to the recent steps where their sizes spread
+    /// enough, else move the per-byte cost toward what this one showed;
+    /// and move the device's extra time toward the balance.
     pub fn observe(&mut self, c: usize, bytes: u64, tokens: usize, secs: f64, last: bool) {
         self.gpu_extra_s = match last {
             true => (self.gpu_extra_s - NUDGE_S).max(0.0),
@@ -208,9 +266,15 @@ impl SplitModel {
         if work <= 0.0 || !secs.is_finite() {
             return;
         }
+        self.observed += 1;
+        self.fit.add(work, secs);
+        if let Some((fixed, per)) = self.fit.line().filter(|_| self.observed >= FIT_MIN_STEPS) {
+            self.cpu_fixed_s = fixed;
+            self.cpu_s_per_byte = per;
+            return;
+        }
         let per = ((secs - self.cpu_fixed_s).max(secs / 4.0) / work).max(1e-15);
         self.cpu_s_per_byte = KEEP * self.cpu_s_per_byte + (1.0 - KEEP) * per;
-        self.observed += 1;
     }
 }
 
@@ -267,6 +331,31 @@ mod tests {
         m.observe(0, bytes, 1, 1.0, true);
         m.observe(3, bytes, 1, f64::NAN, true);
         assert_eq!(m.observed, 100, "empty or broken observations are ignored");
+    }
+
+    #[test]
+    fn steps_of_several_sizes_fit_both_cpu_costs() {
+        // Measured at start: 27 µs and 67.8 GB/s. The steps show 50 µs and
+        // 80 GB/s, in sizes of 1 to 4 experts.
+        let bytes = 1_769_472u64;
+        let one = 27e-6 + bytes as f64 / 67.8e9;
+        let mut m = SplitModel::new(Hybrid::Auto, 55e9, bytes, one, 27e-6 + 4.0 * bytes as f64 / 67.8e9);
+        assert!((m.cpu_fixed_s - 27e-6).abs() < 1e-7);
+        for i in 0..300 {
+            let c = 1 + i % 4;
+            m.observe(c, bytes, 1, 50e-6 + (c as f64 * bytes as f64) / 80e9, i % 2 == 0);
+        }
+        assert!((m.cpu_fixed_s - 50e-6).abs() < 1e-6, "fixed {}", m.cpu_fixed_s);
+        assert!(
+            (1.0 / m.cpu_s_per_byte / 80e9 - 1.0).abs() < 0.01,
+            "{} B/s",
+            1.0 / m.cpu_s_per_byte
+        );
+        // Balanced against 55 GB/s copies: 6 misses split 3 / 3 (50 + 66
+        // µs of CPU against 97 µs of copies), where the start-up costs
+        // gave the CPU 3 as well; 2 misses go to the link alone.
+        assert_eq!(m.host_share(6, bytes, 1), HostShare::UpTo(3));
+        assert_eq!(m.host_share(2, bytes, 1), HostShare::Nothing);
     }
 
     #[test]
