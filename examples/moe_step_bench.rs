@@ -2,7 +2,9 @@
 //! run it: the time of a step against its number of experts, with the
 //! weights coming from memory.
 //!
-//! `cargo run --release --example moe_step_bench [-- THREADS]`
+//! `cargo run --release --example moe_step_bench [-- THREADS [COUNTS [STEPS]]]`
+//! (COUNTS: the experts a step to time, comma-separated, default
+//! 1,2,4,8,16; STEPS timed for each, default 300: more for a profiler)
 //!
 //! Experts of the Qwen3.6-35B-A3B shape (hidden 2048, intermediate 512,
 //! 4-bit in groups of 64; 1,769,472 bytes each), enough of them to hold
@@ -23,7 +25,6 @@ use std::time::{Duration, Instant};
 const HIDDEN: usize = 2048;
 const INTER: usize = 512;
 const GROUP: usize = 64;
-const STEPS: usize = 300;
 const WARMUP: usize = 20;
 
 /// A `[rows, cols]` 4-bit matrix of random levels with scales and biases
@@ -58,6 +59,11 @@ fn main() {
         .nth(1)
         .and_then(|a| a.parse().ok())
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let counts: Vec<usize> = match std::env::args().nth(2) {
+        Some(a) => a.split(',').filter_map(|c| c.parse().ok()).collect(),
+        None => vec![1, 2, 4, 8, 16],
+    };
+    let steps: usize = std::env::args().nth(3).and_then(|a| a.parse().ok()).unwrap_or(300).max(2);
     let one = 3 * (INTER * HIDDEN / 2 + 2 * 2 * INTER * HIDDEN / GROUP);
     let count = (4 * l3_bytes()).div_ceil(one) + 8;
     let mut seed = 0x9E37_79B9_7F4A_7C15u64;
@@ -87,10 +93,10 @@ fn main() {
     println!("| experts a step | median µs | mean ± sd µs | GB/s (median) |");
     println!("| --- | --- | --- | --- |");
     let mut at = 0;
-    for e in [1usize, 2, 4, 8, 16] {
+    for e in counts {
         let weights = vec![1.0 / e as f32; e];
-        let mut times = Vec::with_capacity(STEPS);
-        for i in 0..STEPS + WARMUP {
+        let mut times = Vec::with_capacity(steps);
+        for i in 0..steps + WARMUP {
             let mats: Vec<[MatrixView; 3]> = (0..e).map(|j| experts[(at + j) % count].clone()).collect();
             at += e;
             let t0 = Instant::now();
