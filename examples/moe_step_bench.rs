@@ -63,7 +63,15 @@ fn main() {
         Some(a) => a.split(',').filter_map(|c| c.parse().ok()).collect(),
         None => vec![1, 2, 4, 8, 16],
     };
-    let steps: usize = std::env::args().nth(3).and_then(|a| a.parse().ok()).unwrap_or(300).max(2);
+    if counts.is_empty() || counts.contains(&0) {
+        eprintln!("moe_step_bench: COUNTS must be experts a step, comma-separated, each at least 1");
+        std::process::exit(2);
+    }
+    let steps: usize = std::env::args()
+        .nth(3)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(300)
+        .max(2);
     let one = 3 * (INTER * HIDDEN / 2 + 2 * 2 * INTER * HIDDEN / GROUP);
     let count = (4 * l3_bytes()).div_ceil(one) + 8;
     let mut seed = 0x9E37_79B9_7F4A_7C15u64;

@@ -36,13 +36,21 @@ fn cuda_options() -> CudaOptions {
 
 /// The model on CUDA with exact (f32) products.
 fn open(dir: &std::path::Path, cache: CacheSize, prefetch: bool, hybrid: Hybrid) -> Model {
+    open_traced(dir, cache, prefetch, hybrid, false)
+}
+
+/// `open`, with `trace`: a streamed step's parts timed (`--trace-layers`).
+fn open_traced(dir: &std::path::Path, cache: CacheSize, prefetch: bool, hybrid: Hybrid, trace: bool) -> Model {
     let opts = Options {
         device: Device::Cuda(0),
         expert_cache: cache,
         prefetch,
         hybrid: Some(hybrid),
         exact: true,
-        cuda: cuda_options(),
+        cuda: CudaOptions {
+            trace_layers: trace,
+            ..cuda_options()
+        },
         ..Options::default()
     };
     Model::open(dir, &opts).expect("open converted model on CUDA")
@@ -197,18 +205,32 @@ fn check(name: &str, flags: &[&str]) {
     drop(m);
     // Misses of one-token steps computed on the CPU (every one, or as the
     // cost model splits them): other arithmetic, the same f32 values to
-    // within the step tolerance.
-    for (cache, hybrid) in [
+    // within the step tolerance. The first also times its steps' parts
+    // (`--trace-layers`), which must not change a bit.
+    for (i, (cache, hybrid)) in [
         (three, Hybrid::Cpu),
         (CacheSize::Percent(50.0), Hybrid::Cpu),
         (CacheSize::Percent(50.0), Hybrid::Auto),
-    ] {
-        let m = open(&dst, cache, true, hybrid);
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let m = open_traced(&dst, cache, true, hybrid, i == 0);
         let (c2, s2) = run(&m, &r.tokens);
         let stats = m.expert_cache_stats().expect("cache stats");
         eprintln!("{name}: {cache:?} hybrid={hybrid}: {stats:?}");
         if hybrid == Hybrid::Cpu {
             assert!(stats.on_host > 0, "{name}: {cache:?}: no miss computed on the CPU");
+        }
+        if i == 0 {
+            // Every step's misses on the CPU: the part that holds the
+            // wait for its sum has time in it.
+            let parts = stats.layer_parts_ns;
+            assert!(
+                stats.layer_steps > 0 && parts[4] > 0,
+                "{name}: traced steps: {} steps, parts {parts:?} ns",
+                stats.layer_steps
+            );
         }
         assert!(
             bits(&c2) == bits(&chunk),

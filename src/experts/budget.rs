@@ -101,17 +101,21 @@ impl CacheSize {
 
 /// The parts of a streamed decode step's MoE layer, from its routing to
 /// the next layer's, as `CacheStats::layer_parts_ns` counts them. The
-/// fourth is the host's work after the experts are queued: the CPU's
-/// share, and queuing the next layer's guesses (where expert files are
-/// read into staging buffers, not registered with the driver: a memory
-/// limit, the staging thread reads them meanwhile, and the next step's
-/// first part waits for those reads).
-pub const LAYER_PARTS: [&str; 5] = [
+/// fourth is the host's work after the experts are queued: queuing the
+/// next layer's guesses (where expert files are read into staging
+/// buffers, not registered with the driver: a memory limit, the staging
+/// thread reads them meanwhile, and the next step's first part waits
+/// for those reads; there the CPU's share is waited for too). The fifth
+/// holds the GPU's wait for the CPU's share, whose sum is added after
+/// the combine; the sixth the rest of the layer and the next one's
+/// dense part up to its routing.
+pub const LAYER_PARTS: [&str; 6] = [
     "ids to the host, copies issued",
     "wait for the copies",
     "GPU experts",
-    "wait for the host (CPU share, reads ahead)",
-    "combine, on to the next routing",
+    "wait for the host (reads ahead)",
+    "combine, the CPU's sum (and the wait for it)",
+    "on to the next routing",
 ];
 
 /// Counters of the expert cache.

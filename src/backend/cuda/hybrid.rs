@@ -6,8 +6,8 @@
 //! meanwhile, and the CPU's weighted sum is added to the output on the
 //! device after the GPU's.
 //!
-//! The GPU's share is issued first (asynchronous copies and launches),
-//! then the CPU's share is handed to its workers (`host_cpu`), and this
+//! The CPU's share is handed to its workers (`host_cpu`) first, then the
+//! GPU's share is issued (asynchronous copies and launches), and this
 //! thread goes on issuing the layer's later launches; the sum is added by
 //! a kernel that waits for it on the GPU.
 
@@ -82,9 +82,9 @@ pub(crate) fn wait_cpu(cache: &ExpertCache) -> Result<()> {
     }
 }
 
-/// Issue `gpu_part`, then hand the CPU the weighted sum of `experts` for
-/// the tokens of `s` and return while it computes; [`add_sum`] adds the
-/// sum to the step's output once it is written.
+/// Hand the CPU the weighted sum of `experts` for the tokens of `s`,
+/// issue `gpu_part`, and return while the CPU computes; [`add_sum`] adds
+/// the sum to the step's output once it is written.
 pub(crate) fn with_cpu_part(
     cache: &ExpertCache,
     store: &ExpertStore,

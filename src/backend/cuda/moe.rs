@@ -239,10 +239,10 @@ pub(crate) fn moe(gpu: &Arc<Gpu>, cache: Option<&ExpertCache>, io: MoeIo, a: Moe
         _ => {
             let to = Combine { op, assign };
             let cpu_part = grouped(gpu, cache, &io, el, &ids, &wts, hint.map(|h| h.0), &h, &a, to)?;
-            match cpu_part {
-                Some(p) => hybrid::add_sum(gpu, out, p),
-                None => Ok(()),
+            if let Some(p) = cpu_part {
+                hybrid::add_sum(gpu, out, p)?;
             }
+            cache.map_or(Ok(()), |c| c.mark(Mark::Summed))
         }
     }
 }

@@ -1,6 +1,6 @@
 //! Where a streamed decode step's MoE layer spends the GPU's time
 //! (`CudaOptions::trace_layers`, for measuring): timed events on the
-//! compute stream at five points of each step, read back one step later.
+//! compute stream at six points of each step, read back one step later.
 //!
 //! A layer's period, from one step's routing to the next one's, is cut
 //! into the parts that `experts::budget::LAYER_PARTS` names; their sum is the period. Recording an event
@@ -24,17 +24,21 @@ pub(crate) enum Mark {
     Copied,
     /// The GPU's expert launches are queued.
     Experts,
-    /// The CPU's share is done (or there was none): the combine is next
+    /// The host's work after the experts is queued: the combine is next
     /// (a step whose pairs' addresses were carried to `moe_down_combine`
-    /// has combined in its experts' launch: its last part then holds only
-    /// the CPU's sum and the next layer).
+    /// has combined in its experts' launch: its next part then holds only
+    /// the CPU's sum).
     Add,
+    /// The combine and the kernel that adds the CPU's sum, once the CPU
+    /// has written it (`hybrid::add_sum`), are queued: the rest of the
+    /// layer and the next one up to its routing are next.
+    Summed,
 }
 
 const MARKS: usize = crate::experts::budget::LAYER_PARTS.len();
 
 // The parts of a layer's period, each from one mark to the next (the last
-// from `Add` to the next step's `Route`), are named by
+// from `Summed` to the next step's `Route`), are named by
 // `experts::budget::LAYER_PARTS`.
 
 struct State {
@@ -147,7 +151,7 @@ impl Timeline {
             }
             st.prev_whole = false;
         }
-        if m == Mark::Add {
+        if m == Mark::Summed {
             st.next = None;
             st.prev_whole = true;
         }
