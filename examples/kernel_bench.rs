@@ -11,11 +11,10 @@
 //! `RAYON_NUM_THREADS` sets the number of threads.
 
 mod common;
-use common::l3_bytes;
+use common::{bf16s, l3_bytes, quant_matrix};
 use moeflux::backend::cpu::matmul::{linear_with, Kernel};
-use moeflux::format::{Dtype, MatrixData, MatrixView, Region};
+use moeflux::format::{Dtype, MatrixData, MatrixView};
 use std::hint::black_box;
-use std::sync::Arc;
 use std::time::Instant;
 
 const ROWS: usize = 8192;
@@ -123,38 +122,17 @@ impl Kind {
 /// biases small bf16 values).
 fn matrix(kind: Kind, seed: u64) -> MatrixView {
     let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut bytes = |len: usize| -> Region {
-        let mut v = vec![0u8; len];
-        for c in v.chunks_mut(8) {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            let b = s.to_le_bytes();
-            c.copy_from_slice(&b[..c.len()]);
-        }
-        Region::whole(Arc::new(v))
-    };
-    let halfs =
-        |len: usize, v: f32| -> Region { Region::whole(Arc::new(half::bf16::from_f32(v).to_le_bytes().repeat(len))) };
-    let data = match kind {
-        Kind::Quant(bits) => MatrixData::Quant {
-            bits,
-            group_size: GROUP,
-            weight: bytes(ROWS * COLS * bits as usize / 8),
-            scales: halfs(ROWS * COLS / GROUP, 0.01),
-            biases: halfs(ROWS * COLS / GROUP, -0.07),
-            scale_dtype: Dtype::Bf16,
+    match kind {
+        Kind::Quant(bits) => quant_matrix(ROWS, COLS, bits, GROUP, &mut s),
+        Kind::Bf16 => MatrixView {
+            rows: ROWS,
+            cols: COLS,
+            data: MatrixData::Float {
+                dtype: Dtype::Bf16,
+                // Random bits would include NaNs and huge values: use a plain pattern.
+                data: bf16s(ROWS * COLS, 0.003),
+            },
         },
-        Kind::Bf16 => MatrixData::Float {
-            dtype: Dtype::Bf16,
-            // Random bits would include NaNs and huge values: use a plain pattern.
-            data: halfs(ROWS * COLS, 0.003),
-        },
-    };
-    MatrixView {
-        rows: ROWS,
-        cols: COLS,
-        data,
     }
 }
 

@@ -16,43 +16,15 @@
 //! (BENCHMARKS, "Where a streamed token's time goes, from the host").
 
 mod common;
-use common::l3_bytes;
+use common::{l3_bytes, quant_matrix};
 use moeflux::backend::cpu::MoeStep;
-use moeflux::format::{Dtype, MatrixData, MatrixView, Region};
-use std::sync::Arc;
+use moeflux::format::MatrixView;
 use std::time::{Duration, Instant};
 
 const HIDDEN: usize = 2048;
 const INTER: usize = 512;
 const GROUP: usize = 64;
 const WARMUP: usize = 20;
-
-/// A `[rows, cols]` 4-bit matrix of random levels with scales and biases
-/// of normal size (random bits would include denormals, which slow some
-/// CPUs' float units by 2× and no real model has).
-fn matrix(rows: usize, cols: usize, seed: &mut u64) -> MatrixView {
-    let mut w = vec![0u8; rows * cols / 2];
-    for c in w.chunks_mut(8) {
-        *seed ^= *seed << 13;
-        *seed ^= *seed >> 7;
-        *seed ^= *seed << 17;
-        c.copy_from_slice(&seed.to_le_bytes()[..c.len()]);
-    }
-    let groups = rows * cols / GROUP;
-    let halfs = |v: f32| Region::whole(Arc::new(half::bf16::from_f32(v).to_le_bytes().repeat(groups)));
-    MatrixView {
-        rows,
-        cols,
-        data: MatrixData::Quant {
-            bits: 4,
-            group_size: GROUP,
-            weight: Region::whole(Arc::new(w)),
-            scales: halfs(0.01),
-            biases: halfs(-0.07),
-            scale_dtype: Dtype::Bf16,
-        },
-    }
-}
 
 fn main() {
     let threads = std::env::args()
@@ -78,9 +50,9 @@ fn main() {
     let experts: Vec<[MatrixView; 3]> = (0..count)
         .map(|_| {
             [
-                matrix(INTER, HIDDEN, &mut seed),
-                matrix(INTER, HIDDEN, &mut seed),
-                matrix(HIDDEN, INTER, &mut seed),
+                quant_matrix(INTER, HIDDEN, 4, GROUP, &mut seed),
+                quant_matrix(INTER, HIDDEN, 4, GROUP, &mut seed),
+                quant_matrix(HIDDEN, INTER, 4, GROUP, &mut seed),
             ]
         })
         .collect();

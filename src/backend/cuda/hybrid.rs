@@ -25,8 +25,9 @@ use crate::format::MatrixView;
 /// each sequence) may split its misses: 8 sequences route about 57
 /// experts a layer, 1.1 tokens each, so the CPU's cost per expert is
 /// still about one token's. Prefill chunks never split (they reuse each
-/// copied expert across tokens).
-pub(crate) const HYBRID_TOKENS: usize = super::driver::PDL_MAX_TOKENS;
+/// copied expert across tokens). (SPEC §6: "up to 16 sequences"; a
+/// number of its own, though it equals `PDL_MAX_TOKENS` today.)
+pub(crate) const HYBRID_TOKENS: usize = 16;
 
 /// What the CPU is given of one step: the host copies of the routing and
 /// of the activations `[n, hidden]`.
