@@ -92,12 +92,12 @@ pub struct SplitModel {
 }
 
 /// Exponentially weighted sums of the CPU steps' work `w` (bytes × tokens)
-/// and time `t`, for the line `t ≈ fixed + per_byte · w`. The start-up
-/// timing (hot weights, no copies running) put the H200 host's fixed cost
-/// at 27 µs; in decode, with the copies reading host memory too, steps of
-/// 1–4 experts showed about 50 µs (BENCHMARKS, "Where a streamed token's
-/// time goes, from the host"), which a per-byte cost alone can only fit
-/// at one step size.
+/// and time `t`, for the line `t ≈ fixed + per_byte · w`: the start-up
+/// timing runs with hot weights and no copies reading host memory, and
+/// a per-byte cost corrected alone fits the steps at one size only. On
+/// the H200 host the fitted line came out at 21–39 µs and 53–100 GB/s
+/// in decode (BENCHMARKS, "The CPU's share handed over first, the split
+/// fitted online").
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 struct Fit {
     n: f64,
