@@ -9,12 +9,8 @@
 # what differs). Then, on the device: BUILDS="base NAME"
 # tools/device/ab.sh ROUNDS "ARGS"...; the tests find their fixtures
 # through the worktree's path and convert them with the branch's moeflux
-# at target/branches/release/moeflux, so first (after run.sh has linked
-# /work/main to the carried tree, or by hand):
-#   ln -sfn "$PWD" /work/branch-wt
-#   mkdir -p target/branches/release
-#   cp target/devbin/moeflux-NAME target/branches/release/moeflux
-#   target/devbin/cuda_golden-NAME --test-threads=2
+# at target/branches/release/moeflux: tools/device/branch_tests.sh NAME...
+# does that setup and runs each build's cuda_golden and batch tests.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 rev=$1
