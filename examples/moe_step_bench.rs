@@ -25,6 +25,8 @@ const HIDDEN: usize = 2048;
 const INTER: usize = 512;
 const GROUP: usize = 64;
 const WARMUP: usize = 20;
+/// The pause between steps, as between the layers of a streamed token.
+const GAP: Duration = Duration::from_micros(150);
 
 fn main() {
     let threads = std::env::args()
@@ -68,7 +70,7 @@ fn main() {
     println!(
         "{threads} threads, {count} experts of {one} bytes in rotation ({} MiB), steps {} µs apart\n",
         (count * one) >> 20,
-        150
+        GAP.as_micros()
     );
     println!("| experts a step | median µs | mean ± sd µs | GB/s (median) |");
     println!("| --- | --- | --- | --- |");
@@ -87,7 +89,7 @@ fn main() {
             if i >= WARMUP {
                 times.push(t0.elapsed().as_secs_f64());
             }
-            std::thread::sleep(Duration::from_micros(150));
+            std::thread::sleep(GAP);
         }
         let mean = times.iter().sum::<f64>() / times.len() as f64;
         let sd = (times.iter().map(|t| (t - mean).powi(2)).sum::<f64>() / (times.len() - 1) as f64).sqrt();

@@ -132,8 +132,6 @@ fn close(name: &str, what: &str, got: &[Vec<Vec<f32>>], want: &[Vec<Vec<f32>>], 
     worst
 }
 
-/// Greedy decoding of three prompts of different lengths, together and
-/// alone: the same tokens.
 /// One forward pass of every session, each with its tokens (the last
 /// token's logits of each).
 fn step_all(model: &Model, sessions: &mut [Session], tokens: &[impl AsRef<[u32]>]) -> Vec<Vec<f32>> {
@@ -149,6 +147,8 @@ fn step_all(model: &Model, sessions: &mut [Session], tokens: &[impl AsRef<[u32]>
     model.eval_batch(&mut items).unwrap()
 }
 
+/// Greedy decoding of three prompts of different lengths, together and
+/// alone: the same tokens.
 fn same_greedy_tokens(name: &str, model: &Model) {
     let prompts: [&[u32]; 3] = [&SEQ[0][..7], &SEQ[1][..2], &SEQ[2][..4]];
     let alone: Vec<Vec<u32>> = prompts

@@ -206,7 +206,7 @@ fn check(name: &str, flags: &[&str]) {
     // Misses of one-token steps computed on the CPU (every one, or as the
     // cost model splits them): other arithmetic, the same f32 values to
     // within the step tolerance. The first also times its steps' parts
-    // (`--trace-layers`), which must not change a bit.
+    // (`--trace-layers`), under the same checks of its logits.
     for (i, (cache, hybrid)) in [
         (three, Hybrid::Cpu),
         (CacheSize::Percent(50.0), Hybrid::Cpu),
