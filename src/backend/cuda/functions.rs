@@ -28,7 +28,7 @@ kernels!(
         rms_norm,
         rms_norm_rows,
         add,
-        add_when,
+        add_units,
         publish,
         add_scaled_rows,
         swiglu,

@@ -5,8 +5,8 @@
 //! thread of their own. The thread that drives the GPU hands a step over
 //! ([`HostCpu::start`]) and goes on issuing the GPU's share and the
 //! layer's later launches;
-//! the kernel that adds the CPU's sum (`add_when`) waits on the GPU for
-//! a flag that the step sets once the sum is written. (When that thread
+//! the kernel that adds the CPU's sum (`add_units`) waits on the GPU
+//! until the step has written it. (When that thread
 //! computed the step itself, the GPU waited after each step for the
 //! combine and the next layer's launches to be captured: 45–60 µs a
 //! layer on the H200, BENCHMARKS "Where a streamed MoE layer's time
@@ -23,8 +23,20 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-/// Bytes before the sum in the step's page-locked buffer: the flag.
-const FLAG_BYTES: usize = 256;
+/// The sum as the device reads it: units of `UNIT_FLOATS` floats of the
+/// sum, then the step's number (u32), 16 bytes each, the floats stored
+/// before the number (release order). The device reads a unit whole in
+/// one load (one read over the bus, which sees a snapshot of its cache
+/// line), so a unit that shows this step's number holds this step's
+/// floats: the sum reaches the GPU in one trip over the bus once it is
+/// written, where a flag polled first and the sum read next took two.
+const UNIT_FLOATS: usize = 3;
+const UNIT_BYTES: usize = 16;
+
+/// Units of a sum of `len` floats.
+fn units(len: usize) -> usize {
+    len.div_ceil(UNIT_FLOATS)
+}
 
 /// The CPU that computes misses: the products' kernel and the workers.
 pub(crate) struct HostCpu {
@@ -56,12 +68,11 @@ pub(crate) struct Report {
     pub gpu_first: bool,
 }
 
-/// A step handed over: its sum `[n, hidden]` (`len` floats) where the
-/// device reads it, and the flag that reaches `seq` once it is written.
+/// A step handed over: its sum `[n, hidden]` (`len` floats) as units
+/// where the device reads them, each showing `seq` once written.
 pub(crate) struct HostSum {
-    pub sum: u64,
+    pub units: u64,
     pub len: usize,
-    pub flag: u64,
     pub seq: u32,
 }
 
@@ -70,22 +81,48 @@ struct Steps {
     /// it was last recorded after (the step starts before its record).
     issued: Arc<Event>,
     recorded: Arc<AtomicU32>,
-    /// Page-locked: the flag (u32), then from `FLAG_BYTES` the sum; and
-    /// its device address.
+    /// Page-locked: the sum's units; and their device address.
     mem: Option<(Arc<Pinned>, u64)>,
     seq: u32,
     /// The last step's outcome, filled in by it.
     outcome: Arc<Mutex<Option<Result<Report>>>>,
 }
 
-/// Sets the flag when dropped: after the sum is written, or when the
-/// step fails or panics (the GPU must not wait forever; the failure is
-/// reported by [`HostCpu::finish`]).
-struct Flag<'a>(&'a AtomicU32, u32);
+/// The units of one step's sum, written by [`Units::write`]; dropped
+/// unwritten (the step panicked), they are written as zeros, so that the
+/// GPU does not wait forever (the failure is reported by
+/// [`HostCpu::finish`]).
+struct Units<'a> {
+    /// `units(len) · UNIT_BYTES` bytes, 16-byte aligned.
+    out: &'a mut [u8],
+    seq: u32,
+    written: bool,
+}
 
-impl Drop for Flag<'_> {
+impl Units<'_> {
+    /// Each unit's floats, then its number.
+    fn write(&mut self, sum: &[f32]) {
+        for (u, unit) in self.out.chunks_exact_mut(UNIT_BYTES).enumerate() {
+            let p = unit.as_mut_ptr();
+            for j in 0..UNIT_FLOATS {
+                let v = sum.get(u * UNIT_FLOATS + j).copied().unwrap_or(0.0);
+                // SAFETY: inside the unit; the device may read it at any
+                // time, hence a volatile store.
+                unsafe { (p as *mut f32).add(j).write_volatile(v) };
+            }
+            // SAFETY: the unit's last 4 bytes, aligned (units are 16-byte
+            // aligned); stored after its floats.
+            unsafe { AtomicU32::from_ptr((p as *mut u32).add(UNIT_FLOATS)) }.store(self.seq, Ordering::Release);
+        }
+        self.written = true;
+    }
+}
+
+impl Drop for Units<'_> {
     fn drop(&mut self) {
-        self.0.store(self.1, Ordering::Release);
+        if !self.written {
+            self.write(&[]);
+        }
     }
 }
 
@@ -165,12 +202,20 @@ impl HostCpu {
             )));
         }
         let len = w.n * w.hidden;
+        let bytes = units(len) * UNIT_BYTES;
         let mut st = self.st.lock().map_err(|_| poisoned())?;
-        if st.mem.as_ref().is_none_or(|(m, _)| m.len() < FLAG_BYTES + 4 * len) {
+        if st.mem.as_ref().is_none_or(|(m, _)| m.len() < bytes) {
             st.mem = None;
-            let m = Pinned::new(&self.gpu, (FLAG_BYTES + 4 * len).next_multiple_of(64 << 10))?;
+            let m = Pinned::new(&self.gpu, bytes.next_multiple_of(64 << 10))?;
+            // Fresh units show the last step's number: not yet written.
             // SAFETY: fresh; nothing else refers to it yet.
-            unsafe { m.range_mut(0, FLAG_BYTES) }.fill(0);
+            let all = unsafe { m.range_mut(0, m.len() / UNIT_BYTES * UNIT_BYTES) };
+            Units {
+                out: all,
+                seq: st.seq,
+                written: false,
+            }
+            .write(&[]);
             let dev = m.device_ptr()?;
             st.mem = Some((Arc::new(m), dev));
         }
@@ -187,20 +232,19 @@ impl HostCpu {
             self.gpu.clone(),
         );
         self.runner.submit(Box::new(move || {
-            // SAFETY: the buffer's first 4 bytes are the flag, aligned; the
-            // sum follows, which only this step writes (see `start`).
-            let (flag, sum) = unsafe {
-                (
-                    AtomicU32::from_ptr(mem.range_mut(0, 4).as_mut_ptr() as *mut u32),
-                    bytemuck::cast_slice_mut::<u8, f32>(mem.range_mut(FLAG_BYTES, 4 * len)),
-                )
+            // SAFETY: the units, which only this step writes (see `start`:
+            // the kernel that read the last step's is done).
+            let mut out = Units {
+                out: unsafe { mem.range_mut(0, bytes) },
+                seq,
+                written: false,
             };
-            let guard = Flag(flag, seq);
             let t0 = Instant::now();
-            sum.fill(0.0);
-            let r = apply(kernel, &w.x, w.n, w.hidden, w.inter, &w.mats, &w.routed, sum);
+            let mut sum = vec![0f32; len];
+            let r = apply(kernel, &w.x, w.n, w.hidden, w.inter, &w.mats, &w.routed, &mut sum);
+            out.write(&sum);
             let secs = t0.elapsed().as_secs_f64();
-            drop(guard);
+            drop(out);
             // (Not yet recorded: the host had not issued the GPU's share.)
             let gpu_first = recorded.load(Ordering::Acquire) == seq && gpu.bind().is_ok() && issued.done();
             if let Ok(mut o) = outcome.lock() {
@@ -215,11 +259,62 @@ impl HostCpu {
         // Recording launches what graph capture holds back.
         st.issued.record(self.gpu.stream)?;
         st.recorded.store(seq, Ordering::Release);
-        Ok(HostSum {
-            sum: dev + FLAG_BYTES as u64,
-            len,
-            flag: dev,
-            seq,
-        })
+        Ok(HostSum { units: dev, len, seq })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `units` 16-byte units, aligned as page-locked memory is.
+    fn buffer(units: usize) -> Vec<u128> {
+        vec![0u128; units]
+    }
+
+    fn unit(b: &[u8], u: usize) -> ([f32; UNIT_FLOATS], u32) {
+        let w = |i: usize| u32::from_le_bytes(b[u * UNIT_BYTES + 4 * i..][..4].try_into().unwrap());
+        ([f32::from_bits(w(0)), f32::from_bits(w(1)), f32::from_bits(w(2))], w(3))
+    }
+
+    #[test]
+    fn a_sum_is_written_as_units_of_three_floats_and_the_step() {
+        let sum: Vec<f32> = (0..7).map(|i| i as f32 + 0.5).collect();
+        let mut mem = buffer(units(sum.len()));
+        let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut mem);
+        Units {
+            out: bytes,
+            seq: 9,
+            written: false,
+        }
+        .write(&sum);
+        let b: &[u8] = bytemuck::cast_slice(&mem);
+        assert_eq!(units(7), 3);
+        assert_eq!(unit(b, 0), ([0.5, 1.5, 2.5], 9));
+        assert_eq!(unit(b, 1), ([3.5, 4.5, 5.5], 9));
+        assert_eq!(unit(b, 2), ([6.5, 0.0, 0.0], 9), "the last unit is padded with zeros");
+    }
+
+    #[test]
+    fn units_dropped_unwritten_still_show_the_step() {
+        let mut mem = buffer(4);
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut mem);
+            let _units = Units {
+                out: bytes,
+                seq: 3,
+                written: false,
+            };
+            panic!("a step that fails");
+        }))
+        .expect_err("the step panicked");
+        let b: &[u8] = bytemuck::cast_slice(&mem);
+        for u in 0..4 {
+            assert_eq!(
+                unit(b, u),
+                ([0.0; UNIT_FLOATS], 3),
+                "unit {u}: the GPU would wait forever"
+            );
+        }
     }
 }

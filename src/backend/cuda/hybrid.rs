@@ -51,18 +51,19 @@ fn host_mats(cache: &ExpertCache, store: &ExpertStore, layer: usize, experts: &[
         .collect()
 }
 
-/// `out += sum` once the CPU has written the sum: the kernel waits on the
-/// GPU for the step's flag and reads the sum over the bus (no copy is
-/// queued, which could wait behind the expert copies filling the link).
+/// `out += sum` once the CPU has written the sum: the kernel reads the
+/// sum's units over the bus until they show the step's number (no copy
+/// is queued, which could wait behind the expert copies filling the
+/// link; `host_cpu` has the units).
 pub(crate) fn add_sum(gpu: &Gpu, out: &mut CudaBuf, s: HostSum) -> Result<()> {
     out.want("hybrid sum output", s.len)?;
-    let (yp, xp, l, fp, seq) = (out.read(gpu)?, s.sum, s.len as i64, s.flag, s.seq);
+    let (yp, up, l, seq) = (out.read(gpu)?, s.units, s.len as i64, s.seq);
     gpu.launch(
-        gpu.k.add_when,
-        ((s.len.div_ceil(256)).clamp(1, 64) as u32, 1, 1),
+        gpu.k.add_units,
+        ((s.len.div_ceil(3 * 256)).clamp(1, 64) as u32, 1, 1),
         256,
         0,
-        cuda_args![yp, xp, l, fp, seq],
+        cuda_args![yp, up, l, seq],
     )
 }
 

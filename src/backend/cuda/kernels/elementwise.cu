@@ -133,21 +133,33 @@ extern "C" __global__ void add(float* y, const float* x, i64 len) {
     GRID_LOOP(i, len) y[i] += x[i];
 }
 
-// y += x once *flag has reached seq (x and flag in page-locked host memory
-// that the CPU writes: the sum of a hybrid step's experts, then the flag).
-// Each block's first thread waits; the sum is read past every cache.
-extern "C" __global__ void add_when(float* y, const float* x, i64 len, const unsigned* flag, unsigned seq) {
+// y += the CPU's sum of a hybrid step, read from page-locked host memory
+// that the CPU writes (host_cpu.rs): units of 16 bytes, three floats of
+// the sum and then the step's number `seq`, each unit's floats stored
+// before its number. One thread a unit reads it whole in one load over
+// the bus and again until it shows `seq`: a unit read whole that shows
+// this step's number holds this step's floats, so the sum arrives in one
+// trip over the bus once written (a flag polled first, then the sum
+// read, took two, each behind the expert copies on the link).
+extern "C" __global__ void add_units(float* y, const uint4* units, i64 len, unsigned seq) {
     GRID_DEP();
-    if (threadIdx.x == 0) {
-        while ((int)(*(volatile const unsigned*)flag - seq) < 0) {
+    const i64 n = (len + 2) / 3;
+    GRID_LOOP(u, n) {
+        uint4 v;
+        for (;;) {
+            asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                         : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                         : "l"(units + u));
+            if ((int)(v.w - seq) >= 0) break;
 #if __CUDA_ARCH__ >= 700
-            __nanosleep(200);
+            __nanosleep(500);
 #endif
         }
-        __threadfence_system();
+        const float f[3] = {__uint_as_float(v.x), __uint_as_float(v.y), __uint_as_float(v.z)};
+#pragma unroll
+        for (int j = 0; j < 3; j++)
+            if (3 * u + j < len) y[3 * u + j] += f[j];
     }
-    __syncthreads();
-    GRID_LOOP(i, len) y[i] += *(volatile const float*)(x + i);
 }
 
 // Three runs of words into dst (page-locked host memory mapped for the
