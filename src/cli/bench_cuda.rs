@@ -32,6 +32,32 @@ fn ahead_cols(c: &CacheStats, tokens: usize) -> Option<(f64, f64, f64)> {
     })
 }
 
+/// How often the router's guesses copied ahead were used before their
+/// eviction, rank by rank (`1st 97% of 1200`, best first): what a guess
+/// of each rank is worth. None when none was copied.
+fn rank_line(c: &CacheStats) -> Option<String> {
+    let ranks: Vec<String> = c
+        .rank_copied
+        .iter()
+        .zip(&c.rank_used)
+        .enumerate()
+        .filter(|(_, (&n, _))| n > 0)
+        .map(|(r, (&n, &u))| format!("{} {:.0}% of {n}", ordinal(r + 1), 100.0 * u as f64 / n as f64))
+        .collect();
+    (!ranks.is_empty()).then(|| format!("router guesses used before eviction, by rank: {}", ranks.join(", ")))
+}
+
+/// `1st`, `2nd`, `3rd`, `4th`, … (ranks up to [`moeflux::experts::GUESS_RANKS`]).
+fn ordinal(n: usize) -> String {
+    let suffix = match (n % 10, n % 100) {
+        (1, r) if r != 11 => "st",
+        (2, r) if r != 12 => "nd",
+        (3, r) if r != 13 => "rd",
+        _ => "th",
+    };
+    format!("{n}{suffix}")
+}
+
 /// `copy_gbps` is the achieved streaming rate: bytes copied over the
 /// timed runs' wall time. The floor: copies at the pinned H2D rate and,
 /// with a split, the CPU's share at its modelled rate, both at once.
@@ -112,6 +138,7 @@ pub(super) fn print_cuda(
                     "cpu_steps": c.host_steps, "cpu_step_us": c.host_ns as f64 / 1e3 / c.host_steps.max(1) as f64,
                     "cpu_last": c.host_last, "guesses_per_hint": c.guesses as f64 / c.hints.max(1) as f64,
                     "copied_ahead_per_token": ahead.map(|a| a.0),
+                    "guess_rank_copied": c.rank_copied, "guess_rank_used": c.rank_used,
                     "copied_ahead_used": ahead.map(|a| a.2),
                     "copy_gb_s": cols.copy_gbps, "stall_s": c.stall_ns as f64 * 1e-9, "floor_tok_s": cols.floor,
                     "layer_parts_us": (c.layer_steps > 0).then(|| moeflux::experts::budget::LAYER_PARTS.iter().zip(c.layer_parts_ns)
@@ -216,6 +243,9 @@ pub(super) fn print_cuda(
                 c.guesses as f64 / c.hints as f64
             )?;
         }
+        if let Some(line) = rank_line(&c) {
+            writeln!(out, "{} {line}", r.label())?;
+        }
     }
     print_storage(out, rows)?;
     print_ram(out, model.ram_stats())?;
@@ -273,5 +303,21 @@ mod tests {
         assert_eq!(share, 0.75);
         assert_eq!(used, 0.75);
         assert!(ahead_cols(&CacheStats::default(), 10).is_none());
+    }
+
+    #[test]
+    fn guesses_are_reported_by_rank() {
+        assert_eq!(rank_line(&CacheStats::default()), None);
+        let mut c = CacheStats::default();
+        c.rank_copied[..3].copy_from_slice(&[200, 100, 40]);
+        c.rank_used[..3].copy_from_slice(&[190, 75, 10]);
+        assert_eq!(
+            rank_line(&c).as_deref(),
+            Some("router guesses used before eviction, by rank: 1st 95% of 200, 2nd 75% of 100, 3rd 25% of 40")
+        );
+        assert_eq!(
+            [1, 2, 3, 4, 8, 11, 12, 13, 21, 22].map(ordinal),
+            ["1st", "2nd", "3rd", "4th", "8th", "11th", "12th", "13th", "21st", "22nd"]
+        );
     }
 }

@@ -118,6 +118,10 @@ pub const LAYER_PARTS: [&str; 6] = [
     "on to the next routing",
 ];
 
+/// Router guess ranks counted one by one in [`CacheStats::rank_copied`]
+/// (the best first; a later rank is not counted).
+pub const GUESS_RANKS: usize = 8;
+
 /// Counters of the expert cache.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CacheStats {
@@ -155,6 +159,11 @@ pub struct CacheStats {
     /// copied ahead (all but where `--hybrid auto` tunes the count).
     pub hints: u64,
     pub guesses: u64,
+    /// Of the router's guesses copied ahead, by rank (0: the router's
+    /// best; [`GUESS_RANKS`] ranks counted): how many were copied, and
+    /// how many a step then used before they were evicted.
+    pub rank_copied: [u64; GUESS_RANKS],
+    pub rank_used: [u64; GUESS_RANKS],
     /// With `trace_layers` (CUDA, for measuring): nanoseconds of the GPU's
     /// time in each part of a streamed decode step's MoE layer
     /// ([`LAYER_PARTS`]), summed over `layer_steps` steps.

@@ -20,6 +20,7 @@
 //! Slots may also be *held* ([`SlotTable::hold`]): given to whole layers
 //! for good (`experts::tiers`), out of both parts, never evicted.
 
+use super::budget::GUESS_RANKS;
 use super::split::HostShare;
 use crate::error::{Error, Result};
 use std::collections::{HashMap, VecDeque};
@@ -55,7 +56,15 @@ pub struct TableCounts {
     pub on_host: u64,
     pub prefetched: u64,
     pub prefetch_hits: u64,
+    /// Router guesses copied ahead and then used, by rank
+    /// ([`crate::experts::CacheStats::rank_copied`]).
+    pub rank_copied: [u64; GUESS_RANKS],
+    pub rank_used: [u64; GUESS_RANKS],
 }
+
+/// The rank of a copy ahead that is not one of the router's ranked
+/// guesses (the last token's experts, a whole next layer).
+const NO_RANK: u8 = u8::MAX;
 
 /// Main slots looked at for the least wanted one when probation grows.
 const COLD_SCAN: usize = 256;
@@ -71,7 +80,9 @@ pub struct SlotTable {
     /// CLOCK reference bits (main).
     referenced: Vec<bool>,
     /// Filled by a guess and not asked for since.
-    guessed: Vec<bool>,
+    /// A copy ahead not used yet, and its router rank (`NO_RANK`: not one
+    /// of the router's ranked guesses).
+    guessed: Vec<Option<u8>>,
     /// Given to an expert for good ([`SlotTable::hold`]).
     held: Vec<bool>,
     n_held: usize,
@@ -159,7 +170,7 @@ impl SlotTable {
             owner: vec![None; n_slots],
             main: (0..n_slots).map(|s| s >= p).collect(),
             referenced: vec![false; n_slots],
-            guessed: vec![false; n_slots],
+            guessed: vec![None; n_slots],
             held: vec![false; n_slots],
             n_held: 0,
             hand: 0,
@@ -376,6 +387,30 @@ impl SlotTable {
         guess: bool,
         plan: impl FnOnce(usize) -> HostShare,
     ) -> Result<Vec<Place>> {
+        self.place_ranked(layer, experts, guess, None, plan)
+    }
+
+    /// [`SlotTable::place`] for a router's guesses, `ranks[i]` the rank of
+    /// `experts[i]` among them (0: the best), counted by rank.
+    pub fn place_guesses(&mut self, layer: usize, experts: &[u32], ranks: &[u8]) -> Result<Vec<Place>> {
+        if ranks.len() != experts.len() {
+            return Err(Error::Invalid(format!(
+                "{} ranks for {} guessed experts",
+                ranks.len(),
+                experts.len()
+            )));
+        }
+        self.place_ranked(layer, experts, true, Some(ranks), |_| HostShare::Nothing)
+    }
+
+    fn place_ranked(
+        &mut self,
+        layer: usize,
+        experts: &[u32],
+        guess: bool,
+        ranks: Option<&[u8]>,
+        plan: impl FnOnce(usize) -> HostShare,
+    ) -> Result<Vec<Place>> {
         if experts.len() > self.n_slots {
             return Err(Error::Invalid(format!(
                 "{} experts asked of a cache of {} slots",
@@ -406,9 +441,11 @@ impl SlotTable {
                     protect[s] = true;
                     if !guess {
                         self.counts.hits += 1;
-                        if self.guessed[s] {
-                            self.guessed[s] = false;
+                        if let Some(r) = self.guessed[s].take() {
                             self.counts.prefetch_hits += 1;
+                            if let Some(u) = self.counts.rank_used.get_mut(r as usize) {
+                                *u += 1;
+                            }
                         }
                         if self.held[s] {
                             // Held for good: no policy to tell.
@@ -472,10 +509,14 @@ impl SlotTable {
             self.owner[s] = Some(key);
             self.slot_of.insert(key, s);
             self.referenced[s] = !guess;
-            self.guessed[s] = guess;
+            let rank = ranks.map_or(NO_RANK, |r| r[i]);
+            self.guessed[s] = guess.then_some(rank);
             protect[s] = true;
             if guess {
                 self.counts.prefetched += 1;
+                if let Some(c) = self.counts.rank_copied.get_mut(rank as usize) {
+                    *c += 1;
+                }
             } else {
                 self.counts.misses += 1;
             }

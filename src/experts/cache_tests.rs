@@ -342,3 +342,27 @@ fn holding_refuses_what_does_not_leave_a_slot_free() {
     assert!(t.hold(&[1]).is_err(), "held already");
     consistent(&t);
 }
+
+#[test]
+fn guesses_are_counted_by_rank_until_used() {
+    let mut t = SlotTable::new(&[0, 1], 16, 16, 4);
+    // Layer 1's guesses: expert 5 (the router's best), 9 (2nd), 2 (3rd).
+    let places = t.place_guesses(1, &[2, 5, 9], &[2, 0, 1]).unwrap();
+    assert!(places.iter().all(|p| matches!(p, Place::Fill(_))));
+    // Copies ahead of other kinds are not ranked.
+    t.place(1, &[11], true).unwrap();
+    let c = t.counts();
+    assert_eq!(c.prefetched, 4);
+    assert_eq!(&c.rank_copied[..4], &[1, 1, 1, 0]);
+    // The step uses 5 and 11 (and 9 twice, once per call): each copy
+    // ahead counts once, when first used.
+    t.place(1, &[5, 9, 11, 12], false).unwrap();
+    t.place(1, &[9], false).unwrap();
+    let c = t.counts();
+    assert_eq!(c.prefetch_hits, 3);
+    assert_eq!(&c.rank_used[..4], &[1, 1, 0, 0]);
+    assert!(
+        t.place_guesses(1, &[3, 4], &[0]).is_err(),
+        "ranks must match the experts"
+    );
+}

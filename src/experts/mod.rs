@@ -13,7 +13,7 @@ pub mod ram;
 pub mod split;
 pub mod tiers;
 
-pub use budget::{CacheSize, CacheStats};
+pub use budget::{CacheSize, CacheStats, GUESS_RANKS};
 pub use cache::{Place, SlotTable};
 pub use guesses::GuessTuner;
 pub use io::{IoMode, DIRECT_ALIGN};

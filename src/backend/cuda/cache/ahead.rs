@@ -45,15 +45,23 @@ impl ExpertCache {
             }
             None => k,
         };
-        let mut want = experts[..take].to_vec();
-        want.sort_unstable();
-        want.dedup();
-        if !self.prefetch || self.resident || !st.table.guess_fits(want.len()) {
+        // The guesses in expert order, each with its rank (the best of a
+        // repeated one).
+        let mut ranked: Vec<(u32, u8)> = experts[..take]
+            .iter()
+            .enumerate()
+            .map(|(r, &e)| (e, r.min(u8::MAX as usize) as u8))
+            .collect();
+        ranked.sort_unstable();
+        ranked.dedup_by_key(|g| g.0);
+        if !self.prefetch || self.resident || !st.table.guess_fits(ranked.len()) {
             return Ok(());
         }
         self.c.hints.fetch_add(1, Ordering::Relaxed);
         self.c.guesses.fetch_add(take as u64, Ordering::Relaxed);
-        self.lookup(&mut st, store, layer, &want, true, |_| HostShare::Nothing)?;
+        let (want, ranks): (Vec<u32>, Vec<u8>) = ranked.into_iter().unzip();
+        let places = st.table.place_guesses(layer, &want, &ranks)?;
+        self.copy_in(&mut st, store, layer, &want, &places)?;
         Ok(())
     }
 

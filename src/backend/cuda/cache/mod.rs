@@ -274,6 +274,8 @@ impl ExpertCache {
             bypassed: t.bypassed,
             prefetched: t.prefetched,
             prefetch_hits: t.prefetch_hits,
+            rank_copied: t.rank_copied,
+            rank_used: t.rank_used,
             bytes_copied: l(&self.c.bytes),
             on_host: t.on_host,
             bytes_on_host: l(&self.c.host_bytes),
@@ -393,10 +395,23 @@ impl ExpertCache {
         host: impl FnOnce(usize) -> HostShare,
     ) -> Result<Vec<Option<u64>>> {
         let places = st.table.place_split(layer, experts, prefetch, host)?;
+        self.copy_in(st, store, layer, experts, &places)
+    }
+
+    /// The addresses of `places` (of `experts` of `layer`), the fills'
+    /// copies issued.
+    fn copy_in(
+        &self,
+        st: &mut State,
+        store: &ExpertStore,
+        layer: usize,
+        experts: &[u32],
+        places: &[Place],
+    ) -> Result<Vec<Option<u64>>> {
         let addrs = places.iter().map(|p| p.slot().map(|s| self.addr(s))).collect();
         let jobs: Vec<(u32, usize)> = experts
             .iter()
-            .zip(&places)
+            .zip(places)
             .filter_map(|(&e, p)| match p {
                 Place::Fill(s) => Some((e, *s)),
                 Place::Hit(_) | Place::Host => None,
