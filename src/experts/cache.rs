@@ -79,9 +79,8 @@ pub struct SlotTable {
     main: Vec<bool>,
     /// CLOCK reference bits (main).
     referenced: Vec<bool>,
-    /// Filled by a guess and not asked for since.
-    /// A copy ahead not used yet, and its router rank (`NO_RANK`: not one
-    /// of the router's ranked guesses).
+    /// Filled by a copy ahead and not asked for since: its router rank
+    /// (`NO_RANK`: not one of the router's ranked guesses).
     guessed: Vec<Option<u8>>,
     /// Given to an expert for good ([`SlotTable::hold`]).
     held: Vec<bool>,
