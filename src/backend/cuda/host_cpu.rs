@@ -186,7 +186,8 @@ impl HostCpu {
     /// copies; this call, with `gpu_part` inside it, was 6% of the host
     /// thread's time at 0%, ~16 µs a layer, that the CPU's share waited
     /// through when it was handed over last) and return: the step's sum is
-    /// to be added by a kernel that waits for its flag.
+    /// to be added by a kernel that reads its units until they show the
+    /// step's number (`hybrid::add_sum`).
     /// The last step must be finished ([`HostCpu::finish`]), and the
     /// kernel that read its sum done (it precedes the wait for this
     /// step's routing on the compute stream).
