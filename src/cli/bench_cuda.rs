@@ -47,6 +47,25 @@ fn rank_line(c: &CacheStats) -> Option<String> {
     (!ranks.is_empty()).then(|| format!("router guesses used before eviction, by rank: {}", ranks.join(", ")))
 }
 
+/// How many of a layer's experts at one token it used again at the next,
+/// and whether that is enough for them to be copied ahead.
+fn repeat_line(c: &CacheStats) -> Option<String> {
+    (c.repeat_seen > 0 && !c.resident).then(|| {
+        let share = c.repeat_again as f64 / c.repeat_seen as f64;
+        let min = moeflux::experts::repeats::REPEAT_MIN;
+        let copied = match share >= min {
+            true => "copied ahead",
+            false => "not copied ahead",
+        };
+        format!(
+            "a layer's experts used again at its next token: {:.0}% of {} ({copied}: the bar is {:.0}%)",
+            100.0 * share,
+            c.repeat_seen,
+            100.0 * min
+        )
+    })
+}
+
 /// `1st`, `2nd`, `3rd`, `4th`, … (ranks up to [`moeflux::experts::GUESS_RANKS`]).
 fn ordinal(n: usize) -> String {
     let suffix = match (n % 10, n % 100) {
@@ -139,6 +158,7 @@ pub(super) fn print_cuda(
                     "cpu_last": c.host_last, "guesses_per_hint": c.guesses as f64 / c.hints.max(1) as f64,
                     "copied_ahead_per_token": ahead.map(|a| a.0),
                     "guess_rank_copied": c.rank_copied, "guess_rank_used": c.rank_used,
+                    "repeat_seen": c.repeat_seen, "repeat_again": c.repeat_again,
                     "copied_ahead_used": ahead.map(|a| a.2),
                     "copy_gb_s": cols.copy_gbps, "stall_s": c.stall_ns as f64 * 1e-9, "floor_tok_s": cols.floor,
                     "layer_parts_us": (c.layer_steps > 0).then(|| moeflux::experts::budget::LAYER_PARTS.iter().zip(c.layer_parts_ns)
@@ -246,6 +266,9 @@ pub(super) fn print_cuda(
         if let Some(line) = rank_line(&c) {
             writeln!(out, "{} {line}", r.label())?;
         }
+        if let Some(line) = repeat_line(&c) {
+            writeln!(out, "{} {line}", r.label())?;
+        }
     }
     print_storage(out, rows)?;
     print_ram(out, model.ram_stats())?;
@@ -315,6 +338,14 @@ mod tests {
             rank_line(&c).as_deref(),
             Some("router guesses used before eviction, by rank: 1st 95% of 200, 2nd 75% of 100, 3rd 25% of 40")
         );
+        c.repeat_seen = 800;
+        c.repeat_again = 24;
+        assert_eq!(
+            repeat_line(&c).as_deref(),
+            Some("a layer's experts used again at its next token: 3% of 800 (not copied ahead: the bar is 50%)")
+        );
+        c.resident = true;
+        assert_eq!(repeat_line(&c), None, "nothing is copied ahead when resident");
         assert_eq!(
             [1, 2, 3, 4, 8, 11, 12, 13, 21, 22].map(ordinal),
             ["1st", "2nd", "3rd", "4th", "8th", "11th", "12th", "13th", "21st", "22nd"]

@@ -164,6 +164,11 @@ pub struct CacheStats {
     /// how many a step then used before they were evicted.
     pub rank_copied: [u64; GUESS_RANKS],
     pub rank_used: [u64; GUESS_RANKS],
+    /// Of the experts a layer used at one token, how many it used again
+    /// at the next (one-token steps; the last token's experts are copied
+    /// ahead only while the share is high, `experts::repeats`).
+    pub repeat_seen: u64,
+    pub repeat_again: u64,
     /// With `trace_layers` (CUDA, for measuring): nanoseconds of the GPU's
     /// time in each part of a streamed decode step's MoE layer
     /// ([`LAYER_PARTS`]), summed over `layer_steps` steps.

@@ -21,6 +21,7 @@
 //! for good (`experts::tiers`), out of both parts, never evicted.
 
 use super::budget::GUESS_RANKS;
+use super::repeats::RepeatGate;
 use super::split::HostShare;
 use crate::error::{Error, Result};
 use std::collections::{HashMap, VecDeque};
@@ -60,6 +61,10 @@ pub struct TableCounts {
     /// ([`crate::experts::CacheStats::rank_copied`]).
     pub rank_copied: [u64; GUESS_RANKS],
     pub rank_used: [u64; GUESS_RANKS],
+    /// Of the experts a layer used at one token, how many it used again
+    /// at the next (one-token steps).
+    pub repeat_seen: u64,
+    pub repeat_again: u64,
 }
 
 /// The rank of a copy ahead that is not one of the router's ranked
@@ -96,6 +101,8 @@ pub struct SlotTable {
     moe_layers: Vec<usize>,
     /// Per layer, the experts of its last one-token step.
     prev: Vec<Vec<u32>>,
+    /// Whether the last token's experts are reused enough to copy.
+    repeats: RepeatGate,
     counts: TableCounts,
     climb: Climb,
 }
@@ -179,6 +186,7 @@ impl SlotTable {
             window: (16 * n_slots).max(total).max(1) as u64,
             moe_layers: moe_layers.to_vec(),
             prev: vec![Vec::new(); n_layers],
+            repeats: RepeatGate::default(),
             counts: TableCounts::default(),
             climb: Climb::new(n_slots, p, n_slots >= total),
         }
@@ -545,16 +553,26 @@ impl SlotTable {
         self.probation.push_front(v);
     }
 
-    /// After a one-token step of `layer` used `experts`: remember them, and
-    /// return the next MoE layer with the experts it used at the previous
-    /// token, to be copied early (none when they would take over a third
-    /// of the slots).
+    /// After a one-token step of `layer` used `experts`: count how many of
+    /// its last token's experts it used again, remember them, and return
+    /// the next MoE layer with the experts it used at the previous token,
+    /// to be copied early — only while layers reuse enough of them
+    /// ([`RepeatGate`]) and they take at most a third of the slots.
     pub fn predict(&mut self, layer: usize, experts: &[u32]) -> Option<(usize, Vec<u32>)> {
         let i = self.moe_layers.iter().position(|&l| l == layer)?;
         let next = self.moe_layers[(i + 1) % self.moe_layers.len()];
         if let Some(p) = self.prev.get_mut(layer) {
+            if !p.is_empty() {
+                let again = experts.iter().filter(|e| p.contains(e)).count();
+                self.repeats.step(p.len(), again);
+                self.counts.repeat_seen += p.len() as u64;
+                self.counts.repeat_again += again.min(p.len()) as u64;
+            }
             p.clear();
             p.extend_from_slice(experts);
+        }
+        if !self.repeats.open() {
+            return None;
         }
         let want = self.prev.get(next).cloned().unwrap_or_default();
         (!want.is_empty() && want.len() * 3 <= self.free_slots()).then_some((next, want))

@@ -285,6 +285,26 @@ fn resident_tables_have_no_probation() {
 #[test]
 fn prefetch_plans() {
     let mut t = SlotTable::new(&[1, 3, 5], 64, 30, 8);
+    // Until layers are seen reusing their experts, nothing is predicted.
+    assert_eq!(t.predict(1, &[4, 5]), None);
+    assert_eq!(
+        t.predict(1, &[4, 5]),
+        None,
+        "one step of two experts is too few to judge"
+    );
+    for _ in 0..200 {
+        t.predict(1, &[4, 5]);
+    }
+    assert!(t.counts().repeat_seen >= 400 && t.counts().repeat_again == t.counts().repeat_seen);
+    let mut t2 = SlotTable::new(&[1, 3, 5], 64, 30, 8);
+    for l in [1, 3, 5] {
+        t2.predict(l, &[l as u32]);
+    }
+    for i in 0..200u32 {
+        assert_eq!(t2.predict(1, &[10 + i % 50]), None, "random routing is not copied");
+    }
+    // Sticky routing opens the gate.
+    t.prev = vec![Vec::new(); 6];
     assert_eq!(t.predict(1, &[4, 5]), None, "layer 3 has no previous token yet");
     assert_eq!(t.predict(3, &[6]), None, "neither has layer 5");
     assert_eq!(t.predict(5, &[7]), Some((1, vec![4, 5])), "wraps to the first layer");

@@ -10,6 +10,7 @@ mod io;
 mod jobs;
 pub mod memory;
 pub mod ram;
+pub mod repeats;
 pub mod split;
 pub mod tiers;
 
@@ -20,6 +21,7 @@ pub use io::{IoMode, DIRECT_ALIGN};
 pub(crate) use jobs::JobQueue;
 pub use memory::Memory;
 pub use ram::RamStats;
+pub use repeats::RepeatGate;
 pub use split::{HostShare, Hybrid, SplitModel};
 
 use crate::error::{Error, Result};

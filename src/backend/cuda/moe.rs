@@ -435,9 +435,10 @@ fn grouped(
     // the guess of its router, or all of them for a long chunk.
     let ahead = || -> Result<()> {
         match (n, hint) {
+            // The router's guesses first: they are the likelier to be used.
             (1, Some(next)) => {
-                cache.predict(io.store, a.layer, &experts)?;
-                cache.prefetch_hint(io.store, next, &host[k..])
+                cache.prefetch_hint(io.store, next, &host[k..])?;
+                cache.predict(io.store, a.layer, &experts)
             }
             (1, None) => cache.predict(io.store, a.layer, &experts),
             _ => cache.prefetch_next_layer(io.store, a.layer, n, k),

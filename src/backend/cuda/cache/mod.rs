@@ -276,6 +276,8 @@ impl ExpertCache {
             prefetch_hits: t.prefetch_hits,
             rank_copied: t.rank_copied,
             rank_used: t.rank_used,
+            repeat_seen: t.repeat_seen,
+            repeat_again: t.repeat_again,
             bytes_copied: l(&self.c.bytes),
             on_host: t.on_host,
             bytes_on_host: l(&self.c.host_bytes),
