@@ -23,7 +23,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// How long a worker spins for the next loop before it sleeps.
-const SPIN: Duration = Duration::from_micros(500);
+pub(crate) const SPIN: Duration = Duration::from_micros(500);
 
 /// A yield that took this long gave the core to another thread (rayon's
 /// workers in a loop of the model's code): the worker then sleeps

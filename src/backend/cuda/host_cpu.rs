@@ -66,7 +66,15 @@ pub(crate) struct Report {
     /// Seconds the CPU took, and whether the GPU's share was done by then.
     pub secs: f64,
     pub gpu_first: bool,
+    /// The step came [`COLD_GAP`] or more after the one before: the
+    /// workers had gone to sleep, and its time includes their waking.
+    pub cold: bool,
 }
+
+/// A step that starts this long after the last one started finds the
+/// workers asleep: they spin for `parallel::SPIN` after their last task,
+/// and a decode step's share takes well under that.
+const COLD_GAP: std::time::Duration = crate::parallel::SPIN.saturating_mul(2);
 
 /// A step handed over: its sum `[n, hidden]` (`len` floats) as units
 /// where the device reads them, each showing `seq` once written.
@@ -86,6 +94,8 @@ struct Steps {
     seq: u32,
     /// The last step's outcome, filled in by it.
     outcome: Arc<Mutex<Option<Result<Report>>>>,
+    /// When the last step was handed over.
+    last_start: Option<Instant>,
 }
 
 /// The units of one step's sum, written by [`Units::write`]; dropped
@@ -153,6 +163,7 @@ impl HostCpu {
                 mem: None,
                 seq: 0,
                 outcome: Arc::new(Mutex::new(None)),
+                last_start: None,
             }),
             gpu: gpu.clone(),
         })
@@ -225,6 +236,9 @@ impl HostCpu {
         };
         st.seq = st.seq.wrapping_add(1);
         let seq = st.seq;
+        let now = Instant::now();
+        let cold = st.last_start.is_none_or(|t| now.duration_since(t) >= COLD_GAP);
+        st.last_start = Some(now);
         let (issued, recorded, outcome, kernel, gpu) = (
             st.issued.clone(),
             st.recorded.clone(),
@@ -253,6 +267,7 @@ impl HostCpu {
                     size: w.size,
                     secs,
                     gpu_first,
+                    cold,
                 }));
             }
         }));

@@ -70,7 +70,7 @@ pub(crate) fn add_sum(gpu: &Gpu, out: &mut CudaBuf, s: HostSum) -> Result<()> {
 /// Wait for the CPU's last step and give its time to the split model.
 fn settle(cache: &ExpertCache, cpu: &HostCpu) -> Result<()> {
     match cpu.finish()? {
-        Some(r) => cache.observe_host(r.size.0, r.size.1, r.size.2, r.secs, r.gpu_first),
+        Some(r) => cache.observe_host(r.size.0, r.size.1, r.size.2, r.secs, r.gpu_first, r.cold),
         None => Ok(()),
     }
 }

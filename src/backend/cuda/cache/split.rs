@@ -45,14 +45,15 @@ impl ExpertCache {
     }
 
     /// A CPU step computed `c` experts of `bytes` for `tokens` tokens each
-    /// in `secs`; `last`: the GPU's share had finished before it.
-    pub fn observe_host(&self, c: usize, bytes: u64, tokens: usize, secs: f64, last: bool) -> Result<()> {
+    /// in `secs`; `last`: the GPU's share had finished before it; `cold`:
+    /// the CPU's workers were asleep when it began (the model skips it).
+    pub fn observe_host(&self, c: usize, bytes: u64, tokens: usize, secs: f64, last: bool, cold: bool) -> Result<()> {
         self.c.host_bytes.fetch_add(c as u64 * bytes, Ordering::Relaxed);
         self.c.host_steps.fetch_add(1, Ordering::Relaxed);
         self.c.host_ns.fetch_add((secs * 1e9) as u64, Ordering::Relaxed);
         self.c.host_last.fetch_add(last as u64, Ordering::Relaxed);
         if let Some(m) = self.split.lock().map_err(|_| lock_err())?.as_mut() {
-            m.observe(c, bytes, tokens, secs, last);
+            m.observe(c, bytes, tokens, secs, last, cold);
         }
         Ok(())
     }
