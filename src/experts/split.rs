@@ -81,6 +81,12 @@ pub struct SplitModel {
     /// moved after every CPU step toward the balance where the CPU's share
     /// and the device's finish together.
     pub gpu_extra_s: f64,
+    /// What a step costs the CPU on top when its workers were asleep
+    /// (no step for a while): learned from such cold steps, and added
+    /// to the CPU's side of a step planned while the CPU is cold, so that
+    /// a CPU used now and then is judged at what that costs, and one kept
+    /// busy at its warm cost.
+    pub cpu_wake_s: f64,
     /// CPU steps observed since start.
     pub observed: u64,
     /// The CPU's kernel and threads, for the summary.
@@ -181,6 +187,7 @@ impl SplitModel {
             cpu_s_per_byte: per / b,
             cpu_fixed_s: (one - per).max(0.0),
             gpu_extra_s: 0.0,
+            cpu_wake_s: 0.0,
             observed: 0,
             cpu: None,
             idle: 0,
@@ -207,10 +214,14 @@ impl SplitModel {
             Hybrid::Off => "hybrid: off (every miss copied to the device)".into(),
             Hybrid::Cpu => format!("hybrid: cpu (every miss computed on the CPU from host memory{on})"),
             Hybrid::Auto => format!(
-                "hybrid: misses split between copies ({:.1} GB/s) and the CPU ({:.1} GB/s + {:.0} µs a step{on})",
+                "hybrid: misses split between copies ({:.1} GB/s) and the CPU ({:.1} GB/s + {:.0} µs a step{}{on})",
                 1e-9 / self.copy_s_per_byte,
                 1e-9 / self.cpu_s_per_byte,
-                self.cpu_fixed_s * 1e6
+                self.cpu_fixed_s * 1e6,
+                match self.cpu_wake_s > 0.0 {
+                    true => format!(", {:.0} µs more after a pause", self.cpu_wake_s * 1e6),
+                    false => String::new(),
+                }
             ),
         }
     }
@@ -231,14 +242,20 @@ impl SplitModel {
 
     /// How many of `misses` experts of `bytes` (each routed to `tokens`
     /// tokens on average) the CPU should compute so that the copies of
-    /// the rest and the CPU finish soonest.
-    pub fn host_share(&self, misses: usize, bytes: u64, tokens: usize) -> HostShare {
+    /// the rest and the CPU finish soonest; `warm`: the CPU's workers are
+    /// awake (else its side costs [`SplitModel::cpu_wake_s`] more).
+    pub fn host_share(&self, misses: usize, bytes: u64, tokens: usize, warm: bool) -> HostShare {
         match self.mode {
             Hybrid::Off => return HostShare::Nothing,
             Hybrid::Cpu => return HostShare::All,
             Hybrid::Auto => {}
         }
-        let cost = |c: usize| (self.copy_s(misses - c, bytes) + self.gpu_extra_s).max(self.cpu_s(c, bytes, tokens));
+        let wake = if warm { 0.0 } else { self.cpu_wake_s };
+        let cpu = |c: usize| match c {
+            0 => 0.0,
+            c => self.cpu_s(c, bytes, tokens) + wake,
+        };
+        let cost = |c: usize| (self.copy_s(misses - c, bytes) + self.gpu_extra_s).max(cpu(c));
         let best = (0..=misses).min_by(|&a, &b| cost(a).total_cmp(&cost(b))).unwrap_or(0);
         match best {
             0 => HostShare::Nothing,
@@ -250,8 +267,8 @@ impl SplitModel {
     /// [`EXPLORE_EVERY`] steps in a row with misses and nothing for the
     /// CPU, the next [`PROBE_STEPS`] steps with misses give it one (steps
     /// without misses neither count nor break the row).
-    pub fn plan(&mut self, misses: usize, bytes: u64, tokens: usize) -> HostShare {
-        let share = self.host_share(misses, bytes, tokens);
+    pub fn plan(&mut self, misses: usize, bytes: u64, tokens: usize, warm: bool) -> HostShare {
+        let share = self.host_share(misses, bytes, tokens, warm);
         if self.mode != Hybrid::Auto || misses == 0 {
             return share;
         }
@@ -278,9 +295,15 @@ impl SplitModel {
     /// fit both CPU costs to the recent steps where their sizes spread
     /// enough, else move the per-byte cost toward what this one showed;
     /// and move the device's extra time toward the balance. A `cold` step
-    /// (the CPU's workers had gone to sleep before it) tells neither.
+    /// (the CPU's workers had gone to sleep before it) tells neither: what
+    /// it took beyond the warm estimate is its waking
+    /// ([`SplitModel::cpu_wake_s`]).
     pub fn observe(&mut self, c: usize, bytes: u64, tokens: usize, secs: f64, last: bool, cold: bool) {
         if cold {
+            if c > 0 && secs.is_finite() {
+                let wake = (secs - self.cpu_s(c, bytes, tokens)).max(0.0);
+                self.cpu_wake_s = KEEP * self.cpu_wake_s + (1.0 - KEEP) * wake;
+            }
             return;
         }
         self.gpu_extra_s = match last {
@@ -298,8 +321,15 @@ impl SplitModel {
             self.cpu_s_per_byte = per;
             return;
         }
-        let per = ((secs - self.cpu_fixed_s).max(secs / 4.0) / work).max(1e-15);
-        self.cpu_s_per_byte = KEEP * self.cpu_s_per_byte + (1.0 - KEEP) * per;
+        // Steps of one size: both costs scaled toward what this one
+        // showed (geometrically), so that a start that overstated the
+        // fixed cost recovers from one-expert steps as well.
+        let predicted = self.cpu_fixed_s + work * self.cpu_s_per_byte;
+        if predicted > 0.0 && secs > 0.0 {
+            let k = (secs / predicted).clamp(0.1, 10.0).powf(1.0 - KEEP);
+            self.cpu_fixed_s *= k;
+            self.cpu_s_per_byte = (self.cpu_s_per_byte * k).max(1e-15);
+        }
     }
 }
 
@@ -320,8 +350,8 @@ mod tests {
             .to_string()
             .contains("auto, off or cpu"));
         let m = |mode| SplitModel::new(mode, 50e9, 2 * MB, 1e-4, 2e-4);
-        assert_eq!(m(Hybrid::Off).host_share(8, 2 * MB, 1), HostShare::Nothing);
-        assert_eq!(m(Hybrid::Cpu).host_share(8, 2 * MB, 1), HostShare::All);
+        assert_eq!(m(Hybrid::Off).host_share(8, 2 * MB, 1, true), HostShare::Nothing);
+        assert_eq!(m(Hybrid::Cpu).host_share(8, 2 * MB, 1, true), HostShare::All);
     }
 
     #[test]
@@ -332,13 +362,13 @@ mod tests {
         let per = bytes as f64 / 25e9;
         let m = SplitModel::new(Hybrid::Auto, 50e9, bytes, per, 4.0 * per);
         assert!(m.cpu_fixed_s.abs() < 1e-12);
-        assert_eq!(m.host_share(9, bytes, 1), HostShare::UpTo(3));
+        assert_eq!(m.host_share(9, bytes, 1, true), HostShare::UpTo(3));
         // Prefill-like steps (many tokens per expert) leave it to copies.
-        assert_eq!(m.host_share(9, bytes, 16), HostShare::Nothing);
+        assert_eq!(m.host_share(9, bytes, 16, true), HostShare::Nothing);
         // A fixed cost larger than copying everything: nothing to the CPU.
         let slow = SplitModel::new(Hybrid::Auto, 50e9, bytes, 1e-3, 1e-3 + 3.0 * per);
-        assert_eq!(slow.host_share(8, bytes, 1), HostShare::Nothing);
-        assert_eq!(m.host_share(0, bytes, 1), HostShare::Nothing);
+        assert_eq!(slow.host_share(8, bytes, 1, true), HostShare::Nothing);
+        assert_eq!(m.host_share(0, bytes, 1, true), HostShare::Nothing);
     }
 
     #[test]
@@ -351,7 +381,7 @@ mod tests {
             m.observe(3, bytes, 1, 12.0 * per, true, false);
         }
         assert!((m.cpu_s_per_byte * bytes as f64 / per - 4.0).abs() < 0.05);
-        assert_eq!(m.host_share(9, bytes, 1), HostShare::UpTo(1));
+        assert_eq!(m.host_share(9, bytes, 1, true), HostShare::UpTo(1));
         assert_eq!(m.observed, 100);
         m.observe(0, bytes, 1, 1.0, true, false);
         m.observe(3, bytes, 1, f64::NAN, true, false);
@@ -379,8 +409,8 @@ mod tests {
         // Balanced against 55 GB/s copies: 6 misses split 3 / 3 (50 + 66
         // µs of CPU against 97 µs of copies), where the start-up costs
         // gave the CPU 3 as well; 2 misses go to the link alone.
-        assert_eq!(m.host_share(6, bytes, 1), HostShare::UpTo(3));
-        assert_eq!(m.host_share(2, bytes, 1), HostShare::Nothing);
+        assert_eq!(m.host_share(6, bytes, 1, true), HostShare::UpTo(3));
+        assert_eq!(m.host_share(2, bytes, 1, true), HostShare::Nothing);
     }
 
     #[test]
@@ -390,12 +420,12 @@ mod tests {
         let bytes = 2 * MB;
         let per = bytes as f64 / 50e9;
         let mut m = SplitModel::new(Hybrid::Auto, 50e9, bytes, per, 4.0 * per);
-        assert_eq!(m.host_share(8, bytes, 1), HostShare::UpTo(4));
+        assert_eq!(m.host_share(8, bytes, 1, true), HostShare::UpTo(4));
         for _ in 0..100 {
             m.observe(4, bytes, 1, 4.0 * per, false, false);
         }
         assert!(m.gpu_extra_s > 0.0);
-        let more = match m.host_share(8, bytes, 1) {
+        let more = match m.host_share(8, bytes, 1, true) {
             HostShare::UpTo(c) => c,
             other => panic!("{other:?}"),
         };
@@ -405,7 +435,7 @@ mod tests {
             m.observe(4, bytes, 1, 4.0 * per, true, false);
         }
         assert_eq!(m.gpu_extra_s, 0.0);
-        assert_eq!(m.host_share(8, bytes, 1), HostShare::UpTo(4));
+        assert_eq!(m.host_share(8, bytes, 1, true), HostShare::UpTo(4));
     }
 
     #[test]
@@ -415,7 +445,7 @@ mod tests {
         // Steps of 8, 1 and 0 misses in turn: the ones without misses do
         // not break the row, the ones with a single miss count in it.
         let plans: Vec<HostShare> = (0..3 * 2 * EXPLORE_EVERY)
-            .map(|i| m.plan([8, 1, 0][i as usize % 3], bytes, 1))
+            .map(|i| m.plan([8, 1, 0][i as usize % 3], bytes, 1, true))
             .collect();
         let tries = plans.iter().filter(|p| **p == HostShare::UpTo(1)).count();
         assert_eq!(tries, 3 * PROBE_STEPS as usize, "{plans:?}");
@@ -434,7 +464,59 @@ mod tests {
             .iter()
             .all(|p| **p == HostShare::UpTo(1)));
         assert_eq!(with_misses[PROBE_STEPS as usize], &HostShare::Nothing);
-        assert_eq!(m.plan(0, bytes, 1), HostShare::Nothing, "no misses, nothing to give");
+        assert_eq!(
+            m.plan(0, bytes, 1, true),
+            HostShare::Nothing,
+            "no misses, nothing to give"
+        );
+    }
+
+    /// A CPU whose start-up timing came out ten times too slow, steps of
+    /// 0–3 misses, and cold steps (the workers asleep after a few steps
+    /// without work) that cost 250 µs more: the model must find the warm
+    /// cost and keep the CPU busy.
+    #[test]
+    fn a_pessimistic_start_recovers_despite_cold_steps() {
+        let bytes = 1_769_472u64;
+        let copy = |c: usize| c as f64 * bytes as f64 / 55e9;
+        let warm_s = |c: usize| 30e-6 + c as f64 * 25e-6;
+        let mut m = SplitModel::new(Hybrid::Auto, 55e9, bytes, 300e-6, 400e-6);
+        let mut last_cpu: Option<usize> = None;
+        let (mut busy, mut could) = (0, 0);
+        for i in 0..6000usize {
+            let misses = [2, 1, 3, 0, 2, 1, 2][i % 7];
+            let warm = last_cpu.is_some_and(|l| i - l < 6);
+            let c = match m.plan(misses, bytes, 1, warm) {
+                HostShare::Nothing => 0,
+                HostShare::UpTo(c) => c.min(misses),
+                HostShare::All => misses,
+            };
+            if i >= 5000 && misses >= 2 {
+                could += 1;
+                busy += (c > 0) as usize;
+            }
+            if c == 0 {
+                continue;
+            }
+            let cold = !warm;
+            last_cpu = Some(i);
+            let secs = warm_s(c) + if cold { 250e-6 } else { 0.0 };
+            m.observe(c, bytes, 1, secs, secs > copy(misses - c) + 28e-6, cold);
+        }
+        assert!(
+            busy * 10 >= could * 9,
+            "the CPU took a share in {busy} of {could} steps: {m:?}"
+        );
+        let one = m.cpu_s(1, bytes, 1);
+        assert!(
+            (40e-6..80e-6).contains(&one),
+            "one expert predicted at {} µs",
+            one * 1e6
+        );
+        // Cold, a 2-miss step is not worth waking the CPU for; warm it is.
+        assert!(m.cpu_wake_s > 20e-6, "waking: {} µs", m.cpu_wake_s * 1e6);
+        assert_eq!(m.host_share(2, bytes, 1, false), HostShare::Nothing);
+        assert_eq!(m.host_share(2, bytes, 1, true), HostShare::UpTo(1));
     }
 
     #[test]
@@ -442,9 +524,14 @@ mod tests {
         let bytes = 2 * MB;
         let mut m = SplitModel::new(Hybrid::Auto, 50e9, bytes, 50e-6, 110e-6);
         let before = m;
-        // A step 10× slower than usual, after the workers slept.
+        // A step 10× slower than usual, after the workers slept: only the
+        // cost of waking them moves.
         m.observe(1, bytes, 1, 500e-6, true, true);
-        assert_eq!(m, before);
+        assert_eq!(
+            (m.cpu_fixed_s, m.cpu_s_per_byte, m.gpu_extra_s, m.observed),
+            (before.cpu_fixed_s, before.cpu_s_per_byte, before.gpu_extra_s, 0)
+        );
+        assert!((m.cpu_wake_s - 0.1 * (500e-6 - before.cpu_s(1, bytes, 1))).abs() < 1e-9);
         m.observe(1, bytes, 1, 500e-6, true, false);
         assert!(m.cpu_s_per_byte > before.cpu_s_per_byte && m.observed == 1);
     }

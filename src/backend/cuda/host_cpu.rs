@@ -169,6 +169,14 @@ impl HostCpu {
         })
     }
 
+    /// Whether the workers are still awake: a step was handed over less
+    /// than [`COLD_GAP`] ago.
+    pub fn warm(&self) -> bool {
+        self.st
+            .lock()
+            .is_ok_and(|st| st.last_start.is_some_and(|t| t.elapsed() < COLD_GAP))
+    }
+
     pub fn kernel(&self) -> Kernel {
         self.kernel
     }

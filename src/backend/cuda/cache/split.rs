@@ -39,7 +39,11 @@ impl ExpertCache {
     /// each on average) the CPU should compute.
     pub(super) fn plan(&self, misses: usize, bytes: u64, tokens: usize) -> HostShare {
         match self.split.lock() {
-            Ok(mut m) => m.as_mut().map_or(HostShare::Nothing, |m| m.plan(misses, bytes, tokens)),
+            Ok(mut m) => {
+                let warm = self.host_cpu.get().is_some_and(|c| c.warm());
+                m.as_mut()
+                    .map_or(HostShare::Nothing, |m| m.plan(misses, bytes, tokens, warm))
+            }
             Err(_) => HostShare::Nothing,
         }
     }
