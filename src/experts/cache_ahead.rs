@@ -9,7 +9,8 @@ impl SlotTable {
     /// its last token's experts it used again, remember them, and return
     /// the next MoE layer with the experts it used at the previous token,
     /// to be copied early — only while layers reuse enough of them
-    /// ([`RepeatGate`]) and they take at most a third of the slots.
+    /// ([`crate::experts::RepeatGate`]) and they take at most a third of
+    /// the slots.
     pub fn predict(&mut self, layer: usize, experts: &[u32]) -> Option<(usize, Vec<u32>)> {
         let i = self.moe_layers.iter().position(|&l| l == layer)?;
         let next = self.moe_layers[(i + 1) % self.moe_layers.len()];

@@ -50,7 +50,8 @@ impl ExpertCache {
 
     /// A CPU step computed `c` experts of `bytes` for `tokens` tokens each
     /// in `secs`; `last`: the GPU's share had finished before it; `cold`:
-    /// the CPU's workers were asleep when it began (the model skips it).
+    /// the CPU's workers were asleep when it began (its time tells the
+    /// model the cost of waking them, not the warm costs).
     pub fn observe_host(&self, c: usize, bytes: u64, tokens: usize, secs: f64, last: bool, cold: bool) -> Result<()> {
         self.c.host_bytes.fetch_add(c as u64 * bytes, Ordering::Relaxed);
         self.c.host_steps.fetch_add(1, Ordering::Relaxed);
