@@ -7,8 +7,9 @@
 # other NAME target/devbin/moeflux-NAME (tools/device/prepare_branch.sh
 # builds a branch as one), on $MODEL (made by `synth` first if missing).
 # Each run's table goes to $OUT/ab.log; one line per run (its tg or pp
-# rows, then each repetition's tok/s and the router-guess lines of the
-# summary, indented) to $OUT/ab.txt, printed last.
+# rows, then each repetition's tok/s and the summary's lines on router
+# guesses, the CPU's steps and experts used again, indented) to
+# $OUT/ab.txt, printed last.
 set -uo pipefail
 OUT=${OUT:-/tmp/moeflux-out}
 mkdir -p "$OUT"
@@ -31,8 +32,9 @@ for r in $(seq "$rounds"); do
             { echo "== round $r $build (rc $rc): $args"; cat "$OUT/run.md"; tail -n 4 "$OUT/run.err"; } >>"$OUT/ab.log"
             echo "round $r $build | $args | $(grep -E '^\| (tg|pp)' "$OUT/run.md" | cut -d'|' -f2,3 | tr '\n' ' ')" >>"$OUT/ab.txt"
             # Each run's tok/s and the adaptive choices that move them
-            # (the guess count, the ranks' use), indented under the line.
-            grep -hE "run [0-9]+/[0-9]+:|router guesses" "$OUT/run.err" "$OUT/run.md" | sed 's/^ */    /' >>"$OUT/ab.txt"
+            # (the guess count, the ranks' use, the CPU's share, the
+            # repeat gate), indented under the line.
+            grep -hE "run [0-9]+/[0-9]+:|router guesses|CPU steps|used again" "$OUT/run.err" "$OUT/run.md" | sed 's/^ */    /' >>"$OUT/ab.txt"
         done
     done
 done
