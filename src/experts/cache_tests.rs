@@ -300,9 +300,17 @@ fn prefetch_plans() {
     for l in [1, 3, 5] {
         t2.predict(l, &[l as u32]);
     }
+    // Layer 1 changes all of its experts from token to token, layer 3
+    // keeps its one (so that copies would have something to return):
+    // past the first 256 experts looked at, the gate has measured and
+    // stays closed.
     for i in 0..200u32 {
-        assert_eq!(t2.predict(1, &[10 + i % 50]), None, "random routing is not copied");
+        let ex: Vec<u32> = (0..4).map(|j| (4 * i + j) % 64).collect();
+        assert_eq!(t2.predict(1, &ex), None, "random routing is not copied");
+        t2.predict(3, &[3]);
     }
+    let c = t2.counts();
+    assert!(c.repeat_seen > 256 && c.repeat_again * 4 < c.repeat_seen, "{c:?}");
     // Sticky routing opens the gate.
     t.prev = vec![Vec::new(); 6];
     assert_eq!(t.predict(1, &[4, 5]), None, "layer 3 has no previous token yet");

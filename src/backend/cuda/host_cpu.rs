@@ -76,6 +76,12 @@ pub(crate) struct Report {
 /// and a decode step's share takes well under that.
 const COLD_GAP: std::time::Duration = crate::parallel::SPIN.saturating_mul(2);
 
+/// Whether a step handed over at `now` finds the workers asleep, the
+/// last one having been handed over at `last`.
+fn cold(last: Option<Instant>, now: Instant) -> bool {
+    last.is_none_or(|t| now.duration_since(t) >= COLD_GAP)
+}
+
 /// A step handed over: its sum `[n, hidden]` (`len` floats) as units
 /// where the device reads them, each showing `seq` once written.
 pub(crate) struct HostSum {
@@ -172,9 +178,7 @@ impl HostCpu {
     /// Whether the workers are still awake: a step was handed over less
     /// than [`COLD_GAP`] ago.
     pub fn warm(&self) -> bool {
-        self.st
-            .lock()
-            .is_ok_and(|st| st.last_start.is_some_and(|t| t.elapsed() < COLD_GAP))
+        self.st.lock().is_ok_and(|st| !cold(st.last_start, Instant::now()))
     }
 
     pub fn kernel(&self) -> Kernel {
@@ -245,7 +249,7 @@ impl HostCpu {
         st.seq = st.seq.wrapping_add(1);
         let seq = st.seq;
         let now = Instant::now();
-        let cold = st.last_start.is_none_or(|t| now.duration_since(t) >= COLD_GAP);
+        let cold = cold(st.last_start, now);
         st.last_start = Some(now);
         let (issued, recorded, outcome, kernel, gpu) = (
             st.issued.clone(),
