@@ -11,11 +11,13 @@
 //! drifts — TinyLFU's admission rule); otherwise it is copied into the
 //! oldest probation slot and computed from there, so a stream of experts
 //! that will not be reused soon passes through probation instead of
-//! evicting useful ones. Guesses (prefetch) are uses foretold and take
-//! main's victim directly. A probation hit whose count beats main's victim
-//! is promoted by swapping the two slots' roles, with no copy. Guesses
-//! (prefetch) take the same path. With every expert in a slot (resident)
-//! there is no probation.
+//! evicting useful ones. The router's guesses (prefetch) take the same
+//! path: a guess of a cold expert is copied into probation; the other
+//! copies ahead (the last token's experts while layers reuse them, a whole
+//! next layer for a long prefill chunk) take main's victim directly. A
+//! probation hit whose count beats main's victim is promoted by swapping
+//! the two slots' roles, with no copy. With every expert in a slot
+//! (resident) there is no probation.
 //!
 //! Slots may also be *held* ([`SlotTable::hold`]): given to whole layers
 //! for good (`experts::tiers`), out of both parts, never evicted.
@@ -496,11 +498,14 @@ impl SlotTable {
                 out[i] = Place::Host;
                 continue;
             }
-            // A guess is a use foretold: it takes main's victim as CLOCK
-            // would (measured: through admission, the 25% decode copied
-            // 14% more and ran 10% slower).
+            // A router's guess goes through admission like a miss: a cold
+            // guess taking main's victim pushed out an expert wanted more
+            // often (`right_guesses_do_not_add_copies`). Other copies
+            // ahead (the last token's experts, a whole next layer for a
+            // prefill chunk) are all but sure and take it as CLOCK would.
+            let sure = guess && ranks.is_none();
             let s = match v {
-                Some(v) if guess || admitted => v,
+                Some(v) if admitted || sure => v,
                 _ => match self.probation_victim(&protect) {
                     Some(p) => {
                         self.counts.bypassed += 1;
