@@ -440,3 +440,38 @@ fn right_guesses_do_not_add_copies() {
     }
     assert!(bad.is_empty(), "{bad:?}");
 }
+
+#[test]
+fn guesses_are_admitted_only_where_a_token_of_them_fits() {
+    // Main full of experts asked twice; a guess of a cold expert.
+    let warm = |t: &mut SlotTable| {
+        let hot: Vec<u32> = (0..t.free_slots() as u32 - 2).collect();
+        for c in hot.chunks(8) {
+            t.place(0, c, false).unwrap();
+            t.place(0, c, false).unwrap();
+        }
+    };
+    // 2 layers, 64 slots: a token's guesses of 4 fit; the cold guess goes
+    // to probation.
+    let mut big = SlotTable::new(&[0, 1], 256, 64, 2);
+    assert!(big.guesses_admitted(4) && !big.guesses_admitted(33));
+    warm(&mut big);
+    let before = big.counts().bypassed;
+    let s = big.place_guesses(0, &[200], &[0]).unwrap()[0].slot().unwrap();
+    assert!(
+        !big.main[s] && big.counts().bypassed == before + 1,
+        "a cold guess is not admitted"
+    );
+    // 40 layers, 64 slots: they do not; the guesses take main's victims.
+    let mut small = SlotTable::new(&(0..40).collect::<Vec<_>>(), 256, 64, 2);
+    assert!(!small.guesses_admitted(4));
+    warm(&mut small);
+    let before = small.counts().bypassed;
+    let p = small.place_guesses(0, &[200, 201, 202, 203], &[0, 1, 2, 3]).unwrap();
+    assert!(
+        p.iter().all(|p| small.main[p.slot().unwrap()]) && small.counts().bypassed == before,
+        "a small cache's guesses take main's victims"
+    );
+    consistent(&big);
+    consistent(&small);
+}
