@@ -75,10 +75,13 @@ pub struct Options {
     /// cache with `O_DIRECT`, none otherwise; `Percent` of the experts'
     /// bytes).
     pub ram_cache: CacheSize,
-    /// CUDA: copy experts ahead of need while the current layer computes:
-    /// in decode, those the previous token used in the next layer; in a
-    /// prefill chunk long enough to need nearly all of them, every expert of
-    /// the next layer.
+    /// Fetch experts ahead of need while the current layer computes. CUDA
+    /// copies into its cache the next layer's router guesses and, while
+    /// layers reuse them, the experts the previous token used there; in a
+    /// prefill chunk long enough to need nearly all of them, every expert
+    /// of the next layer. The CPU, where experts come from disk
+    /// (`O_DIRECT`), reads the next layer's router guesses
+    /// (`ExpertStore::set_read_ahead`).
     pub prefetch: bool,
     /// CUDA: who computes the experts that miss the cache: split between
     /// copies to the device and the CPU by a cost model (`Auto`), all
@@ -310,6 +313,13 @@ impl Model {
                 crate::experts::memory::human_size(ram),
                 100 * ram / store.expert_bytes().max(1)
             ));
+        }
+        // The CPU reads the next layer's guessed experts ahead where they
+        // come from disk (CUDA copies its guesses into the device cache).
+        if !matches!(device, Device::Cuda(_)) && opts.prefetch && store.mode() == IoMode::Direct {
+            store.set_read_ahead(true);
+            opts.notify
+                .say("experts: the next layer's guessed experts read ahead from disk (--no-prefetch: off)");
         }
         // Shared with the CUDA expert cache's staging thread.
         let store = Arc::new(store);

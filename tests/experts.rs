@@ -302,3 +302,54 @@ fn the_ram_tier_serves_the_same_bytes_and_reads_each_expert_once() {
         }
     }
 }
+
+#[test]
+fn reads_ahead_give_the_same_bytes_and_count_what_was_used() {
+    let tmp = tempfile::tempdir().unwrap();
+    write_store(tmp.path());
+    for (mode, tier) in [(IoMode::Pread, false), (IoMode::Direct, false), (IoMode::Direct, true)] {
+        let mut store = ExpertStore::open(tmp.path(), 3, mode, 2).unwrap();
+        if tier {
+            store.set_ram_tier(CacheSize::Bytes(4 * 6912)).unwrap();
+        }
+        assert!(!store.reads_ahead());
+        // Off: a read ahead does nothing.
+        store.read_ahead(2, &[1, 2]).unwrap();
+        assert_eq!(store.ahead_stats(), None);
+        store.set_read_ahead(true);
+        assert!(store.reads_ahead());
+        let before = store.stats().experts_read;
+        // Eight guesses for layer 2, best first: the best quarter (4, 11)
+        // is read before the tuner has measured anything.
+        store.read_ahead(2, &[4, 11, 5, 6, 7, 8, 10, 12]).unwrap();
+        let ids = [9u32, 0, 4];
+        let blobs = store.read(2, &ids).unwrap();
+        for (&e, b) in ids.iter().zip(&blobs) {
+            assert_eq!(
+                b.bytes(),
+                expected(tmp.path(), 2, e as usize).as_slice(),
+                "{mode} expert {e}"
+            );
+        }
+        let a = store.ahead_stats().unwrap();
+        assert_eq!((a.read, a.used), (2, 1), "{mode}");
+        // Two reads ahead and the two misses they did not cover.
+        assert_eq!(store.stats().experts_read - before, 4, "{mode}");
+        // Layer 0's guesses drop layer 2's that were not asked for.
+        store.read_ahead(0, &[3, 1, 2, 5, 6, 7, 8, 9]).unwrap();
+        let blobs = store.read(2, &[11]).unwrap();
+        assert_eq!(blobs[0].bytes(), expected(tmp.path(), 2, 11).as_slice());
+        assert_eq!(store.ahead_stats().unwrap().used, 1, "{mode}: 11 was read again");
+        // Guesses past the experts are skipped; a layer without experts is
+        // an error.
+        let read = store.ahead_stats().unwrap().read;
+        store.read_ahead(2, &[99, 98, 1, 2, 3, 5, 6, 7]).unwrap();
+        assert_eq!(store.ahead_stats().unwrap().read, read, "{mode}");
+        assert!(store.read_ahead(1, &[0]).is_err(), "layer 1 has no experts");
+        if tier {
+            // What the tier holds is not read ahead: 9 is, 13 is not.
+            store.read_ahead(2, &[9, 13, 1, 2, 3, 5, 6, 7]).unwrap();
+            assert_eq!(store.ahead_stats().unwrap().read, read + 1, "{:?}", store.ram_stats());
+        }
+    }
+}

@@ -65,8 +65,8 @@ fn check(name: &str, flags: &[&str]) {
 golden_fixture_tests!(check);
 
 /// Experts read with O_DIRECT through a RAM tier that holds 60% of
-/// them give the logits of the default reads, bit for bit, and the tier
-/// serves some of them.
+/// them, and read ahead of need in decode, give the logits of the default
+/// reads, bit for bit, and the tier serves some of them.
 #[test]
 fn a_ram_tier_over_direct_reads_changes_no_logit() {
     use moeflux::experts::{CacheSize, IoMode};
@@ -90,4 +90,22 @@ fn a_ram_tier_over_direct_reads_changes_no_logit() {
     }
     let ram = tiered.ram_stats().expect("a RAM tier");
     assert!(ram.hits > 0 && ram.misses > 0, "{ram:?}");
+    // Token by token, the next layer's guesses are read ahead (where the
+    // filesystem takes O_DIRECT): the same bits as the default reads.
+    let plain = open(&dst);
+    let (mut a, mut b) = (plain.session().unwrap(), tiered.session().unwrap());
+    for (pos, &t) in r.tokens.iter().enumerate() {
+        let (x, y) = (a.eval_token(t, pos).unwrap(), b.eval_token(t, pos).unwrap());
+        assert!(
+            x.iter().zip(&y).all(|(p, q)| p.to_bits() == q.to_bits()),
+            "position {pos}: logits differ"
+        );
+    }
+    let store = tiered.expert_store();
+    if store.mode() == IoMode::Direct {
+        let ahead = store.ahead_stats().expect("reads ahead are on with O_DIRECT");
+        // (Whether the tiny fixture's guesses are right is its routers'
+        // business; tests/experts.rs checks that used ones are taken.)
+        assert!(ahead.read > 0, "{ahead:?}");
+    }
 }

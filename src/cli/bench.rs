@@ -5,7 +5,9 @@
 //! measured in the same run, with the expert cache's hit rate.
 
 use super::bench_cuda::print_cuda;
-use super::bench_rows::{mean_sd, print_phases, print_ram, print_storage, ram_json, routing_note, Phases, Row};
+use super::bench_rows::{
+    ahead_json, mean_sd, print_ahead, print_phases, print_ram, print_storage, ram_json, routing_note, Phases, Row,
+};
 use super::model_args::ModelArgs;
 use anyhow::Context;
 use clap::Args;
@@ -356,7 +358,8 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             serde_json::json!({"model": model.name(), "synth_routing": moeflux::synth::synth_routing(&a.model.model).map(|r| r.name()),
                 "device": model.device_name(), "io": store.mode().name(), "io_auto": a.model.io == moeflux::experts::IoMode::Auto,
                 "cold": a.cold, "load_s": load_s, "read_gb_s": bw, "threads": threads,
-                "kernel": kernel, "ram_tier": ram_json(model.ram_stats()), "results": j})
+                "kernel": kernel, "ram_tier": ram_json(model.ram_stats()),
+                "read_ahead": ahead_json(store.ahead_stats()), "results": j})
         )?;
         return Ok(());
     }
@@ -399,6 +402,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     }
     print_storage(&mut out, &rows)?;
     print_ram(&mut out, model.ram_stats())?;
+    print_ahead(&mut out, store.ahead_stats())?;
     print_phases(&mut out, &rows)?;
     Ok(())
 }

@@ -1,7 +1,7 @@
 //! `bench`'s measured rows and what every table prints of them: mean ±
 //! sd, the storage line, the phases of `--timing`.
 
-use moeflux::experts::{CacheStats, RamStats};
+use moeflux::experts::{AheadStats, CacheStats, RamStats};
 use std::io::Write;
 use std::path::Path;
 
@@ -119,6 +119,27 @@ pub(super) fn print_ram(out: &mut impl Write, ram: Option<RamStats>) -> std::io:
             (r.slots * r.slot_bytes) as f64 / 1e9,
             100.0 * r.hit_rate(),
             r.misses
+        )?;
+    }
+    Ok(())
+}
+
+/// The reads ahead's counters for `--json` (null when off).
+pub(super) fn ahead_json(a: Option<AheadStats>) -> serde_json::Value {
+    match a {
+        Some(a) => serde_json::json!({"read": a.read, "used": a.used}),
+        None => serde_json::Value::Null,
+    }
+}
+
+/// The reads ahead's line (the CPU with `--io direct`), over the whole run.
+pub(super) fn print_ahead(out: &mut impl Write, a: Option<AheadStats>) -> std::io::Result<()> {
+    if let Some(a) = a {
+        writeln!(
+            out,
+            "read ahead from disk: {} experts (the next layer's router guesses), {:.1}% of them used, over the run",
+            a.read,
+            100.0 * a.used as f64 / a.read.max(1) as f64
         )?;
     }
     Ok(())

@@ -52,9 +52,11 @@ pub struct ModelArgs {
     /// expert bytes (25%); 0 for none.
     #[arg(long, default_value = "auto", value_name = "SIZE")]
     pub ram_cache: CacheSize,
-    /// CUDA: do not copy experts ahead of need (the previous token's
-    /// experts of the next layer in decode; the whole next layer in long
-    /// prefill chunks).
+    /// Do not fetch experts ahead of need: on CUDA, the next layer's
+    /// router guesses (and experts of the previous token) in decode and
+    /// the whole next layer in long prefill chunks, copied while a layer
+    /// computes; on the CPU with --io direct, the next layer's router
+    /// guesses read from disk while a layer computes.
     #[arg(long)]
     pub no_prefetch: bool,
     /// CUDA: who computes the experts that miss the device cache: auto
@@ -147,8 +149,10 @@ impl ModelArgs {
                     "--expert-cache has no effect on the {device}, which reads experts through the page cache"
                 ));
             }
-            if self.no_prefetch {
-                notes.push(format!("--no-prefetch has no effect on the {device}"));
+            if self.no_prefetch && model.expert_store().mode() != IoMode::Direct {
+                notes.push(format!(
+                    "--no-prefetch has no effect on the {device} unless experts are read with --io direct"
+                ));
             }
             if self.hybrid.is_some() {
                 notes.push(format!("--hybrid has no effect on the {device}"));

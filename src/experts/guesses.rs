@@ -1,5 +1,6 @@
 //! How many of a router's guesses to copy ahead when misses may also be
-//! computed on the CPU (`--hybrid auto`).
+//! computed on the CPU (`--hybrid auto`), or to read ahead from disk
+//! (`ExpertStore::read_ahead`).
 //!
 //! In a one-token step the next MoE layer's router, run early on this
 //! layer's input, guesses its experts; copying the guesses keeps the link
@@ -56,8 +57,14 @@ impl Default for GuessTuner {
 
 impl GuessTuner {
     pub fn new() -> GuessTuner {
+        GuessTuner::starting_at(0)
+    }
+
+    /// A tuner whose count starts at `count` (0: three quarters of the
+    /// guesses).
+    pub fn starting_at(count: usize) -> GuessTuner {
         GuessTuner {
-            count: 0,
+            count,
             dir: -1,
             last: None,
             seen: 0,

@@ -3,6 +3,7 @@
 //! through an I/O thread pool (parallel reads, one per expert) in the
 //! chosen [`IoMode`]; every read is counted.
 
+mod ahead;
 pub mod budget;
 pub mod cache;
 pub mod guesses;
@@ -14,6 +15,7 @@ pub mod repeats;
 pub mod split;
 pub mod tiers;
 
+pub use ahead::AheadStats;
 pub use budget::{CacheSize, CacheStats, GUESS_RANKS};
 pub use cache::{Place, SlotTable};
 pub use guesses::GuessTuner;
@@ -111,7 +113,8 @@ struct LayerFile {
 pub struct ExpertStore {
     /// `layout.json` as read.
     layout: Layout,
-    layers: Vec<Option<LayerFile>>,
+    /// Shared with the reads ahead, which run on the I/O pool.
+    layers: Vec<Option<Arc<LayerFile>>>,
     num_experts: usize,
     group_size: usize,
     mode: IoMode,
@@ -123,6 +126,8 @@ pub struct ExpertStore {
     stats: Arc<ExpertStats>,
     /// Experts kept in this process's memory (`set_ram_tier`).
     ram: Option<ram::RamTier>,
+    /// Experts read ahead of need (`set_read_ahead`).
+    ahead: Option<ahead::ReadAhead>,
 }
 
 /// The size of the expert file at `path`, checked to hold `num_experts`
@@ -185,11 +190,11 @@ impl ExpertStore {
                     ExpertFile::open_pread(&path)?
                 }
             };
-            layers.push(Some(LayerFile {
+            layers.push(Some(Arc::new(LayerFile {
                 file,
                 layout: ll.clone(),
                 advised: (0..layout.num_experts).map(|_| AtomicBool::new(false)).collect(),
-            }));
+            })));
         }
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(io_threads.max(1))
@@ -207,6 +212,7 @@ impl ExpertStore {
             stats: Arc::new(ExpertStats::default()),
             layout,
             ram: None,
+            ahead: None,
         })
     }
 
@@ -240,6 +246,72 @@ impl ExpertStore {
         let slots = (bytes / slot.max(1)) as usize;
         self.ram = (slots > 0).then(|| ram::RamTier::new(&moe, self.num_experts, slots, slot));
         Ok(slots as u64 * slot)
+    }
+
+    /// Read experts ahead of need ([`ExpertStore::read_ahead`]) or not.
+    /// It pays where reads go to disk (`O_DIRECT`: the files exceed the
+    /// memory); elsewhere the page cache keeps the files, and a read ahead
+    /// would only copy what is there.
+    pub fn set_read_ahead(&mut self, on: bool) {
+        self.ahead = on.then(ahead::ReadAhead::default);
+    }
+
+    /// Whether [`ExpertStore::read_ahead`] reads (`set_read_ahead`).
+    pub fn reads_ahead(&self) -> bool {
+        self.ahead.is_some()
+    }
+
+    /// Start reading the best of `experts` of `layer` (a router's guesses,
+    /// best first) on the I/O pool, a guess at what that layer's next
+    /// [`ExpertStore::read`] asks for: it takes them from here, waiting
+    /// for a read still running. How many of them is tuned on token times
+    /// (a token begins with the guesses for the second MoE layer). Experts
+    /// the RAM tier holds are skipped; the guesses of another layer not
+    /// asked for are dropped. Does nothing unless reads ahead are on.
+    /// Reads ahead are counted as reads.
+    pub fn read_ahead(&self, layer: usize, experts: &[u32]) -> Result<()> {
+        let Some(ra) = &self.ahead else {
+            return Ok(());
+        };
+        let lf = self.layer_file(layer)?.clone();
+        let second = self
+            .layers
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| l.is_some())
+            .nth(1)
+            .map(|(i, _)| i);
+        let take = ra.count(experts.len(), second == Some(layer))?;
+        let want: Vec<u32> = experts[..take.min(experts.len())]
+            .iter()
+            .copied()
+            .filter(|&e| (e as usize) < self.num_experts)
+            .filter(|&e| !self.ram.as_ref().is_some_and(|r| r.holds(layer, e)))
+            .collect();
+        let size = lf.layout.expert_size;
+        for (e, pending) in ra.start(layer, &want)? {
+            let (lf, stats) = (lf.clone(), self.stats.clone());
+            self.pool.spawn(move || {
+                let t0 = Instant::now();
+                let reading = stats.begin_read();
+                let r = lf.file.read(e as u64 * size as u64, size, false);
+                drop(reading);
+                if r.is_ok() {
+                    stats.experts_read.fetch_add(1, Ordering::Relaxed);
+                    stats.bytes_read.fetch_add(size as u64, Ordering::Relaxed);
+                }
+                stats
+                    .read_ns
+                    .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                pending.finish(r);
+            });
+        }
+        Ok(())
+    }
+
+    /// The reads ahead's counters, when they are on.
+    pub fn ahead_stats(&self) -> Option<AheadStats> {
+        self.ahead.as_ref().map(|a| a.stats())
     }
 
     /// The RAM tier's counters, when there is one.
@@ -287,7 +359,7 @@ impl ExpertStore {
         self.layer_file(layer).map(|l| &l.layout)
     }
 
-    fn layer_file(&self, layer: usize) -> Result<&LayerFile> {
+    fn layer_file(&self, layer: usize) -> Result<&Arc<LayerFile>> {
         self.layers
             .get(layer)
             .and_then(|l| l.as_ref())
@@ -307,9 +379,41 @@ impl ExpertStore {
             }
         }
         match &self.ram {
-            Some(r) => r.get(layer, ids, |m| self.read_files(layer, m)),
-            None => self.read_files(layer, ids),
+            Some(r) => r.get(layer, ids, |m| self.read_missing(layer, m)),
+            None => self.read_missing(layer, ids),
         }
+    }
+
+    /// `ids` of `layer` from the reads ahead where they hold them, read
+    /// from the files (in parallel) otherwise.
+    fn read_missing(&self, layer: usize, ids: &[u32]) -> Result<Vec<Region>> {
+        let Some(ra) = &self.ahead else {
+            return self.read_files(layer, ids);
+        };
+        let mut ahead = Vec::with_capacity(ids.len());
+        for &e in ids {
+            ahead.push(ra.take(layer, e)?);
+        }
+        let rest: Vec<u32> = ids
+            .iter()
+            .zip(&ahead)
+            .filter(|(_, a)| a.is_none())
+            .map(|(&e, _)| e)
+            .collect();
+        let mut read = self.read_files(layer, &rest)?.into_iter();
+        ids.iter()
+            .zip(ahead)
+            .map(|(&e, a)| match a {
+                // A read ahead that failed is read again (its error, if
+                // it fails again, is this read's).
+                Some(p) => p
+                    .wait()
+                    .or_else(|_| self.read_files(layer, &[e]).map(|mut v| v.remove(0))),
+                None => read
+                    .next()
+                    .ok_or_else(|| Error::Invalid("an expert read came back short".into())),
+            })
+            .collect()
     }
 
     /// Whether a RAM tier holds experts read from disk (`read` serves them).
@@ -399,6 +503,9 @@ impl ExpertStore {
     pub fn reset_stats(&self) {
         if let Some(r) = &self.ram {
             r.reset_stats();
+        }
+        if let Some(a) = &self.ahead {
+            a.reset_stats();
         }
         self.stats.experts_read.store(0, Ordering::Relaxed);
         self.stats.bytes_read.store(0, Ordering::Relaxed);

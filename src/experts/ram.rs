@@ -134,6 +134,13 @@ impl RamTier {
             .collect()
     }
 
+    /// Whether the tier holds expert `e` of `layer` now (nothing counted).
+    pub fn holds(&self, layer: usize, e: u32) -> bool {
+        self.st
+            .lock()
+            .is_ok_and(|st| st.table.slot(layer, e).is_some_and(|s| st.held[s].is_some()))
+    }
+
     pub fn stats(&self) -> RamStats {
         self.st.lock().map(|s| s.stats).unwrap_or_default()
     }

@@ -29,6 +29,7 @@ mod vnni_gemm;
 use super::seqs::{check_segs, Seg, StatePair};
 use super::{AttnArgs, Backend, DeltaArgs, DeltaState, DeltaWeights, MlaArgs, MoeArgs, MoeInputs, RopeArgs, Strided};
 use crate::error::{Error, Result};
+use crate::experts::ExpertStore;
 use crate::format::MatrixView;
 use crate::parallel::for_each_span;
 use matmul::{CpuMatrix, Kernel};
@@ -445,6 +446,16 @@ impl Backend for CpuBackend {
         let routes = self.prof.time(Op::MoeRead, || {
             crate::model::router::route(a.routing, l, a.n, a.k, bias.map(|_| b))
         });
-        moe::moe(self.kernel, &self.prof, x, &routes, store, a, out)
+        // The next layer's guessed experts, best first (its router on this
+        // input), read while this layer computes.
+        let ahead = m.hint.and_then(|h| {
+            let g = h.logits.get(..e)?;
+            Some((h.layer, crate::model::router::route(a.routing, g, 1, a.k, None).ids))
+        });
+        moe::moe(self.kernel, &self.prof, x, &routes, store, ahead, a, out)
+    }
+
+    fn wants_moe_hint(&self, store: &ExpertStore) -> bool {
+        store.reads_ahead()
     }
 }

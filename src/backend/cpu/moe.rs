@@ -46,6 +46,7 @@ pub(crate) fn moe(
     x: &[f32],
     routes: &Routes,
     store: &ExpertStore,
+    ahead: Option<(usize, Vec<u32>)>,
     a: MoeArgs<'_>,
     out: &mut [f32],
 ) -> Result<()> {
@@ -54,6 +55,10 @@ pub(crate) fn moe(
     ids.dedup();
     let layout = store.layer_layout(a.layer)?;
     let blobs = prof.time(Op::MoeRead, || store.read(a.layer, &ids))?;
+    // Read after this layer's own experts, so that they go first.
+    if let Some((layer, guess)) = ahead {
+        store.read_ahead(layer, &guess)?;
+    }
     if blobs.len() != ids.len() {
         return Err(Error::Invalid(
             "expert read returned the wrong number of experts".into(),
