@@ -400,7 +400,11 @@ impl ExpertStore {
             .filter(|(_, a)| a.is_none())
             .map(|(&e, _)| e)
             .collect();
-        let mut read = self.read_files(layer, &rest)?.into_iter();
+        let mut read = match rest.is_empty() {
+            true => Vec::new(),
+            false => self.read_files(layer, &rest)?,
+        }
+        .into_iter();
         ids.iter()
             .zip(ahead)
             .map(|(&e, a)| match a {
