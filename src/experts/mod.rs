@@ -52,6 +52,23 @@ pub struct ExpertStats {
 struct Reading<'a>(&'a ExpertStats);
 
 impl ExpertStats {
+    /// Run `read`, a read of `experts` experts and `bytes` bytes, counted
+    /// (its time, the wall time of reads in flight, and once it succeeds
+    /// the experts and bytes).
+    fn counted<T>(&self, experts: u64, bytes: u64, read: impl FnOnce() -> Result<T>) -> Result<T> {
+        let t0 = Instant::now();
+        let reading = self.begin_read();
+        let r = read();
+        drop(reading);
+        if r.is_ok() {
+            self.experts_read.fetch_add(experts, Ordering::Relaxed);
+            self.bytes_read.fetch_add(bytes, Ordering::Relaxed);
+        }
+        self.read_ns
+            .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        r
+    }
+
     fn begin_read(&self) -> Reading<'_> {
         let mut f = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
         if f.0 == 0 {
@@ -292,18 +309,7 @@ impl ExpertStore {
         for (e, pending) in ra.start(layer, &want)? {
             let (lf, stats) = (lf.clone(), self.stats.clone());
             self.pool.spawn(move || {
-                let t0 = Instant::now();
-                let reading = stats.begin_read();
-                let r = lf.file.read(e as u64 * size as u64, size, false);
-                drop(reading);
-                if r.is_ok() {
-                    stats.experts_read.fetch_add(1, Ordering::Relaxed);
-                    stats.bytes_read.fetch_add(size as u64, Ordering::Relaxed);
-                }
-                stats
-                    .read_ns
-                    .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
-                pending.finish(r);
+                pending.finish(stats.counted(1, size as u64, || lf.file.read(e as u64 * size as u64, size, false)));
             });
         }
         Ok(())
@@ -438,30 +444,19 @@ impl ExpertStore {
     fn read_files(&self, layer: usize, ids: &[u32]) -> Result<Vec<Region>> {
         let lf = self.layer_file(layer)?;
         let size = lf.layout.expert_size;
-        let t0 = Instant::now();
-        let reading = self.stats.begin_read();
         let read = |&e: &u32| {
             let advise = !lf.advised[e as usize].swap(true, Ordering::Relaxed);
             lf.file.read(e as u64 * size as u64, size, advise)
         };
-        // A mapped read is a view (no copy): no need to hand it to the pool.
-        let blobs: Result<Vec<Region>> = match self.mode {
+        let n = ids.len() as u64;
+        self.stats.counted(n, n * size as u64, || match self.mode {
+            // A mapped read is a view (no copy): no need to hand it to the pool.
             IoMode::Mmap => ids.iter().map(read).collect(),
             _ => self.pool.install(|| {
                 use rayon::prelude::*;
                 ids.par_iter().map(read).collect()
             }),
-        };
-        drop(reading);
-        let blobs = blobs?;
-        self.stats.experts_read.fetch_add(ids.len() as u64, Ordering::Relaxed);
-        self.stats
-            .bytes_read
-            .fetch_add((ids.len() * size) as u64, Ordering::Relaxed);
-        self.stats
-            .read_ns
-            .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        Ok(blobs)
+        })
     }
 
     /// Read bytes `[off, off + dst.len())` of expert `e` of `layer` into
@@ -480,18 +475,10 @@ impl ExpertStore {
                 self.num_experts
             )));
         }
-        let t0 = Instant::now();
-        let reading = self.stats.begin_read();
-        lf.file.read_into(e as u64 * size as u64 + off as u64, dst)?;
-        drop(reading);
-        if off == 0 {
-            self.stats.experts_read.fetch_add(1, Ordering::Relaxed);
-        }
-        self.stats.bytes_read.fetch_add(dst.len() as u64, Ordering::Relaxed);
-        self.stats
-            .read_ns
-            .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        Ok(())
+        let len = dst.len() as u64;
+        self.stats.counted((off == 0) as u64, len, || {
+            lf.file.read_into(e as u64 * size as u64 + off as u64, dst)
+        })
     }
 
     pub fn stats(&self) -> StatsSnapshot {
