@@ -384,7 +384,7 @@ impl SlotTable {
     /// so what a guess would evict is not asked for again anyway, and the
     /// counts that admission compares say nothing (measured at 16 slots:
     /// 3–4% slower with admission).
-    pub fn guesses_admitted(&self, n: usize) -> bool {
+    fn guesses_admitted(&self, n: usize) -> bool {
         self.free_slots() >= self.moe_layers.len() * n
     }
 
