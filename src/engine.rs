@@ -75,13 +75,10 @@ pub struct Options {
     /// cache with `O_DIRECT`, none otherwise; `Percent` of the experts'
     /// bytes).
     pub ram_cache: CacheSize,
-    /// Fetch experts ahead of need while the current layer computes. CUDA
-    /// copies into its cache the next layer's router guesses and, while
-    /// layers reuse them, the experts the previous token used there; in a
-    /// prefill chunk long enough to need nearly all of them, every expert
-    /// of the next layer. The CPU, where experts come from disk
-    /// (`O_DIRECT`), reads the next layer's router guesses
-    /// (`ExpertStore::set_read_ahead`).
+    /// Fetch experts ahead of need while a layer computes: CUDA copies the
+    /// next layer's router guesses (and the last token's experts while
+    /// layers reuse them; in a long prefill chunk, the whole next layer);
+    /// the CPU reading from disk (`O_DIRECT`) reads the guesses.
     pub prefetch: bool,
     /// CUDA: who computes the experts that miss the cache: split between
     /// copies to the device and the CPU by a cost model (`Auto`), all
@@ -314,8 +311,7 @@ impl Model {
                 100 * ram / store.expert_bytes().max(1)
             ));
         }
-        // The CPU reads the next layer's guessed experts ahead where they
-        // come from disk (CUDA copies its guesses into the device cache).
+        // The CPU reads its guesses ahead where experts come from disk.
         if !matches!(device, Device::Cuda(_)) && opts.prefetch && store.mode() == IoMode::Direct {
             store.set_read_ahead(true);
             opts.notify
@@ -324,6 +320,10 @@ impl Model {
         // Shared with the CUDA expert cache's staging thread.
         let store = Arc::new(store);
         let mut cache = None;
+        let cpu = || -> Result<Engine> {
+            let b = CpuBackend::with_options(opts.threads, opts.exact)?;
+            Ok(Engine::Cpu(Box::new(Net::load(b, &config, &wf)?)))
+        };
         let engine = match device {
             Device::Cuda(i) => match open_cuda(i, &config, &wf, &store, opts) {
                 Ok((net, r)) => {
@@ -332,19 +332,11 @@ impl Model {
                 }
                 Err(e) if opts.device == Device::Auto => {
                     opts.notify.say(&format!("device: cpu (CUDA device {i} failed: {e})"));
-                    Engine::Cpu(Box::new(Net::load(
-                        CpuBackend::with_options(opts.threads, opts.exact)?,
-                        &config,
-                        &wf,
-                    )?))
+                    cpu()?
                 }
                 Err(e) => return Err(e),
             },
-            _ => Engine::Cpu(Box::new(Net::load(
-                CpuBackend::with_options(opts.threads, opts.exact)?,
-                &config,
-                &wf,
-            )?)),
+            _ => cpu()?,
         };
         Ok(Model {
             engine,

@@ -416,7 +416,7 @@ fn copies_a_step(t: &mut SlotTable, trace: &[(usize, Vec<u32>)], g: usize) -> f6
 /// one by pushing a wanted expert out of main for a cold one. Steps with
 /// right guesses copy at most a few percent more than steps without
 /// (guesses that took main's victim directly copied 11–23% more under
-/// Zipf skew). `--nocapture` prints the copies a step.
+/// Zipf skew).
 #[test]
 fn right_guesses_do_not_add_copies() {
     let mut bad = Vec::new();
@@ -432,7 +432,6 @@ fn right_guesses_do_not_add_copies() {
         let table = || SlotTable::new(&(0..8).collect::<Vec<_>>(), 128, slots, probation_for(slots, 8 * 8));
         let none = copies_a_step(&mut table(), &tr, 0);
         let guessed = copies_a_step(&mut table(), &tr, g);
-        eprintln!("zipf {s} 1/{frac}, {g} guesses: {guessed:.2} copies a step, {none:.2} without guesses");
         bad.extend(
             (guessed > none * (1.0 + slack))
                 .then(|| format!("zipf {s} 1/{frac}: {guessed:.3} with {g} right guesses, {none:.3} without")),
