@@ -38,15 +38,20 @@ pub fn retain_freed_memory() -> bool {
 #[cfg(test)]
 mod tests {
     /// glibc takes both settings, and a block freed after them is
-    /// served again from the heap.
+    /// served again from the heap. Other tests allocate on other threads
+    /// meanwhile and may take a freed block first (CI saw it once), so the
+    /// reuse must show in one of a few tries.
     #[test]
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     fn glibc_takes_the_settings() {
         assert!(super::retain_freed_memory());
-        let a = vec![1u8; 16 << 20];
-        let p = a.as_ptr() as usize;
-        drop(a);
-        let b = vec![2u8; 16 << 20];
-        assert_eq!(b.as_ptr() as usize, p, "a freed 16 MiB block was not reused");
+        let reused = (0..8).any(|_| {
+            let a = vec![1u8; 16 << 20];
+            let p = a.as_ptr() as usize;
+            drop(a);
+            let b = vec![2u8; 16 << 20];
+            b.as_ptr() as usize == p
+        });
+        assert!(reused, "a freed 16 MiB block was not reused in 8 tries");
     }
 }
