@@ -46,10 +46,10 @@ mod tests {
     fn glibc_takes_the_settings() {
         assert!(super::retain_freed_memory());
         let reused = (0..8).any(|_| {
-            let a = vec![1u8; 16 << 20];
+            let a = std::hint::black_box(vec![1u8; 16 << 20]);
             let p = a.as_ptr() as usize;
             drop(a);
-            let b = vec![2u8; 16 << 20];
+            let b = std::hint::black_box(vec![2u8; 16 << 20]);
             b.as_ptr() as usize == p
         });
         assert!(reused, "a freed 16 MiB block was not reused in 8 tries");
