@@ -70,6 +70,9 @@ pub struct AheadStats {
 pub(crate) struct ReadAhead {
     st: Mutex<State>,
     epoch: Instant,
+    /// The layer whose guesses mark a token (the second MoE layer's: they
+    /// are read during the first).
+    pub(crate) token_layer: Option<usize>,
 }
 
 struct State {
@@ -92,6 +95,7 @@ impl Default for ReadAhead {
                 stats: AheadStats::default(),
             }),
             epoch: Instant::now(),
+            token_layer: None,
         }
     }
 }

@@ -270,7 +270,12 @@ impl ExpertStore {
     /// memory); elsewhere the page cache keeps the files, and a read ahead
     /// would only copy what is there.
     pub fn set_read_ahead(&mut self, on: bool) {
-        self.ahead = on.then(ahead::ReadAhead::default);
+        let second = self.layers.iter().enumerate().filter(|(_, l)| l.is_some()).nth(1);
+        self.ahead = on.then(|| {
+            let mut ra = ahead::ReadAhead::default();
+            ra.token_layer = second.map(|(i, _)| i);
+            ra
+        });
     }
 
     /// Whether [`ExpertStore::read_ahead`] reads (`set_read_ahead`).
@@ -291,14 +296,7 @@ impl ExpertStore {
             return Ok(());
         };
         let lf = self.layer_file(layer)?.clone();
-        let second = self
-            .layers
-            .iter()
-            .enumerate()
-            .filter(|(_, l)| l.is_some())
-            .nth(1)
-            .map(|(i, _)| i);
-        let take = ra.count(experts.len(), second == Some(layer))?;
+        let take = ra.count(experts.len(), ra.token_layer == Some(layer))?;
         let want: Vec<u32> = experts[..take.min(experts.len())]
             .iter()
             .copied()
