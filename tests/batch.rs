@@ -275,12 +275,50 @@ fn check(name: &str, flags: &[&str], device: Device, tol: f64, exact: bool) {
     same_logits(name, &model, tol);
     same_greedy_tokens(name, &model);
     scheduler_matches_alone(name, &model);
+    if device == Device::Cpu {
+        read_ahead_same_bits(name, &dir, &model);
+    }
     if device != Device::Cpu {
         streamed_same_bits(name, &dir, &model, exact);
         if exact {
             streamed_on_cpu_close(name, &dir, &model, tol);
             many_decodes_on_cpu_close(name, &dir, &model, tol);
         }
+    }
+}
+
+/// Eight sequences' decode steps on the CPU with experts read by
+/// O_DIRECT through a RAM tier of half of them, each step reading the
+/// next MoE layer's guesses for all eight tokens ahead (where the
+/// filesystem takes O_DIRECT): the logits of the default reads, bit for
+/// bit.
+fn read_ahead_same_bits(name: &str, dir: &std::path::Path, plain: &Model) {
+    use moeflux::experts::{CacheSize, IoMode};
+    let opts = Options {
+        device: Device::Cpu,
+        exact: true,
+        io_mode: IoMode::Direct,
+        ram_cache: CacheSize::Percent(50.0),
+        ..Options::default()
+    };
+    let direct = Model::open(dir, &opts).unwrap_or_else(|e| panic!("{name}: open with O_DIRECT: {e}"));
+    let (got, want) = (eight_decodes(&direct), eight_decodes(plain));
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        for (step, (a, b)) in g.iter().zip(w).enumerate() {
+            let same = a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+            assert!(
+                same,
+                "{name}: sequence {i}, step {step}: logits differ with reads ahead"
+            );
+        }
+    }
+    let store = direct.expert_store();
+    if store.mode() == IoMode::Direct && store.layout().layers.len() >= 2 {
+        let ahead = store.ahead_stats().expect("reads ahead are on with O_DIRECT");
+        assert!(
+            ahead.read > 0,
+            "{name}: no guess was read ahead in batched steps: {ahead:?}"
+        );
     }
 }
 

@@ -314,14 +314,14 @@ fn reads_ahead_give_the_same_bytes_and_count_what_was_used() {
         }
         assert!(!store.reads_ahead());
         // Off: a read ahead does nothing.
-        store.read_ahead(2, &[1, 2]).unwrap();
+        store.read_ahead(2, &[1, 2], 2).unwrap();
         assert_eq!(store.ahead_stats(), None);
         store.set_read_ahead(true);
         assert!(store.reads_ahead());
         let before = store.stats().experts_read;
         // Eight guesses for layer 2, best first: the best quarter (4, 11)
         // is read before the tuner has measured anything.
-        store.read_ahead(2, &[4, 11, 5, 6, 7, 8, 10, 12]).unwrap();
+        store.read_ahead(2, &[4, 11, 5, 6, 7, 8, 10, 12], 8).unwrap();
         let ids = [9u32, 0, 4, 11];
         let blobs = store.read(2, &ids).unwrap();
         for (&e, b) in ids.iter().zip(&blobs) {
@@ -338,22 +338,62 @@ fn reads_ahead_give_the_same_bytes_and_count_what_was_used() {
         assert_eq!(store.stats().experts_read - before, 4, "{mode}");
         // Layer 0's guesses drop layer 2's that were not asked for (5, 6:
         // in flight or done, they are not taken).
-        store.read_ahead(2, &[5, 6, 7, 8, 10, 12, 13, 14]).unwrap();
-        store.read_ahead(0, &[3, 1, 2, 5, 6, 7, 8, 9]).unwrap();
+        store.read_ahead(2, &[5, 6, 7, 8, 10, 12, 13, 14], 8).unwrap();
+        store.read_ahead(0, &[3, 1, 2, 5, 6, 7, 8, 9], 8).unwrap();
         let blobs = store.read(2, &[5]).unwrap();
         assert_eq!(blobs[0].bytes(), expected(tmp.path(), 2, 5).as_slice());
         assert_eq!(store.ahead_stats().unwrap().used, 2, "{mode}: 5 was read again");
         // Guesses past the experts are skipped; a layer without experts is
         // an error.
         let read = store.ahead_stats().unwrap().read;
-        store.read_ahead(2, &[99, 98, 1, 2, 3, 5, 6, 7]).unwrap();
+        store.read_ahead(2, &[99, 98, 1, 2, 3, 5, 6, 7], 8).unwrap();
         assert_eq!(store.ahead_stats().unwrap().read, read, "{mode}");
-        assert!(store.read_ahead(1, &[0]).is_err(), "layer 1 has no experts");
+        assert!(store.read_ahead(1, &[0], 1).is_err(), "layer 1 has no experts");
         if tier {
             // What the tier holds is not read ahead: 9 (just read) is, 13 is not.
             store.read(2, &[9]).unwrap();
-            store.read_ahead(2, &[9, 13, 1, 2, 3, 4, 6, 7]).unwrap();
+            store.read_ahead(2, &[9, 13, 1, 2, 3, 4, 6, 7], 8).unwrap();
             assert_eq!(store.ahead_stats().unwrap().read, read + 1, "{:?}", store.ram_stats());
         }
+    }
+}
+
+#[test]
+fn a_batched_steps_reads_ahead_take_every_tokens_best_guesses() {
+    let tmp = tempfile::tempdir().unwrap();
+    write_store(tmp.path());
+    for mode in [IoMode::Pread, IoMode::Direct] {
+        let mut store = ExpertStore::open(tmp.path(), 3, mode, 2).unwrap();
+        store.set_read_ahead(true);
+        // Three tokens' eight guesses each, best first: before the tuner
+        // has measured anything each token's best quarter (2) is read,
+        // rank by rank and each expert once: 4, 11, 6, then 5.
+        let guesses = [
+            4, 11, 1, 2, 3, 7, 8, 9, //
+            11, 5, 1, 2, 3, 7, 8, 9, //
+            6, 4, 1, 2, 3, 7, 8, 9,
+        ];
+        let before = store.stats().experts_read;
+        store.read_ahead(2, &guesses, 8).unwrap();
+        assert_eq!(store.ahead_stats().unwrap().read, 4, "{mode}");
+        let ids = [4u32, 5, 6, 11];
+        let blobs = store.read(2, &ids).unwrap();
+        for (&e, b) in ids.iter().zip(&blobs) {
+            assert_eq!(
+                b.bytes(),
+                expected(tmp.path(), 2, e as usize).as_slice(),
+                "{mode} expert {e}"
+            );
+        }
+        assert_eq!(store.ahead_stats().unwrap().used, 4, "{mode}");
+        // The four reads ahead (each waited for by the read), nothing more.
+        assert_eq!(
+            store.stats().experts_read - before,
+            4,
+            "{mode}: all four were read ahead"
+        );
+        // Guesses that are not whole rows of k are refused, by name.
+        let err = store.read_ahead(2, &guesses[..7], 8).unwrap_err().to_string();
+        assert!(err.contains("read ahead") && err.contains("rows of 8"), "{err}");
     }
 }

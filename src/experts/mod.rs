@@ -283,26 +283,39 @@ impl ExpertStore {
         self.ahead.is_some()
     }
 
-    /// Start reading the best of `experts` of `layer` (a router's guesses,
-    /// best first) on the I/O pool, a guess at what that layer's next
-    /// [`ExpertStore::read`] asks for: it takes them from here, waiting
-    /// for a read still running. How many of them is tuned on token times
-    /// (a token begins with the guesses for the second MoE layer). Experts
-    /// the RAM tier holds are skipped; the guesses of another layer not
-    /// asked for are dropped. Does nothing unless reads ahead are on.
-    /// Reads ahead are counted as reads.
-    pub fn read_ahead(&self, layer: usize, experts: &[u32]) -> Result<()> {
+    /// Start reading the best of `guesses` of `layer` (`[n, k]`: each of
+    /// n tokens' `k` router guesses, best first) on the I/O pool, a guess
+    /// at what that layer's next [`ExpertStore::read`] asks for: it takes
+    /// them from here, waiting for a read still running. How many of each
+    /// token's guesses is tuned on step times (a step begins with the
+    /// guesses for the second MoE layer); the tokens' guesses are read
+    /// rank by rank (every token's best, then every token's second, ...),
+    /// each expert once. Experts the RAM tier holds are skipped; the
+    /// guesses of another layer not asked for are dropped. Does nothing
+    /// unless reads ahead are on. Reads ahead are counted as reads.
+    pub fn read_ahead(&self, layer: usize, guesses: &[u32], k: usize) -> Result<()> {
         let Some(ra) = &self.ahead else {
             return Ok(());
         };
+        if k == 0 || !guesses.len().is_multiple_of(k) {
+            return Err(Error::Invalid(format!(
+                "read ahead: {} guesses are not whole rows of {k}",
+                guesses.len()
+            )));
+        }
         let lf = self.layer_file(layer)?.clone();
-        let take = ra.count(experts.len(), ra.token_layer == Some(layer))?;
-        let want: Vec<u32> = experts[..take.min(experts.len())]
-            .iter()
-            .copied()
-            .filter(|&e| (e as usize) < self.num_experts)
-            .filter(|&e| !self.ram.as_ref().is_some_and(|r| r.holds(layer, e)))
-            .collect();
+        let take = ra.count(k, ra.token_layer == Some(layer))?.min(k);
+        let mut want: Vec<u32> = Vec::new();
+        for rank in 0..take {
+            for &e in guesses.iter().skip(rank).step_by(k) {
+                if (e as usize) < self.num_experts
+                    && !want.contains(&e)
+                    && !self.ram.as_ref().is_some_and(|r| r.holds(layer, e))
+                {
+                    want.push(e);
+                }
+            }
+        }
         let size = lf.layout.expert_size;
         for (e, pending) in ra.start(layer, &want)? {
             let (lf, stats) = (lf.clone(), self.stats.clone());

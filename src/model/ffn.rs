@@ -112,15 +112,17 @@ impl<B: Backend> MoeBlock<B> {
     }
 
     /// x `[n, hidden]` (normed) → out `[n, hidden]` (overwritten).
-    /// `next`: the next MoE layer; for one token on a backend that streams
-    /// experts, its router also runs on x, as a guess at its experts.
+    /// `next`: the next MoE layer; in a decode step (one token of each
+    /// sequence) on a backend that streams experts, its router also runs on
+    /// x, as a guess at its experts.
     pub fn forward(&self, c: &Ctx<B>, x: &B::Buf, next: Option<&MoeBlock<B>>, out: &mut B::Buf) -> Result<()> {
         let (b, cfg, n) = (c.b, c.cfg, c.n);
         let (hid, e) = (cfg.hidden_size, cfg.num_experts);
         let mut logits = b.alloc(n * e)?; // [n, n_experts]
-        let next = next.filter(|_| n == 1 && b.wants_moe_hint(c.store));
+        let decode = c.segs.iter().all(|s| s.n == 1);
+        let next = next.filter(|_| decode && b.wants_moe_hint(c.store, n));
         let mut hint_logits = match next {
-            Some(_) => Some(b.alloc(e)?), // [n_experts] of the next layer
+            Some(_) => Some(b.alloc(n * e)?), // [n, n_experts] of the next layer
             None => None,
         };
         let mut gate_up = match &self.shared {
@@ -173,7 +175,7 @@ impl<B: Backend> MoeBlock<B> {
             n_experts: e,
             k: cfg.num_experts_per_tok,
             routing: &cfg.routing,
-            decode: c.segs.iter().all(|s| s.n == 1),
+            decode,
         };
         // Routing happens inside `moe` (on the device where there is one).
         let m = MoeInputs {

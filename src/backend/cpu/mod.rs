@@ -446,16 +446,16 @@ impl Backend for CpuBackend {
         let routes = self.prof.time(Op::MoeRead, || {
             crate::model::router::route(a.routing, l, a.n, a.k, bias.map(|_| b))
         });
-        // The next layer's guessed experts, best first (its router on this
-        // input), read while this layer computes.
+        // The next layer's guessed experts, each token's best first (its
+        // router on this input, `[n, k]`), read while this layer computes.
         let ahead = m.hint.and_then(|h| {
-            let g = h.logits.get(..e)?;
-            Some((h.layer, crate::model::router::route(a.routing, g, 1, a.k, None).ids))
+            let g = h.logits.get(..a.n * e)?;
+            Some((h.layer, crate::model::router::route(a.routing, g, a.n, a.k, None).ids))
         });
         moe::moe(self.kernel, &self.prof, x, &routes, store, ahead, a, out)
     }
 
-    fn wants_moe_hint(&self, store: &ExpertStore) -> bool {
+    fn wants_moe_hint(&self, store: &ExpertStore, _n: usize) -> bool {
         store.reads_ahead()
     }
 }

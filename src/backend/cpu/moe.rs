@@ -57,7 +57,7 @@ pub(crate) fn moe(
     let blobs = prof.time(Op::MoeRead, || store.read(a.layer, &ids))?;
     // Read after this layer's own experts, so that they go first.
     if let Some((layer, guess)) = ahead {
-        store.read_ahead(layer, &guess)?;
+        store.read_ahead(layer, &guess, a.k)?;
     }
     if blobs.len() != ids.len() {
         return Err(Error::Invalid(

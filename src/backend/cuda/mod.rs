@@ -512,7 +512,8 @@ impl Backend for CudaBackend {
         moe::moe(&self.gpu, cache, m, a, out)
     }
 
-    fn wants_moe_hint(&self, store: &ExpertStore) -> bool {
-        self.cache_for(store).is_some_and(|c| c.prefetching())
+    fn wants_moe_hint(&self, store: &ExpertStore, n: usize) -> bool {
+        // One token's guesses: batched steps copy their misses as they route.
+        n == 1 && self.cache_for(store).is_some_and(|c| c.prefetching())
     }
 }
