@@ -7,6 +7,7 @@ use common::convert;
 use moeflux::experts::memory::{CgroupLimit, CgroupVersion};
 use moeflux::experts::{CacheSize, ExpertStore, IoMode, Memory};
 use moeflux::format::packed::{expert_file_name, LayerLayout, Layout, EXPERTS_DIR, LAYOUT_FILE};
+use moeflux::format::Region;
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -40,6 +41,19 @@ fn write_store(dir: &Path) {
         layers,
     };
     std::fs::write(edir.join(LAYOUT_FILE), serde_json::to_string(&layout).unwrap()).unwrap();
+}
+
+/// Each of `blobs` holds the bytes of its expert of `ids` in the file of
+/// `layer`.
+fn same_bytes(dir: &Path, layer: usize, ids: &[u32], blobs: &[Region], what: impl std::fmt::Display) {
+    assert_eq!(ids.len(), blobs.len(), "{what}");
+    for (&e, b) in ids.iter().zip(blobs) {
+        assert_eq!(
+            b.bytes(),
+            expected(dir, layer, e as usize).as_slice(),
+            "{what} expert {e}"
+        );
+    }
 }
 
 fn expected(dir: &Path, layer: usize, e: usize) -> Vec<u8> {
@@ -324,13 +338,7 @@ fn reads_ahead_give_the_same_bytes_and_count_what_was_used() {
         store.read_ahead(2, &[4, 11, 5, 6, 7, 8, 10, 12], 8).unwrap();
         let ids = [9u32, 0, 4, 11];
         let blobs = store.read(2, &ids).unwrap();
-        for (&e, b) in ids.iter().zip(&blobs) {
-            assert_eq!(
-                b.bytes(),
-                expected(tmp.path(), 2, e as usize).as_slice(),
-                "{mode} expert {e}"
-            );
-        }
+        same_bytes(tmp.path(), 2, &ids, &blobs, mode);
         let a = store.ahead_stats().unwrap();
         assert_eq!((a.read, a.used), (2, 2), "{mode}");
         // Two reads ahead (both waited for) and the two misses they did
@@ -378,13 +386,7 @@ fn a_batched_steps_reads_ahead_take_every_tokens_best_guesses() {
         assert_eq!(store.ahead_stats().unwrap().read, 4, "{mode}");
         let ids = [4u32, 5, 6, 11];
         let blobs = store.read(2, &ids).unwrap();
-        for (&e, b) in ids.iter().zip(&blobs) {
-            assert_eq!(
-                b.bytes(),
-                expected(tmp.path(), 2, e as usize).as_slice(),
-                "{mode} expert {e}"
-            );
-        }
+        same_bytes(tmp.path(), 2, &ids, &blobs, mode);
         assert_eq!(store.ahead_stats().unwrap().used, 4, "{mode}");
         // The four reads ahead (each waited for by the read), nothing more.
         assert_eq!(
