@@ -65,8 +65,8 @@ fn check(name: &str, flags: &[&str]) {
 golden_fixture_tests!(check);
 
 /// Experts read with O_DIRECT through a RAM tier that holds 60% of
-/// them, and read ahead of need in decode, give the logits of the default
-/// reads, bit for bit, and the tier serves some of them.
+/// them, and read ahead of need in prompts and in decode, give the logits
+/// of the default reads, bit for bit, and the tier serves some of them.
 #[test]
 fn a_ram_tier_over_direct_reads_changes_no_logit() {
     use moeflux::experts::{CacheSize, IoMode};
@@ -90,6 +90,14 @@ fn a_ram_tier_over_direct_reads_changes_no_logit() {
     }
     let ram = tiered.ram_stats().expect("a RAM tier");
     assert!(ram.hits > 0 && ram.misses > 0, "{ram:?}");
+    // Those were prompts (one pass of every token): each MoE layer read the
+    // next one's guesses for all of them ahead (where the filesystem takes
+    // O_DIRECT), and some were used.
+    let store = tiered.expert_store();
+    if store.mode() == IoMode::Direct && store.layout().layers.len() >= 2 {
+        let ahead = store.ahead_stats().expect("reads ahead are on with O_DIRECT");
+        assert!(ahead.read > 0 && ahead.used > 0, "a prompt read nothing ahead: {ahead:?}");
+    }
     // Token by token, the next layer's guesses are read ahead (where the
     // filesystem takes O_DIRECT): the same bits as the default reads.
     let plain = open(&dst);
@@ -101,7 +109,6 @@ fn a_ram_tier_over_direct_reads_changes_no_logit() {
             "position {pos}: logits differ"
         );
     }
-    let store = tiered.expert_store();
     if store.mode() == IoMode::Direct {
         let ahead = store.ahead_stats().expect("reads ahead are on with O_DIRECT");
         // (Whether the tiny fixture's guesses are right is its routers'

@@ -162,9 +162,9 @@ pub struct MoeArgs<'a> {
 }
 
 /// A guess at a later MoE layer's experts: that layer's router logits
-/// `[n, n_experts]`, computed early on this layer's input (a decode step:
-/// one token of each of `n` sequences), so that a backend which streams
-/// experts can start copying or reading them while this layer computes.
+/// `[n, n_experts]`, computed early on this layer's input (the pass's `n`
+/// tokens), so that a backend which streams experts can start copying or
+/// reading them while this layer computes.
 pub struct MoeHint<'a, Buf> {
     pub layer: usize,
     pub logits: &'a Buf,
@@ -386,8 +386,8 @@ pub trait Backend: Send + Sync + Sized + 'static {
     fn moe(&self, m: MoeInputs<'_, Self::Buf>, a: MoeArgs<'_>, out: &mut Self::Buf) -> Result<()>;
 
     /// Whether `moe` would use a [`MoeHint`] for the experts of `store` in
-    /// a decode step of `n` tokens (they stream, and prefetch is on); the
-    /// model computes none otherwise.
+    /// a pass of `n` tokens (they stream, and prefetch is on); the model
+    /// computes none otherwise.
     fn wants_moe_hint(&self, _store: &ExpertStore, _n: usize) -> bool {
         false
     }

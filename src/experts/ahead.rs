@@ -73,6 +73,9 @@ pub(crate) struct ReadAhead {
     /// The layer whose guesses mark a token (the second MoE layer's: they
     /// are read during the first).
     pub(crate) token_layer: Option<usize>,
+    /// Most experts one call reads ahead (a share of the memory:
+    /// `ExpertStore::set_read_ahead`).
+    pub(crate) most: usize,
 }
 
 struct State {
@@ -96,6 +99,7 @@ impl Default for ReadAhead {
             }),
             epoch: Instant::now(),
             token_layer: None,
+            most: usize::MAX,
         }
     }
 }
@@ -167,9 +171,64 @@ impl ReadAhead {
     }
 }
 
+/// The experts to read ahead of `guesses` (`[n, k]`, each token's best
+/// first): the first `take` ranks of every token, rank by rank (every
+/// token's best, then every token's second, ...), each expert once,
+/// skipping ids past `experts` and those `held` (the RAM tier's), at most
+/// `most` of them (the best ranks kept).
+pub(crate) fn pick(
+    guesses: &[u32],
+    k: usize,
+    take: usize,
+    experts: usize,
+    most: usize,
+    held: impl Fn(u32) -> bool,
+) -> Vec<u32> {
+    let mut want = Vec::new();
+    let mut seen = vec![false; experts];
+    for rank in 0..take.min(k) {
+        for &e in guesses.iter().skip(rank).step_by(k.max(1)) {
+            let Some(s) = seen.get_mut(e as usize) else {
+                continue;
+            };
+            if !*s && !held(e) {
+                if want.len() == most {
+                    return want;
+                }
+                want.push(e);
+            }
+            *s = true;
+        }
+    }
+    want
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn picks_go_rank_by_rank_once_each_within_the_cap() {
+        let g = [4, 11, 1, 11, 5, 2, 6, 4, 3];
+        assert_eq!(pick(&g, 3, 2, 16, usize::MAX, |_| false), vec![4, 11, 6, 5]);
+        assert_eq!(pick(&g, 3, 3, 16, usize::MAX, |_| false), vec![4, 11, 6, 5, 1, 2, 3]);
+        assert_eq!(
+            pick(&g, 3, 2, 16, 3, |_| false),
+            vec![4, 11, 6],
+            "the cap keeps the best ranks"
+        );
+        assert_eq!(
+            pick(&g, 3, 2, 16, usize::MAX, |e| e == 11),
+            vec![4, 6, 5],
+            "held: skipped"
+        );
+        assert_eq!(
+            pick(&g, 3, 2, 6, usize::MAX, |_| false),
+            vec![4, 5],
+            "past the experts: skipped"
+        );
+        assert_eq!(pick(&g, 3, 9, 16, usize::MAX, |_| false).len(), 7, "take past k: k");
+    }
 
     fn region(v: u8) -> Region {
         Region::whole(Arc::new(vec![v; 4]))

@@ -35,6 +35,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+/// Reads ahead hold at most this share (1/N) of the memory the process
+/// may still take at open.
+const AHEAD_SHARE: u64 = 8;
+
 /// Counters of expert traffic.
 #[derive(Debug, Default)]
 pub struct ExpertStats {
@@ -269,11 +273,25 @@ impl ExpertStore {
     /// It pays where reads go to disk (`O_DIRECT`: the files exceed the
     /// memory); elsewhere the page cache keeps the files, and a read ahead
     /// would only copy what is there.
+    /// At most an eighth of the memory the process may still take
+    /// (`Memory::available` at open) is held in reads ahead, so that a
+    /// batch's or a prompt's guesses of large experts stay well inside a
+    /// container's limit.
     pub fn set_read_ahead(&mut self, on: bool) {
         let second = self.layers.iter().enumerate().filter(|(_, l)| l.is_some()).nth(1);
+        let size = (0..self.layers.len())
+            .filter_map(|l| self.layer_layout(l).ok())
+            .map(|l| l.expert_size as u64)
+            .max()
+            .unwrap_or(1)
+            .max(1);
+        let most = self
+            .memory
+            .map_or(usize::MAX, |m| ((m.available / AHEAD_SHARE / size) as usize).max(1));
         self.ahead = on.then(|| {
             let mut ra = ahead::ReadAhead::default();
             ra.token_layer = second.map(|(i, _)| i);
+            ra.most = most;
             ra
         });
     }
@@ -305,17 +323,8 @@ impl ExpertStore {
         }
         let lf = self.layer_file(layer)?.clone();
         let take = ra.count(k, ra.token_layer == Some(layer))?.min(k);
-        let mut want: Vec<u32> = Vec::new();
-        for rank in 0..take {
-            for &e in guesses.iter().skip(rank).step_by(k) {
-                if (e as usize) < self.num_experts
-                    && !want.contains(&e)
-                    && !self.ram.as_ref().is_some_and(|r| r.holds(layer, e))
-                {
-                    want.push(e);
-                }
-            }
-        }
+        let held = |e: u32| self.ram.as_ref().is_some_and(|r| r.holds(layer, e));
+        let want = ahead::pick(guesses, k, take, self.num_experts, ra.most, held);
         let size = lf.layout.expert_size;
         for (e, pending) in ra.start(layer, &want)? {
             let (lf, stats) = (lf.clone(), self.stats.clone());

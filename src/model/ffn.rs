@@ -112,15 +112,15 @@ impl<B: Backend> MoeBlock<B> {
     }
 
     /// x `[n, hidden]` (normed) → out `[n, hidden]` (overwritten).
-    /// `next`: the next MoE layer; in a decode step (one token of each
-    /// sequence) on a backend that streams experts, its router also runs on
-    /// x, as a guess at its experts.
+    /// `next`: the next MoE layer; where the backend wants it for a pass of
+    /// `n` tokens (it streams experts), its router also runs on x, as a
+    /// guess at its experts.
     pub fn forward(&self, c: &Ctx<B>, x: &B::Buf, next: Option<&MoeBlock<B>>, out: &mut B::Buf) -> Result<()> {
         let (b, cfg, n) = (c.b, c.cfg, c.n);
         let (hid, e) = (cfg.hidden_size, cfg.num_experts);
         let mut logits = b.alloc(n * e)?; // [n, n_experts]
         let decode = c.segs.iter().all(|s| s.n == 1);
-        let next = next.filter(|_| decode && b.wants_moe_hint(c.store, n));
+        let next = next.filter(|_| b.wants_moe_hint(c.store, n));
         let mut hint_logits = match next {
             Some(_) => Some(b.alloc(n * e)?), // [n, n_experts] of the next layer
             None => None,
