@@ -96,7 +96,10 @@ fn a_ram_tier_over_direct_reads_changes_no_logit() {
     let store = tiered.expert_store();
     if store.mode() == IoMode::Direct && store.layout().layers.len() >= 2 {
         let ahead = store.ahead_stats().expect("reads ahead are on with O_DIRECT");
-        assert!(ahead.read > 0 && ahead.used > 0, "a prompt read nothing ahead: {ahead:?}");
+        assert!(
+            ahead.read > 0 && ahead.used > 0,
+            "a prompt read nothing ahead: {ahead:?}"
+        );
     }
     // Token by token, the next layer's guesses are read ahead (where the
     // filesystem takes O_DIRECT): the same bits as the default reads.

@@ -308,7 +308,9 @@ impl ExpertStore {
     /// token's guesses is tuned on step times (a step begins with the
     /// guesses for the second MoE layer); the tokens' guesses are read
     /// rank by rank (every token's best, then every token's second, ...),
-    /// each expert once. Experts the RAM tier holds are skipped; the
+    /// each expert once, as many as an eighth of the memory holds
+    /// ([`ExpertStore::set_read_ahead`]). Experts the RAM tier holds are
+    /// skipped; the
     /// guesses of another layer not asked for are dropped. Does nothing
     /// unless reads ahead are on. Reads ahead are counted as reads.
     pub fn read_ahead(&self, layer: usize, guesses: &[u32], k: usize) -> Result<()> {

@@ -119,7 +119,6 @@ impl<B: Backend> MoeBlock<B> {
         let (b, cfg, n) = (c.b, c.cfg, c.n);
         let (hid, e) = (cfg.hidden_size, cfg.num_experts);
         let mut logits = b.alloc(n * e)?; // [n, n_experts]
-        let decode = c.segs.iter().all(|s| s.n == 1);
         let next = next.filter(|_| b.wants_moe_hint(c.store, n));
         let mut hint_logits = match next {
             Some(_) => Some(b.alloc(n * e)?), // [n, n_experts] of the next layer
@@ -175,7 +174,7 @@ impl<B: Backend> MoeBlock<B> {
             n_experts: e,
             k: cfg.num_experts_per_tok,
             routing: &cfg.routing,
-            decode,
+            decode: c.segs.iter().all(|s| s.n == 1),
         };
         // Routing happens inside `moe` (on the device where there is one).
         let m = MoeInputs {
