@@ -245,10 +245,7 @@ impl ExpertStore {
     /// an error that says so.
     pub fn set_ram_tier(&mut self, size: CacheSize) -> Result<u64> {
         let moe: Vec<usize> = (0..self.layers.len()).filter(|&l| self.layers[l].is_some()).collect();
-        let slot = (moe.iter().filter_map(|&l| self.layer_layout(l).ok()))
-            .map(|l| l.expert_size as u64)
-            .max()
-            .unwrap_or(0);
+        let slot = self.largest_expert();
         let room = self.memory.map(|m| m.available);
         let bytes = match size {
             CacheSize::Auto if self.mode == IoMode::Direct => room.unwrap_or(0) / 2,
@@ -269,6 +266,15 @@ impl ExpertStore {
         Ok(slots as u64 * slot)
     }
 
+    /// Bytes of the largest expert of any MoE layer (0 without one).
+    fn largest_expert(&self) -> u64 {
+        (0..self.layers.len())
+            .filter_map(|l| self.layer_layout(l).ok())
+            .map(|l| l.expert_size as u64)
+            .max()
+            .unwrap_or(0)
+    }
+
     /// Read experts ahead of need ([`ExpertStore::read_ahead`]) or not.
     /// It pays where reads go to disk (`O_DIRECT`: the files exceed the
     /// memory); elsewhere the page cache keeps the files, and a read ahead
@@ -279,12 +285,7 @@ impl ExpertStore {
     /// container's limit.
     pub fn set_read_ahead(&mut self, on: bool) {
         let second = self.layers.iter().enumerate().filter(|(_, l)| l.is_some()).nth(1);
-        let size = (0..self.layers.len())
-            .filter_map(|l| self.layer_layout(l).ok())
-            .map(|l| l.expert_size as u64)
-            .max()
-            .unwrap_or(1)
-            .max(1);
+        let size = self.largest_expert().max(1);
         let most = self
             .memory
             .map_or(usize::MAX, |m| ((m.available / AHEAD_SHARE / size) as usize).max(1));
