@@ -279,6 +279,7 @@ impl ExpertStore {
     /// It pays where reads go to disk (`O_DIRECT`: the files exceed the
     /// memory); elsewhere the page cache keeps the files, and a read ahead
     /// would only copy what is there.
+    ///
     /// At most an eighth of the memory the process may still take
     /// (`Memory::available` at open) is held in reads ahead, so that a
     /// batch's or a prompt's guesses of large experts stay well inside a
@@ -311,9 +312,9 @@ impl ExpertStore {
     /// rank by rank (every token's best, then every token's second, ...),
     /// each expert once, as many as an eighth of the memory holds
     /// ([`ExpertStore::set_read_ahead`]). Experts the RAM tier holds are
-    /// skipped; the
-    /// guesses of another layer not asked for are dropped. Does nothing
-    /// unless reads ahead are on. Reads ahead are counted as reads.
+    /// skipped; the guesses of another layer not asked for are dropped.
+    /// Does nothing unless reads ahead are on. Reads ahead are counted as
+    /// reads.
     pub fn read_ahead(&self, layer: usize, guesses: &[u32], k: usize) -> Result<()> {
         let Some(ra) = &self.ahead else {
             return Ok(());
