@@ -10,6 +10,7 @@ mod buf;
 mod cache;
 mod check;
 mod compile;
+mod copies;
 mod delta_chunk;
 mod download;
 mod driver;

@@ -16,7 +16,8 @@ mod ahead;
 mod split;
 
 use super::buf::DevMem;
-use super::driver::{Check, Event, Gpu};
+use super::copies;
+use super::driver::{Event, Gpu};
 use super::host_cpu::HostCpu;
 use super::hostmap::{self, HostMap};
 use super::staging::StagingThread;
@@ -435,19 +436,15 @@ impl ExpertCache {
             // here: a staged layer's fetch flushed it, and guesses for a
             // staged layer are queued after this layer's lookups.
             self.flush(st)?;
-            for &(e, s) in &jobs {
-                // SAFETY: the slot holds `slot_bytes` ≥ `size` bytes; the
-                // registered file holds expert `e` at `e·size`.
-                unsafe {
-                    sys::cuMemcpyHtoDAsync_v2(
-                        self.addr(s),
-                        m.at(e as usize * size) as *const std::ffi::c_void,
-                        size,
-                        self.gpu.copy,
-                    )
-                }
-                .check("copying an expert to the device")?;
-            }
+            let pieces: Vec<(u64, *const u8)> = jobs
+                .iter()
+                .map(|&(e, s)| (self.addr(s), m.at(e as usize * size)))
+                .collect();
+            // SAFETY: each slot holds `slot_bytes` ≥ `size` bytes and is
+            // not read until the copy stream's event; the registered file
+            // holds expert `e` at `e·size` and stays registered until the
+            // copy stream is synchronized (drop).
+            unsafe { copies::host_to_device(&pieces, size, self.gpu.copy) }?;
             self.account(st, &jobs, size, t0);
             return Ok(addrs);
         }
