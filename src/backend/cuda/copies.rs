@@ -3,28 +3,35 @@
 //! `cuMemcpyBatchAsync` (CUDA 13 drivers): on the lent H200, 1.77 MB
 //! pieces copied one call each ran at 50.8 GB/s, in batches of 8 at 54.8
 //! and of 64 at 55.3, the rate of one large copy (BENCHMARKS, "Expert
-//! copies in batches"; `tools/device/copy_rate.cu`). Older drivers get one
-//! `cuMemcpyHtoDAsync` a piece.
+//! copies in batches"; `tools/device/copy_rate.cu`). Older drivers, and a
+//! driver that refuses a batch, get one `cuMemcpyHtoDAsync` a piece.
 
 use super::driver::Check;
 use crate::error::Result;
 use cudarc::driver::sys;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
 
 /// The first driver version (13.0) whose library has
 /// `cuMemcpyBatchAsync_v2`.
 const BATCH_DRIVER: i32 = 13000;
 
-/// Whether this process's driver takes batches of copies (asked once).
+/// Whether this process's driver takes batches of copies: asked once,
+/// and off for good once a batch is refused (its copies are then issued
+/// one by one: the same bytes to the same places).
 fn batches() -> bool {
-    static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| {
+    static ASKED: OnceLock<bool> = OnceLock::new();
+    let driver = *ASKED.get_or_init(|| {
         let mut v = 0;
         // SAFETY: writes one integer.
         let ok = unsafe { sys::cuDriverGetVersion(&mut v) } == sys::CUresult::CUDA_SUCCESS;
         ok && v >= BATCH_DRIVER
-    })
+    });
+    driver && !REFUSED.load(Ordering::Relaxed)
 }
+
+/// A batch was refused by the driver.
+static REFUSED: AtomicBool = AtomicBool::new(false);
 
 /// Queue on `stream` the copies of `size` bytes each from host address
 /// `src` (registered with the driver) to device address `dst`, for every
@@ -51,7 +58,7 @@ pub(crate) unsafe fn host_to_device(pieces: &[(u64, *const u8)], size: usize, st
         let mut first = 0usize;
         // SAFETY: the arrays hold `pieces.len()` entries and outlive the
         // call (the driver copies them); the caller vouches for the ranges.
-        return unsafe {
+        let r = unsafe {
             sys::cuMemcpyBatchAsync_v2(
                 dsts.as_mut_ptr(),
                 srcs.as_mut_ptr(),
@@ -62,8 +69,14 @@ pub(crate) unsafe fn host_to_device(pieces: &[(u64, *const u8)], size: usize, st
                 1,
                 stream,
             )
+        };
+        if r == sys::CUresult::CUDA_SUCCESS {
+            return Ok(());
         }
-        .check("copying experts to the device");
+        // Refused (a platform without batches): every piece one by one
+        // below, whatever of the batch was queued (a piece copied twice
+        // lands the same bytes).
+        REFUSED.store(true, Ordering::Relaxed);
     }
     for &(dst, src) in pieces {
         // SAFETY: as the caller vouches.
