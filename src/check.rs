@@ -2,6 +2,7 @@
 //! collecting every problem instead of stopping at the first (`moeflux
 //! inspect` reports them all). `Model::open` runs the same checks.
 
+use crate::arch::{Entry, TensorKind};
 use crate::backend::cpu::CpuBackend;
 use crate::config::{FfnKind, ModelConfig};
 use crate::error::{Error, Result};
@@ -92,7 +93,29 @@ pub fn problems(dir: &Path) -> Vec<Error> {
         found.extend(moe_layouts(c, l));
     }
     if let (Some(c), Some(w)) = (&config, &weights) {
-        if let Err(e) = Net::load(CpuBackend::new(), c, w) {
+        let missing = tensors(c, w);
+        if missing.is_empty() {
+            if let Err(e) = Net::load(CpuBackend::new(), c, w) {
+                found.push(e);
+            }
+        }
+        found.extend(missing);
+    }
+    found
+}
+
+/// Every dense tensor of the model's table (`arch::table`) that
+/// `model_weights.bin` lacks or holds in the wrong shape or form.
+pub fn tensors(cfg: &ModelConfig, w: &WeightsFile) -> Vec<Error> {
+    let mut found = Vec::new();
+    for entry in crate::arch::table(cfg) {
+        let Entry::Dense(t) = entry else { continue };
+        let r = match (t.kind, t.shape.as_slice()) {
+            (TensorKind::Matrix(_), &[rows, cols]) => w.matrix(&t.name, rows, cols).map(drop),
+            (TensorKind::Conv1d, &[c, k]) => w.vector(&t.name, c * k).map(drop),
+            (_, shape) => w.vector(&t.name, shape.iter().product()).map(drop),
+        };
+        if let Err(e) = r {
             found.push(e);
         }
     }

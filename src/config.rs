@@ -3,15 +3,13 @@
 //! once. Errors name the field at fault.
 
 use crate::error::{Error, Result};
-use fields::{
-    at_most, hybrid_attn_kinds, qwen_moe_layers, rope_settings, text_fields, Fields, MAX_COUNT, MAX_DIM, MAX_VOCAB,
-};
+use fields::{at_most, rope_settings, text_fields, Fields, MAX_COUNT, MAX_DIM, MAX_VOCAB};
 use serde_json::Value;
 use std::path::Path;
 
-mod fields;
+pub(crate) mod fields;
 
-/// Architecture families, by `model_type`.
+/// Architecture families, by `model_type` (each has its file in `arch/`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Arch {
     /// `qwen3_moe`: GQA + softmax-top-k MoE.
@@ -24,27 +22,56 @@ pub enum Arch {
     DeepseekV3,
 }
 
-pub const SUPPORTED_ARCHS: &str = "qwen3_moe, qwen3_5_moe (qwen3_5_moe_text), qwen3_next, deepseek_v3 (kimi_k2)";
-
 impl Arch {
+    /// The architecture of a `model_type`, or an error listing the supported ones.
     pub fn from_model_type(t: &str) -> Result<Arch> {
-        Ok(match t {
-            "qwen3_moe" => Arch::Qwen3Moe,
-            "qwen3_5_moe" | "qwen3_5_moe_text" => Arch::Qwen35Moe,
-            "qwen3_next" => Arch::Qwen3Next,
-            "deepseek_v3" | "kimi_k2" => Arch::DeepseekV3,
-            other => {
-                return Err(Error::UnsupportedArch {
-                    model_type: other.to_string(),
-                    supported: SUPPORTED_ARCHS,
-                })
-            }
-        })
+        Ok(crate::arch::family(t)?.arch)
     }
-    /// Qwen3.5 / Qwen3-Next: zero-centred norms, GatedDeltaNet layers.
-    pub fn is_hybrid(self) -> bool {
-        matches!(self, Arch::Qwen35Moe | Arch::Qwen3Next)
+
+    /// The family file that describes it.
+    pub fn family(self) -> &'static crate::arch::Family {
+        crate::arch::FAMILIES
+            .iter()
+            .copied()
+            .find(|f| f.arch == self)
+            .unwrap_or(crate::arch::FAMILIES[0])
     }
+}
+
+/// How a GQA layer's q and k are normalized before RoPE.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QkNorm {
+    None,
+    /// One RMSNorm `[head_dim]` applied to each head.
+    PerHead,
+    /// One RMSNorm over all heads of the layer (`[H·head_dim]`).
+    PerLayer,
+}
+
+/// The options of the GQA block that families differ in.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AttnOptions {
+    /// `q_proj` also yields a per-head output gate, `[q | gate]`, applied
+    /// as `o ⊙ sigmoid(gate)` (Qwen3.5, Qwen3-Next).
+    pub output_gate: bool,
+    pub qk_norm: QkNorm,
+    /// q, k and v projections have biases.
+    pub qkv_bias: bool,
+    /// `o_proj` has a bias.
+    pub o_bias: bool,
+}
+
+/// The options of the MoE block that families differ in.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MoeOptions {
+    /// The shared expert's module under `mlp.` (`shared_expert`, or
+    /// DeepSeek's `shared_experts`).
+    pub shared_name: &'static str,
+    /// The shared expert is scaled by `sigmoid(shared_expert_gate·x)`.
+    pub shared_gated: bool,
+    /// The router has a selection bias (`e_score_correction_bias`) and is
+    /// kept in its float dtype.
+    pub router_bias: bool,
 }
 
 /// What computes the token mixing of one layer.
@@ -153,9 +180,12 @@ pub struct ModelConfig {
     pub num_experts_per_tok: usize,
     /// Width of the shared expert MLP (0 when the model has none).
     pub shared_expert_intermediate_size: usize,
-    /// Qwen: shared expert output scaled by `sigmoid(shared_expert_gate·x)`.
-    pub shared_expert_gated: bool,
     pub routing: Routing,
+    pub attn: AttnOptions,
+    pub moe: MoeOptions,
+    /// The checkpoint stores the block norms as `w` of `x̂·(1 + w)`
+    /// (Qwen3.5, Qwen3-Next): converted to the applied `1 + w`.
+    pub zero_centred_norms: bool,
     pub linear: Option<LinearAttnConfig>,
     pub mla: Option<MlaConfig>,
     pub layers: Vec<LayerSpec>,
@@ -178,7 +208,7 @@ impl ModelConfig {
             .and_then(|t| t.as_str())
             .ok_or_else(|| Error::config("model_type", "missing"))?
             .to_string();
-        let arch = Arch::from_model_type(&model_type)?;
+        let family = crate::arch::family(&model_type)?;
         let merged = text_fields(root);
         let f = Fields(&merged);
 
@@ -189,17 +219,6 @@ impl ModelConfig {
         let num_attention_heads = f.usize("num_attention_heads")?;
         let num_key_value_heads = f.usize_or("num_key_value_heads", num_attention_heads)?;
         let rope = rope_settings(&f)?;
-
-        if f.bool_or("attention_bias", false)? {
-            return Err(Error::config("attention_bias", "attention biases are not supported"));
-        }
-        if arch == Arch::Qwen3Moe && f.bool_or("use_sliding_window", false)? {
-            return Err(Error::config(
-                "use_sliding_window",
-                "sliding-window attention is not supported",
-            ));
-        }
-
         let num_experts = match f.usize_opt("num_experts")? {
             Some(n) => n,
             None => match f.usize_opt("num_local_experts")? {
@@ -208,8 +227,10 @@ impl ModelConfig {
             },
         };
 
+        // The common fields, with the defaults most families share; the
+        // family's `configure` reads the rest and may change any of them.
         let mut cfg = ModelConfig {
-            arch,
+            arch: family.arch,
             model_type,
             vocab_size: f.usize("vocab_size")?,
             hidden_size,
@@ -219,113 +240,33 @@ impl ModelConfig {
             tie_word_embeddings: f.bool_or("tie_word_embeddings", false)?,
             num_attention_heads,
             num_key_value_heads,
-            // transformers' Qwen3.5 / Qwen3-Next configs default head_dim to 256
-            // and partial_rotary_factor to 0.25; the others derive / rotate all.
-            head_dim: f.usize_or(
-                "head_dim",
-                if arch.is_hybrid() {
-                    256
-                } else {
-                    hidden_size / num_attention_heads.max(1)
-                },
-            )?,
+            head_dim: f.usize_or("head_dim", hidden_size / num_attention_heads.max(1))?,
             rope_theta: rope.theta,
-            partial_rotary_factor: rope
-                .partial_rotary_factor
-                .unwrap_or(if arch.is_hybrid() { 0.25 } else { 1.0 }),
+            partial_rotary_factor: rope.partial_rotary_factor.unwrap_or(1.0),
             yarn: rope.yarn,
             intermediate_size: f.usize_or("intermediate_size", 0)?,
             moe_intermediate_size: f.usize("moe_intermediate_size")?,
             num_experts,
             num_experts_per_tok: f.usize("num_experts_per_tok")?,
             shared_expert_intermediate_size: 0,
-            shared_expert_gated: false,
             routing: Routing::Softmax { norm_topk_prob: false },
+            attn: AttnOptions {
+                output_gate: false,
+                qk_norm: QkNorm::None,
+                qkv_bias: false,
+                o_bias: false,
+            },
+            moe: MoeOptions {
+                shared_name: "shared_expert",
+                shared_gated: false,
+                router_bias: false,
+            },
+            zero_centred_norms: false,
             linear: None,
             mla: None,
             layers: vec![],
         };
-
-        match arch {
-            Arch::Qwen3Moe => {
-                cfg.routing = Routing::Softmax {
-                    norm_topk_prob: f.bool_or("norm_topk_prob", false)?,
-                };
-                let moe = qwen_moe_layers(&f, num_hidden_layers)?;
-                cfg.layers = moe
-                    .into_iter()
-                    .map(|m| LayerSpec {
-                        attn: AttnKind::Full,
-                        ffn: m,
-                    })
-                    .collect();
-            }
-            Arch::Qwen35Moe | Arch::Qwen3Next => {
-                cfg.routing = Routing::Softmax {
-                    norm_topk_prob: arch == Arch::Qwen35Moe || f.bool_or("norm_topk_prob", true)?,
-                };
-                cfg.shared_expert_intermediate_size = f.usize_or("shared_expert_intermediate_size", 0)?;
-                cfg.shared_expert_gated = true;
-                cfg.linear = Some(LinearAttnConfig {
-                    num_key_heads: f.usize("linear_num_key_heads")?,
-                    num_value_heads: f.usize("linear_num_value_heads")?,
-                    key_head_dim: f.usize("linear_key_head_dim")?,
-                    value_head_dim: f.usize("linear_value_head_dim")?,
-                    conv_kernel: f.usize_or("linear_conv_kernel_dim", 4)?,
-                });
-                let attn = hybrid_attn_kinds(&f, num_hidden_layers)?;
-                let moe = qwen_moe_layers(&f, num_hidden_layers)?;
-                cfg.layers = attn
-                    .into_iter()
-                    .zip(moe)
-                    .map(|(a, m)| LayerSpec { attn: a, ffn: m })
-                    .collect();
-            }
-            Arch::DeepseekV3 => {
-                let topk_method = f.get("topk_method").and_then(|v| v.as_str()).unwrap_or("noaux_tc");
-                if topk_method != "noaux_tc" {
-                    return Err(Error::config(
-                        "topk_method",
-                        format!("`{topk_method}` is not supported (only noaux_tc)"),
-                    ));
-                }
-                let scoring = f.get("scoring_func").and_then(|v| v.as_str()).unwrap_or("sigmoid");
-                if scoring != "sigmoid" {
-                    return Err(Error::config(
-                        "scoring_func",
-                        format!("`{scoring}` is not supported (only sigmoid)"),
-                    ));
-                }
-                cfg.routing = Routing::NoauxTc {
-                    n_group: f.usize_or("n_group", 1)?,
-                    topk_group: f.usize_or("topk_group", 1)?,
-                    routed_scaling_factor: f.f64_opt("routed_scaling_factor")?.unwrap_or(1.0) as f32,
-                    norm_topk_prob: f.bool_or("norm_topk_prob", true)?,
-                };
-                let n_shared = f.usize_or("n_shared_experts", 0)?;
-                cfg.shared_expert_intermediate_size = n_shared
-                    .checked_mul(cfg.moe_intermediate_size)
-                    .filter(|&n| n <= MAX_DIM)
-                    .ok_or_else(|| Error::config("n_shared_experts", format!("{n_shared} is too large")))?;
-                cfg.mla = Some(MlaConfig {
-                    q_lora_rank: f.usize_opt("q_lora_rank")?,
-                    kv_lora_rank: f.usize("kv_lora_rank")?,
-                    qk_nope_head_dim: f.usize("qk_nope_head_dim")?,
-                    qk_rope_head_dim: f.usize("qk_rope_head_dim")?,
-                    v_head_dim: f.usize("v_head_dim")?,
-                    rope_interleave: f.bool_or("rope_interleave", true)?,
-                });
-                // As transformers: MoE iff i >= first_k_dense_replace
-                // (`moe_layer_freq` is 1 in every released checkpoint).
-                let first_dense = f.usize_or("first_k_dense_replace", 0)?;
-                cfg.layers = (0..num_hidden_layers)
-                    .map(|i| LayerSpec {
-                        attn: AttnKind::Mla,
-                        ffn: if i >= first_dense { FfnKind::Moe } else { FfnKind::Dense },
-                    })
-                    .collect();
-            }
-        }
+        (family.configure)(&f, &mut cfg)?;
         cfg.validate()?;
         Ok(cfg)
     }
@@ -374,7 +315,7 @@ impl ModelConfig {
         if self.rope_theta.is_nan() || self.rope_theta <= 0.0 {
             return Err(Error::config("rope_theta", "must be positive"));
         }
-        if self.arch != Arch::DeepseekV3 {
+        if self.mla.is_none() {
             let rd = self.rotary_dim();
             if rd == 0 || !rd.is_multiple_of(2) || rd > self.head_dim {
                 return Err(Error::config(

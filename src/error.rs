@@ -21,10 +21,7 @@ pub enum Error {
     Config { field: String, msg: String },
 
     #[error("unsupported model_type `{model_type}`; supported: {supported}")]
-    UnsupportedArch {
-        model_type: String,
-        supported: &'static str,
-    },
+    UnsupportedArch { model_type: String, supported: String },
 
     /// A file whose contents do not match what its format promises
     /// (truncated, corrupt header, entry past the end).

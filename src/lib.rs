@@ -3,6 +3,7 @@
 //! The map of the code is `DESIGN.md`; the formats and numerics it keeps
 //! are in `SPEC.md`.
 
+pub mod arch;
 pub mod chatsave;
 pub mod check;
 pub mod checksum;

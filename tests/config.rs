@@ -62,7 +62,7 @@ fn qwen3_5_text_config_and_rope_parameters() {
         [AttnKind::Linear, AttnKind::Full, AttnKind::Linear, AttnKind::Linear]
     );
     assert_eq!(c.routing, Routing::Softmax { norm_topk_prob: true });
-    assert!(c.shared_expert_gated);
+    assert!(c.moe.shared_gated);
     assert_eq!(c.linear.as_ref().unwrap().conv_dim(), 2 * 2 * 32 + 4 * 32);
 }
 

@@ -216,7 +216,7 @@ fn needed(c: &ModelConfig) -> Vec<(String, usize, usize)> {
         let (nq, nkv, hd) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
         match l.attn {
             AttnKind::Full => {
-                let gate = if c.arch.is_hybrid() { 2 } else { 1 };
+                let gate = if c.attn.output_gate { 2 } else { 1 };
                 m(format!("{p}.self_attn.q_proj"), gate * nq * hd, h);
                 m(format!("{p}.self_attn.k_proj"), nkv * hd, h);
                 m(format!("{p}.self_attn.v_proj"), nkv * hd, h);
@@ -283,7 +283,7 @@ fn needed(c: &ModelConfig) -> Vec<(String, usize, usize)> {
                     m(format!("{p}.mlp.{shared}.up_proj"), s, h);
                     m(format!("{p}.mlp.{shared}.down_proj"), h, s);
                 }
-                if s > 0 && c.shared_expert_gated {
+                if s > 0 && c.moe.shared_gated {
                     m(format!("{p}.mlp.shared_expert_gate"), 1, h);
                 }
             }

@@ -8,7 +8,7 @@ use serde_json::{Map, Value};
 
 /// The JSON object holding the text model's fields: `text_config` merged
 /// over the top level (the top level keeps `model_type`).
-pub(super) fn text_fields(root: &Map<String, Value>) -> Map<String, Value> {
+pub(crate) fn text_fields(root: &Map<String, Value>) -> Map<String, Value> {
     let mut m = root.clone();
     if let Some(Value::Object(tc)) = root.get("text_config") {
         for (k, v) in tc {
@@ -20,17 +20,17 @@ pub(super) fn text_fields(root: &Map<String, Value>) -> Map<String, Value> {
     m
 }
 
-pub(super) struct Fields<'a>(pub(super) &'a Map<String, Value>);
+pub(crate) struct Fields<'a>(pub(crate) &'a Map<String, Value>);
 
 impl Fields<'_> {
-    pub(super) fn get(&self, k: &str) -> Option<&Value> {
+    pub(crate) fn get(&self, k: &str) -> Option<&Value> {
         self.0.get(k).filter(|v| !v.is_null())
     }
-    pub(super) fn usize(&self, k: &str) -> Result<usize> {
+    pub(crate) fn usize(&self, k: &str) -> Result<usize> {
         self.usize_opt(k)?
             .ok_or_else(|| Error::config(k, "missing (required for this architecture)"))
     }
-    pub(super) fn usize_opt(&self, k: &str) -> Result<Option<usize>> {
+    pub(crate) fn usize_opt(&self, k: &str) -> Result<Option<usize>> {
         match self.get(k) {
             None => Ok(None),
             Some(v) => v
@@ -39,13 +39,13 @@ impl Fields<'_> {
                 .ok_or_else(|| Error::config(k, format!("expected a non-negative integer, found {v}"))),
         }
     }
-    pub(super) fn usize_or(&self, k: &str, d: usize) -> Result<usize> {
+    pub(crate) fn usize_or(&self, k: &str, d: usize) -> Result<usize> {
         Ok(self.usize_opt(k)?.unwrap_or(d))
     }
-    pub(super) fn f64_opt(&self, k: &str) -> Result<Option<f64>> {
+    pub(crate) fn f64_opt(&self, k: &str) -> Result<Option<f64>> {
         f64_in(self.0, k)
     }
-    pub(super) fn bool_or(&self, k: &str, d: bool) -> Result<bool> {
+    pub(crate) fn bool_or(&self, k: &str, d: bool) -> Result<bool> {
         match self.get(k) {
             None => Ok(d),
             Some(v) => v
@@ -53,7 +53,7 @@ impl Fields<'_> {
                 .ok_or_else(|| Error::config(k, format!("expected true or false, found {v}"))),
         }
     }
-    pub(super) fn usize_list(&self, k: &str) -> Result<Vec<usize>> {
+    pub(crate) fn usize_list(&self, k: &str) -> Result<Vec<usize>> {
         match self.get(k) {
             None => Ok(vec![]),
             Some(Value::Array(a)) => a
@@ -67,12 +67,12 @@ impl Fields<'_> {
             Some(v) => Err(Error::config(k, format!("expected a list, found {v}"))),
         }
     }
-    pub(super) fn obj(&self, k: &str) -> Option<&Map<String, Value>> {
+    pub(crate) fn obj(&self, k: &str) -> Option<&Map<String, Value>> {
         self.get(k).and_then(|v| v.as_object())
     }
 }
 
-pub(super) fn f64_in(m: &Map<String, Value>, k: &str) -> Result<Option<f64>> {
+pub(crate) fn f64_in(m: &Map<String, Value>, k: &str) -> Result<Option<f64>> {
     match m.get(k).filter(|v| !v.is_null()) {
         None => Ok(None),
         Some(v) => v
@@ -83,13 +83,13 @@ pub(super) fn f64_in(m: &Map<String, Value>, k: &str) -> Result<Option<f64>> {
 }
 
 /// The largest layer, head or expert count accepted.
-pub(super) const MAX_COUNT: usize = 1 << 16;
+pub(crate) const MAX_COUNT: usize = 1 << 16;
 /// The largest width (hidden size, head size, MLP width, rank) accepted.
-pub(super) const MAX_DIM: usize = 1 << 24;
+pub(crate) const MAX_DIM: usize = 1 << 24;
 /// The largest vocabulary: token ids are u32.
-pub(super) const MAX_VOCAB: usize = 1 << 31;
+pub(crate) const MAX_VOCAB: usize = 1 << 31;
 
-pub(super) fn at_most(field: &str, v: usize, max: usize) -> Result<()> {
+pub(crate) fn at_most(field: &str, v: usize, max: usize) -> Result<()> {
     if v > max {
         return Err(Error::config(
             field,
@@ -99,15 +99,15 @@ pub(super) fn at_most(field: &str, v: usize, max: usize) -> Result<()> {
     Ok(())
 }
 
-pub(super) struct RopeSettings {
-    pub(super) theta: f64,
-    pub(super) partial_rotary_factor: Option<f64>,
-    pub(super) yarn: Option<Yarn>,
+pub(crate) struct RopeSettings {
+    pub(crate) theta: f64,
+    pub(crate) partial_rotary_factor: Option<f64>,
+    pub(crate) yarn: Option<Yarn>,
 }
 
 /// `rope_theta` / `partial_rotary_factor` / yarn at the top level, in
 /// `rope_parameters` (transformers 5) or in `rope_scaling`.
-pub(super) fn rope_settings(f: &Fields) -> Result<RopeSettings> {
+pub(crate) fn rope_settings(f: &Fields) -> Result<RopeSettings> {
     let params = f.obj("rope_parameters");
     let scaling = f.obj("rope_scaling");
     let lookup = |k: &str| -> Result<Option<f64>> {
@@ -167,7 +167,7 @@ pub(super) fn rope_settings(f: &Fields) -> Result<RopeSettings> {
 }
 
 /// Qwen rule: layer i is MoE iff i ∉ mlp_only_layers and (i+1) % step == 0.
-pub(super) fn qwen_moe_layers(f: &Fields, n: usize) -> Result<Vec<FfnKind>> {
+pub(crate) fn qwen_moe_layers(f: &Fields, n: usize) -> Result<Vec<FfnKind>> {
     let only = f.usize_list("mlp_only_layers")?;
     if let Some(&bad) = only.iter().find(|&&i| i >= n) {
         return Err(Error::config(
@@ -191,7 +191,7 @@ pub(super) fn qwen_moe_layers(f: &Fields, n: usize) -> Result<Vec<FfnKind>> {
 }
 
 /// `layer_types` if present, else every `full_attention_interval`-th layer.
-pub(super) fn hybrid_attn_kinds(f: &Fields, n: usize) -> Result<Vec<AttnKind>> {
+pub(crate) fn hybrid_attn_kinds(f: &Fields, n: usize) -> Result<Vec<AttnKind>> {
     if let Some(v) = f.get("layer_types") {
         let a = v
             .as_array()

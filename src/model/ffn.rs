@@ -5,7 +5,7 @@
 use super::timing::Phase;
 use super::{load_mat, Ctx};
 use crate::backend::{Backend, MoeArgs, MoeHint, MoeInputs};
-use crate::config::{Arch, ModelConfig};
+use crate::config::ModelConfig;
 use crate::error::Result;
 use crate::format::packed::WeightsFile;
 
@@ -57,23 +57,19 @@ pub struct MoeBlock<B: Backend> {
 impl<B: Backend> MoeBlock<B> {
     pub fn load(b: &B, wf: &WeightsFile, p: &str, layer: usize, cfg: &ModelConfig) -> Result<Self> {
         let hid = cfg.hidden_size;
-        let bias = if cfg.arch == Arch::DeepseekV3 {
+        let bias = if cfg.moe.router_bias {
             Some(b.upload(&wf.vector(&format!("{p}.mlp.gate.e_score_correction_bias"), cfg.num_experts)?)?)
         } else {
             None
         };
         let si = cfg.shared_expert_intermediate_size;
-        let shared_name = if cfg.arch == Arch::DeepseekV3 {
-            "shared_experts"
-        } else {
-            "shared_expert"
-        };
+        let shared_name = cfg.moe.shared_name;
         let shared = if si > 0 {
             Some(Mlp::load(b, wf, &format!("{p}.mlp.{shared_name}"), hid, si)?)
         } else {
             None
         };
-        let shared_gate = if si > 0 && cfg.shared_expert_gated {
+        let shared_gate = if si > 0 && cfg.moe.shared_gated {
             Some(load_mat(b, wf, &format!("{p}.mlp.shared_expert_gate"), 1, hid)?)
         } else {
             None

@@ -21,7 +21,7 @@ pub use random::{token_ids, SplitMix64};
 pub use skew::Routing;
 pub use tensors::{QWEN_ROUTER_BITS, ROUTER_GAIN};
 
-use crate::config::{Arch, FfnKind, ModelConfig};
+use crate::config::{FfnKind, ModelConfig};
 use crate::error::{Error, Result};
 use crate::format::outdir::{check_cancel, check_destination, TempDir};
 use crate::format::packed::{
@@ -120,7 +120,7 @@ impl Plan {
                 ));
             }
         }
-        let block = (opts.routing == Routing::Skewed && config.arch != Arch::DeepseekV3).then_some(());
+        let block = (opts.routing == Routing::Skewed && !config.moe.router_bias).then_some(());
         if block.is_some() && config.hidden_size < 2 * skew::BLOCK {
             return Err(Error::config(
                 "hidden_size",

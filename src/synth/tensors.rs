@@ -5,7 +5,8 @@
 use super::fill::{quantized_fills, Fill};
 use super::random::{key, mix};
 use super::skew::{self, Part, Routing, RowMask, Rows, Shared};
-use crate::config::{Arch, AttnKind, FfnKind, ModelConfig};
+use crate::arch::{self, Entry, Mat, Tensor, TensorKind, Vector};
+use crate::config::ModelConfig;
 use crate::format::packed::LayerLayout;
 use crate::format::Dtype;
 
@@ -216,178 +217,82 @@ impl Builder {
     }
 }
 
-/// Every dense tensor the model code reads, in file order.
+/// Every dense tensor of the model's table (`arch::table`), in file order.
 pub fn dense_tensors(cfg: &ModelConfig, q: Quant) -> Vec<TensorSpec> {
     let mut b = Builder { q, out: Vec::new() };
-    let h = cfg.hidden_size;
-    match q.block {
-        None => b.matrix("model.embed_tokens", cfg.vocab_size, h, 1.0, q.bits),
-        Some(block) => {
-            let shared = Shared::Embedding { block };
-            b.rows_matrix("model.embed_tokens", cfg.vocab_size, h, q.bits, shared);
+    for entry in arch::table(cfg) {
+        if let Entry::Dense(t) = entry {
+            b.tensor(cfg, &t);
         }
-    }
-    for (i, spec) in cfg.layers.iter().enumerate() {
-        let p = format!("model.layers.{i}");
-        b.norm(&format!("{p}.input_layernorm.weight"), h);
-        b.norm(&format!("{p}.post_attention_layernorm.weight"), h);
-        match spec.attn {
-            AttnKind::Full => full_attention(&mut b, cfg, &p),
-            AttnKind::Linear => linear_attention(&mut b, cfg, &p),
-            AttnKind::Mla => mla(&mut b, cfg, &p),
-        }
-        match spec.ffn {
-            FfnKind::Dense => {
-                let inter = cfg.intermediate_size;
-                b.linear(&format!("{p}.mlp.gate_proj"), inter, h);
-                b.linear(&format!("{p}.mlp.up_proj"), inter, h);
-                b.writer(&format!("{p}.mlp.down_proj"), h, inter);
-            }
-            FfnKind::Moe => moe_dense_parts(&mut b, cfg, &p),
-        }
-    }
-    b.norm("model.norm.weight", h);
-    if !cfg.tie_word_embeddings {
-        b.linear("lm_head", cfg.vocab_size, h);
     }
     b.out
 }
 
-fn full_attention(b: &mut Builder, cfg: &ModelConfig, p: &str) {
-    let (h, hd) = (cfg.hidden_size, cfg.head_dim);
-    let (nq, nkv) = (cfg.num_attention_heads, cfg.num_key_value_heads);
-    // Hybrid models: per head [q | gate].
-    let q_rows = if cfg.arch.is_hybrid() { 2 * nq * hd } else { nq * hd };
-    b.linear(&format!("{p}.self_attn.q_proj"), q_rows, h);
-    b.linear(&format!("{p}.self_attn.k_proj"), nkv * hd, h);
-    b.linear(&format!("{p}.self_attn.v_proj"), nkv * hd, h);
-    b.writer(&format!("{p}.self_attn.o_proj"), h, nq * hd);
-    b.norm(&format!("{p}.self_attn.q_norm.weight"), hd);
-    b.norm(&format!("{p}.self_attn.k_norm.weight"), hd);
-}
-
-fn linear_attention(b: &mut Builder, cfg: &ModelConfig, p: &str) {
-    let Some(l) = &cfg.linear else { return };
-    let h = cfg.hidden_size;
-    let v_dim = l.num_value_heads * l.value_head_dim;
-    let conv_dim = l.conv_dim();
-    let a = format!("{p}.linear_attn");
-    b.linear(&format!("{a}.in_proj_qkv"), conv_dim, h);
-    b.linear(&format!("{a}.in_proj_z"), v_dim, h);
-    b.linear(&format!("{a}.in_proj_b"), l.num_value_heads, h);
-    b.linear(&format!("{a}.in_proj_a"), l.num_value_heads, h);
-    b.writer(&format!("{a}.out_proj"), h, v_dim);
-    // [conv_dim, kernel], uniform in ±1/sqrt(kernel) like PyTorch's init.
-    let conv = format!("{a}.conv1d.weight");
-    let bound = 1.0 / (l.conv_kernel as f32).sqrt();
-    let k = key(b.q.seed, &conv);
-    b.push(
-        conv,
-        vec![conv_dim, l.conv_kernel],
-        Dtype::Bf16,
-        Fill::Bf16 { bound },
-        k,
-    );
-    // exp(A_log) in [1, 16), as Qwen3-Next initialises it.
-    b.f32_vector(
-        &format!("{a}.A_log"),
-        l.num_value_heads,
-        Fill::LnF32 { lo: 1.0, hi: 16.0 },
-    );
-    b.f32_vector(
-        &format!("{a}.dt_bias"),
-        l.num_value_heads,
-        Fill::F32 { lo: -4.0, hi: -1.0 },
-    );
-    b.norm(&format!("{a}.norm.weight"), l.value_head_dim);
-}
-
-fn mla(b: &mut Builder, cfg: &ModelConfig, p: &str) {
-    let Some(m) = &cfg.mla else { return };
-    let (h, nh) = (cfg.hidden_size, cfg.num_attention_heads);
-    let a = format!("{p}.self_attn");
-    let q_head = m.qk_nope_head_dim + m.qk_rope_head_dim;
-    match m.q_lora_rank {
-        Some(r) => {
-            b.linear(&format!("{a}.q_a_proj"), r, h);
-            b.norm(&format!("{a}.q_a_layernorm.weight"), r);
-            b.linear(&format!("{a}.q_b_proj"), nh * q_head, r);
-        }
-        None => b.linear(&format!("{a}.q_proj"), nh * q_head, h),
-    }
-    b.linear(
-        &format!("{a}.kv_a_proj_with_mqa"),
-        m.kv_lora_rank + m.qk_rope_head_dim,
-        h,
-    );
-    b.norm(&format!("{a}.kv_a_layernorm.weight"), m.kv_lora_rank);
-    b.linear(
-        &format!("{a}.kv_b_proj"),
-        nh * (m.qk_nope_head_dim + m.v_head_dim),
-        m.kv_lora_rank,
-    );
-    b.writer(&format!("{a}.o_proj"), h, nh * m.v_head_dim);
-}
-
-/// The router and shared experts of an MoE layer (the routed experts live
-/// in the layer's expert file).
-fn moe_dense_parts(b: &mut Builder, cfg: &ModelConfig, p: &str) {
-    let (h, e) = (cfg.hidden_size, cfg.num_experts);
-    let router_std = ROUTER_GAIN / (h as f32).sqrt();
-    let s = cfg.shared_expert_intermediate_size;
-    if cfg.arch == Arch::DeepseekV3 {
-        // Unquantized router [E, hidden] and its selection bias [E].
-        let gate = format!("{p}.mlp.gate.weight");
-        let k = key(b.q.seed, &gate);
-        b.push(
-            gate,
-            vec![e, h],
-            Dtype::Bf16,
-            Fill::Bf16 {
-                bound: router_std * 3f32.sqrt(),
+impl Builder {
+    /// One tensor of the table, filled by its role.
+    fn tensor(&mut self, cfg: &ModelConfig, t: &Tensor) {
+        let (name, len) = (t.name.as_str(), t.shape[0]);
+        let cols = t.shape.get(1).copied().unwrap_or(1);
+        let h = cfg.hidden_size;
+        let router_std = ROUTER_GAIN / (h as f32).sqrt();
+        match t.kind {
+            TensorKind::Matrix(Mat::Embed) => match self.q.block {
+                None => self.matrix(name, len, cols, 1.0, self.q.bits),
+                Some(block) => {
+                    let shared = Shared::Embedding { block };
+                    self.rows_matrix(name, len, cols, self.q.bits, shared);
+                }
             },
-            k,
-        );
-        let fill = match b.q.routing {
-            Routing::Uniform => Fill::F32 { lo: -0.02, hi: 0.02 },
-            Routing::Skewed => Fill::Preference {
-                pop: skew::DEEPSEEK_PREFERENCE,
+            TensorKind::Matrix(Mat::Linear) => self.linear(name, len, cols),
+            TensorKind::Matrix(Mat::Writer) => self.writer(name, len, cols),
+            TensorKind::Matrix(Mat::Router) => match self.q.block {
+                None => self.matrix(name, len, cols, router_std, QWEN_ROUTER_BITS),
+                Some(block) => {
+                    let shared = Shared::Router {
+                        block,
+                        pop: skew::qwen_preference(cfg.num_experts_per_tok, len),
+                        pref: key(self.q.seed, &format!("{name}.preference")),
+                        noise: ROUTER_GAIN / (skew::BLOCK as f32 / 2.0).sqrt(),
+                        experts: len,
+                    };
+                    self.rows_matrix(name, len, cols, QWEN_ROUTER_BITS, shared);
+                }
             },
-        };
-        b.f32_vector(&format!("{p}.mlp.gate.e_score_correction_bias"), e, fill);
-        if s > 0 {
-            b.linear(&format!("{p}.mlp.shared_experts.gate_proj"), s, h);
-            b.linear(&format!("{p}.mlp.shared_experts.up_proj"), s, h);
-            b.writer(&format!("{p}.mlp.shared_experts.down_proj"), h, s);
-        }
-        return;
-    }
-    let gate = format!("{p}.mlp.gate");
-    match b.q.block {
-        None => b.matrix(&gate, e, h, router_std, QWEN_ROUTER_BITS),
-        Some(block) => {
-            let shared = Shared::Router {
-                block,
-                pop: skew::qwen_preference(cfg.num_experts_per_tok, e),
-                pref: key(b.q.seed, &format!("{gate}.preference")),
-                noise: ROUTER_GAIN / (skew::BLOCK as f32 / 2.0).sqrt(),
-                experts: e,
-            };
-            b.rows_matrix(&gate, e, h, QWEN_ROUTER_BITS, shared);
-        }
-    }
-    if s > 0 {
-        b.linear(&format!("{p}.mlp.shared_expert.gate_proj"), s, h);
-        b.linear(&format!("{p}.mlp.shared_expert.up_proj"), s, h);
-        b.writer(&format!("{p}.mlp.shared_expert.down_proj"), h, s);
-        if cfg.shared_expert_gated {
-            b.matrix(
-                &format!("{p}.mlp.shared_expert_gate"),
-                1,
-                h,
-                1.0 / (h as f32).sqrt(),
-                QWEN_ROUTER_BITS,
-            );
+            TensorKind::Matrix(Mat::RouterFloat) => {
+                // Unquantized router [E, hidden].
+                let w = format!("{name}.weight");
+                let k = key(self.q.seed, &w);
+                let bound = router_std * 3f32.sqrt();
+                self.push(w, vec![len, cols], Dtype::Bf16, Fill::Bf16 { bound }, k);
+            }
+            TensorKind::Matrix(Mat::Gate) => self.matrix(name, len, cols, 1.0 / (cols as f32).sqrt(), QWEN_ROUTER_BITS),
+            TensorKind::Vector(Vector::Norm { .. }) => self.norm(name, len),
+            TensorKind::Vector(Vector::Bias { writer }) => {
+                self.f32_vector(name, len, Fill::F32 { lo: -0.02, hi: 0.02 });
+                if writer {
+                    if let Some(t) = self.out.last_mut() {
+                        t.mask = self.q.mask(1);
+                    }
+                }
+            }
+            TensorKind::Vector(Vector::RouterBias) => {
+                let fill = match self.q.routing {
+                    Routing::Uniform => Fill::F32 { lo: -0.02, hi: 0.02 },
+                    Routing::Skewed => Fill::Preference {
+                        pop: skew::DEEPSEEK_PREFERENCE,
+                    },
+                };
+                self.f32_vector(name, len, fill);
+            }
+            // exp(A_log) in [1, 16), as Qwen3-Next initialises it.
+            TensorKind::Vector(Vector::ALog) => self.f32_vector(name, len, Fill::LnF32 { lo: 1.0, hi: 16.0 }),
+            TensorKind::Vector(Vector::DtBias) => self.f32_vector(name, len, Fill::F32 { lo: -4.0, hi: -1.0 }),
+            TensorKind::Conv1d => {
+                // [conv_dim, kernel], uniform in ±1/sqrt(kernel) like PyTorch's init.
+                let bound = 1.0 / (cols as f32).sqrt();
+                let k = key(self.q.seed, name);
+                self.push(name.to_string(), vec![len, cols], Dtype::Bf16, Fill::Bf16 { bound }, k);
+            }
         }
     }
 }

@@ -1,59 +1,59 @@
-//! The tensors of one decoder layer, per architecture (SPEC.md §2 names,
-//! shapes from the config).
+//! Planning the entries of the model's table (`arch::table`): dense
+//! tensors by their role, Qwen3-Next's fused projections, and the routed
+//! experts from whichever layout the checkpoint uses.
 
 use super::matrix::{SrcMatrix, Target};
 use super::plan::{shape_err, ExpertLayer, Item, Planner, Rule, VectorItem};
-use crate::config::{Arch, AttnKind, FfnKind};
+use crate::arch::{Entry, Mat, TensorKind, Vector};
 use crate::error::{Error, Result};
 use crate::format::packed::LayerLayout;
 
 impl<'a> Planner<'a> {
-    pub fn layer(&mut self, i: usize) -> Result<()> {
-        let spec = self.cfg.layers[i];
-        let (p, h) = (format!("model.layers.{i}"), self.cfg.hidden_size);
-        self.norm(&format!("{p}.input_layernorm.weight"), h, true)?;
-        match spec.attn {
-            AttnKind::Full => self.gqa(&p)?,
-            AttnKind::Linear => self.linear_attn(&p)?,
-            AttnKind::Mla => self.mla(&p)?,
-        }
-        self.norm(&format!("{p}.post_attention_layernorm.weight"), h, true)?;
-        match spec.ffn {
-            FfnKind::Dense => self.mlp(&format!("{p}.mlp"), self.cfg.intermediate_size),
-            FfnKind::Moe => self.moe(i),
+    /// Plan one entry of the model's table (`arch::table`).
+    pub fn entry(&mut self, e: Entry) -> Result<()> {
+        let t = match e {
+            Entry::Experts { layer } => {
+                let l = self.experts(layer)?;
+                self.items.push(Item::Experts(l));
+                return Ok(());
+            }
+            Entry::Dense(t) => t,
+        };
+        let (name, shape) = (t.name.as_str(), t.shape.as_slice());
+        match (t.kind, shape) {
+            (TensorKind::Matrix(m), &[rows, cols]) => {
+                if name.ends_with(".linear_attn.in_proj_qkv") && self.fused_delta_net(name)? {
+                    return Ok(());
+                }
+                if self.split_fused
+                    && [".in_proj_z", ".in_proj_b", ".in_proj_a"]
+                        .iter()
+                        .any(|s| name.ends_with(s))
+                {
+                    return Ok(());
+                }
+                let rule = match m {
+                    Mat::Router | Mat::Gate => Rule::Router,
+                    Mat::RouterFloat => Rule::Float,
+                    Mat::Embed | Mat::Linear | Mat::Writer => Rule::Default,
+                };
+                self.matrix(name, rows, cols, rule)
+            }
+            (TensorKind::Vector(Vector::Norm { zero_centred }), &[len]) => self.norm(name, len, zero_centred),
+            (TensorKind::Vector(_), &[len]) => self.vector(name, len, false),
+            (TensorKind::Conv1d, &[c, k]) => self.conv1d(name, c, k),
+            _ => Err(Error::Convert(format!("table entry `{name}` has shape {shape:?}"))),
         }
     }
 
-    /// GQA attention; in hybrid models q_proj also yields the output gate.
-    fn gqa(&mut self, p: &str) -> Result<()> {
-        let c = self.cfg;
-        let (h, hd) = (c.hidden_size, c.head_dim);
-        let q_rows = c.num_attention_heads * hd * if c.arch.is_hybrid() { 2 } else { 1 };
-        self.matrix(&format!("{p}.self_attn.q_proj"), q_rows, h, Rule::Default)?;
-        self.matrix(
-            &format!("{p}.self_attn.k_proj"),
-            c.num_key_value_heads * hd,
-            h,
-            Rule::Default,
-        )?;
-        self.matrix(
-            &format!("{p}.self_attn.v_proj"),
-            c.num_key_value_heads * hd,
-            h,
-            Rule::Default,
-        )?;
-        self.matrix(
-            &format!("{p}.self_attn.o_proj"),
-            h,
-            c.num_attention_heads * hd,
-            Rule::Default,
-        )?;
-        self.norm(&format!("{p}.self_attn.q_norm.weight"), hd, true)?;
-        self.norm(&format!("{p}.self_attn.k_norm.weight"), hd, true)
-    }
-
-    /// GatedDeltaNet; Qwen3-Next's fused projections are split (SPEC.md §5).
-    fn linear_attn(&mut self, p: &str) -> Result<()> {
+    /// Qwen3-Next's fused projections, split into the four that Qwen3.5
+    /// names (SPEC.md §5), where the checkpoint has them; `qkv` is the
+    /// packed name of `in_proj_qkv`.
+    fn fused_delta_net(&mut self, qkv: &str) -> Result<bool> {
+        let a = qkv.trim_end_matches(".in_proj_qkv").to_string();
+        if !self.src.has(&format!("{a}.in_proj_qkvz.weight")) {
+            return Ok(false);
+        }
         let Some(l) = self.cfg.linear.clone() else {
             return Err(Error::config(
                 "linear_num_key_heads",
@@ -62,35 +62,24 @@ impl<'a> Planner<'a> {
         };
         let h = self.cfg.hidden_size;
         let (hk, dk, hv, dv) = (l.num_key_heads, l.key_head_dim, l.num_value_heads, l.value_head_dim);
-        let a = format!("{p}.linear_attn");
-        if self.src.has(&format!("{a}.in_proj_qkvz.weight")) {
-            let r = hv / hk;
-            let g_rows = 2 * dk + 2 * r * dv;
-            let qkvz = self.load(&format!("{a}.in_proj_qkvz.weight"), 0, hk * g_rows, h)?;
-            let ba = self.load(&format!("{a}.in_proj_ba.weight"), 0, hk * 2 * r, h)?;
-            let group = |g: usize, off: usize, n: usize| (g * g_rows + off)..(g * g_rows + off + n);
-            let (mut qkv, mut z, mut b, mut av) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-            for (off, n) in [(0, dk), (dk, dk), (2 * dk, r * dv)] {
-                (0..hk).for_each(|g| qkv.extend(group(g, off, n)));
-            }
-            (0..hk).for_each(|g| z.extend(group(g, 2 * dk + r * dv, r * dv)));
-            (0..hk).for_each(|g| b.extend(g * 2 * r..g * 2 * r + r));
-            (0..hk).for_each(|g| av.extend(g * 2 * r + r..(g + 1) * 2 * r));
-            self.push_matrix(&format!("{a}.in_proj_qkv"), qkvz.select(&qkv), Rule::Default);
-            self.push_matrix(&format!("{a}.in_proj_z"), qkvz.select(&z), Rule::Default);
-            self.push_matrix(&format!("{a}.in_proj_b"), ba.select(&b), Rule::Default);
-            self.push_matrix(&format!("{a}.in_proj_a"), ba.select(&av), Rule::Default);
-        } else {
-            self.matrix(&format!("{a}.in_proj_qkv"), l.conv_dim(), h, Rule::Default)?;
-            self.matrix(&format!("{a}.in_proj_z"), hv * dv, h, Rule::Default)?;
-            self.matrix(&format!("{a}.in_proj_b"), hv, h, Rule::Default)?;
-            self.matrix(&format!("{a}.in_proj_a"), hv, h, Rule::Default)?;
+        let r = hv / hk;
+        let g_rows = 2 * dk + 2 * r * dv;
+        let qkvz = self.load(&format!("{a}.in_proj_qkvz.weight"), 0, hk * g_rows, h)?;
+        let ba = self.load(&format!("{a}.in_proj_ba.weight"), 0, hk * 2 * r, h)?;
+        let group = |g: usize, off: usize, n: usize| (g * g_rows + off)..(g * g_rows + off + n);
+        let (mut qkv, mut z, mut b, mut av) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for (off, n) in [(0, dk), (dk, dk), (2 * dk, r * dv)] {
+            (0..hk).for_each(|g| qkv.extend(group(g, off, n)));
         }
-        self.conv1d(&format!("{a}.conv1d.weight"), l.conv_dim(), l.conv_kernel)?;
-        self.vector(&format!("{a}.A_log"), hv, false)?;
-        self.vector(&format!("{a}.dt_bias"), hv, false)?;
-        self.norm(&format!("{a}.norm.weight"), dv, false)?;
-        self.matrix(&format!("{a}.out_proj"), h, hv * dv, Rule::Default)
+        (0..hk).for_each(|g| z.extend(group(g, 2 * dk + r * dv, r * dv)));
+        (0..hk).for_each(|g| b.extend(g * 2 * r..g * 2 * r + r));
+        (0..hk).for_each(|g| av.extend(g * 2 * r + r..(g + 1) * 2 * r));
+        self.push_matrix(&format!("{a}.in_proj_qkv"), qkvz.select(&qkv), Rule::Default);
+        self.push_matrix(&format!("{a}.in_proj_z"), qkvz.select(&z), Rule::Default);
+        self.push_matrix(&format!("{a}.in_proj_b"), ba.select(&b), Rule::Default);
+        self.push_matrix(&format!("{a}.in_proj_a"), ba.select(&av), Rule::Default);
+        self.split_fused = true;
+        Ok(true)
     }
 
     /// The depthwise conv weight, stored `[channels, kernel]` (from HF's
@@ -107,62 +96,6 @@ impl<'a> Planner<'a> {
             src: t,
             add_one: false,
         }));
-        Ok(())
-    }
-
-    /// DeepSeek multi-head latent attention.
-    fn mla(&mut self, p: &str) -> Result<()> {
-        let c = self.cfg;
-        let Some(m) = c.mla.clone() else {
-            return Err(Error::config("kv_lora_rank", "missing for an MLA layer"));
-        };
-        let (h, nh) = (c.hidden_size, c.num_attention_heads);
-        let qk = m.qk_nope_head_dim + m.qk_rope_head_dim;
-        let s = format!("{p}.self_attn");
-        match m.q_lora_rank {
-            Some(r) => {
-                self.matrix(&format!("{s}.q_a_proj"), r, h, Rule::Default)?;
-                self.norm(&format!("{s}.q_a_layernorm.weight"), r, false)?;
-                self.matrix(&format!("{s}.q_b_proj"), nh * qk, r, Rule::Default)?;
-            }
-            None => self.matrix(&format!("{s}.q_proj"), nh * qk, h, Rule::Default)?,
-        }
-        let kv_a = m.kv_lora_rank + m.qk_rope_head_dim;
-        self.matrix(&format!("{s}.kv_a_proj_with_mqa"), kv_a, h, Rule::Default)?;
-        self.norm(&format!("{s}.kv_a_layernorm.weight"), m.kv_lora_rank, false)?;
-        let kv_b = nh * (m.qk_nope_head_dim + m.v_head_dim);
-        self.matrix(&format!("{s}.kv_b_proj"), kv_b, m.kv_lora_rank, Rule::Default)?;
-        self.matrix(&format!("{s}.o_proj"), h, nh * m.v_head_dim, Rule::Default)
-    }
-
-    /// A SwiGLU MLP `prefix.{gate,up,down}_proj` of width `inter`.
-    fn mlp(&mut self, prefix: &str, inter: usize) -> Result<()> {
-        let h = self.cfg.hidden_size;
-        self.matrix(&format!("{prefix}.gate_proj"), inter, h, Rule::Default)?;
-        self.matrix(&format!("{prefix}.up_proj"), inter, h, Rule::Default)?;
-        self.matrix(&format!("{prefix}.down_proj"), h, inter, Rule::Default)
-    }
-
-    /// Router, shared experts and routed experts of MoE layer `i`.
-    fn moe(&mut self, i: usize) -> Result<()> {
-        let c = self.cfg;
-        let (h, e, s) = (c.hidden_size, c.num_experts, c.shared_expert_intermediate_size);
-        let p = format!("model.layers.{i}.mlp");
-        if c.arch == Arch::DeepseekV3 {
-            self.matrix(&format!("{p}.gate"), e, h, Rule::Float)?;
-            self.vector(&format!("{p}.gate.e_score_correction_bias"), e, false)?;
-            if s > 0 {
-                self.mlp(&format!("{p}.shared_experts"), s)?;
-            }
-        } else {
-            self.matrix(&format!("{p}.gate"), e, h, Rule::Router)?;
-            if s > 0 {
-                self.mlp(&format!("{p}.shared_expert"), s)?;
-                self.matrix(&format!("{p}.shared_expert_gate"), 1, h, Rule::Router)?;
-            }
-        }
-        let layer = self.experts(i)?;
-        self.items.push(Item::Experts(layer));
         Ok(())
     }
 

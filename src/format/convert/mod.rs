@@ -18,7 +18,7 @@ mod experts;
 mod fp8;
 mod layers;
 mod matrix;
-mod names;
+pub(crate) mod names;
 mod plan;
 pub mod source;
 mod verify;

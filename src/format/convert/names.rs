@@ -4,7 +4,7 @@
 //! tables). Everything is normalized to the plain text-model form of
 //! SPEC.md §2 before the converter looks anything up.
 
-use crate::config::{Arch, ModelConfig};
+use crate::config::ModelConfig;
 
 /// What to do with one source tensor.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -53,11 +53,13 @@ pub fn normalize(raw: &str, cfg: &ModelConfig) -> Name {
     if name.starts_with("mtp.") || name.starts_with("model.mtp.") {
         return Name::Skip("multi-token prediction head");
     }
-    if cfg.arch == Arch::DeepseekV3 {
-        if let Some(i) = layer_index(&name) {
-            if i >= cfg.num_hidden_layers {
-                return Name::Skip("multi-token prediction layer");
-            }
+    let family = cfg.arch.family();
+    if let Some(why) = (family.skip)(&name, cfg) {
+        return Name::Skip(why);
+    }
+    for (from, to) in family.renames {
+        if name.contains(from) {
+            name = name.replacen(from, to, 1);
         }
     }
     Name::Keep(name)

@@ -86,6 +86,9 @@ pub struct Planner<'a> {
     pub notes: Vec<String>,
     /// Store zero-centred norms as `1 + w`.
     pub shift_norms: bool,
+    /// Qwen3-Next's fused GatedDeltaNet projections were split into the
+    /// four the table names; the other three are already planned.
+    pub split_fused: bool,
     pub expert_group_size: Option<usize>,
 }
 
@@ -100,15 +103,13 @@ pub fn build<'a>(src: &'a Source, set: Settings) -> Result<Plan<'a>> {
         items: Vec::new(),
         notes: Vec::new(),
         shift_norms: false,
+        split_fused: false,
         expert_group_size: None,
     };
-    p.shift_norms = cfg.arch.is_hybrid() && p.hf_norms();
-    let (h, v) = (cfg.hidden_size, cfg.vocab_size);
-    p.matrix("model.embed_tokens", v, h, Rule::Default)?;
-    for i in 0..cfg.num_hidden_layers {
-        p.layer(i)?;
+    p.shift_norms = cfg.zero_centred_norms && p.hf_norms();
+    for entry in crate::arch::table(cfg) {
+        p.entry(entry)?;
     }
-    p.norm("model.norm.weight", h, true)?;
     if cfg.tie_word_embeddings {
         let extra: Vec<String> = src.names().filter(|n| n.starts_with("lm_head.")).cloned().collect();
         if !extra.is_empty() {
@@ -116,8 +117,6 @@ pub fn build<'a>(src: &'a Source, set: Settings) -> Result<Plan<'a>> {
                 .push("lm_head is in the checkpoint, but tie_word_embeddings is true: embed_tokens is used".into());
             p.used.extend(extra);
         }
-    } else {
-        p.matrix("lm_head", v, h, Rule::Default)?;
     }
     p.leftovers()?;
     let mut notes = skipped_notes(src);
