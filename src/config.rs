@@ -20,6 +20,14 @@ pub enum Arch {
     Qwen3Next,
     /// `deepseek_v3` / `kimi_k2`: MLA + grouped sigmoid routing.
     DeepseekV3,
+    /// `glm4_moe`: GQA with biases and partial RoPE + sigmoid routing.
+    Glm4Moe,
+    /// `minimax_m2`: GQA with per-layer q/k norms + sigmoid routing.
+    MinimaxM2,
+    /// `mixtral`: GQA + softmax top-k MoE.
+    Mixtral,
+    /// `qwen2_moe`: GQA with q/k/v biases + gated shared expert.
+    Qwen2Moe,
 }
 
 impl Arch {
@@ -245,7 +253,7 @@ impl ModelConfig {
             partial_rotary_factor: rope.partial_rotary_factor.unwrap_or(1.0),
             yarn: rope.yarn,
             intermediate_size: f.usize_or("intermediate_size", 0)?,
-            moe_intermediate_size: f.usize("moe_intermediate_size")?,
+            moe_intermediate_size: f.usize_or("moe_intermediate_size", 0)?,
             num_experts,
             num_experts_per_tok: f.usize("num_experts_per_tok")?,
             shared_expert_intermediate_size: 0,

@@ -62,6 +62,18 @@ fn tiny_qwen3() -> Value {
     )
 }
 
+/// Preset `name` at a tiny size: 3 layers of width 128, 4 query and 2 KV
+/// heads, 4 experts a token of width 64, 512 tokens; then `more`.
+fn tiny(name: &str, more: Value) -> Value {
+    let small = with(
+        preset(name).unwrap(),
+        json!({"hidden_size": 128, "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2,
+               "num_experts_per_tok": 4, "moe_intermediate_size": 64, "intermediate_size": 256,
+               "vocab_size": 512, "attn_type_list": [1, 1, 1]}),
+    );
+    with(small, more)
+}
+
 fn tiny_deepseek(q_lora: Option<usize>) -> Value {
     with(
         preset("deepseek-v3").unwrap(),
@@ -88,6 +100,10 @@ fn presets_have_the_published_shapes() {
         ("qwen3.5-397b-a17b", 60, 4096, 512, 10, 248320, 60, 7_077_888),
         ("qwen3-30b-a3b", 48, 2048, 128, 8, 151936, 48, 2_654_208),
         ("deepseek-v3", 61, 7168, 256, 8, 129280, 58, 24_772_608),
+        ("glm-4.5-air", 46, 4096, 128, 8, 151552, 45, 9_732_096),
+        ("minimax-m2", 62, 3072, 256, 8, 200064, 62, 7_962_624),
+        ("mixtral-8x7b", 32, 4096, 8, 2, 32000, 32, 99_090_432),
+        ("qwen2-57b-a14b", 28, 3584, 64, 8, 151936, 28, 15_482_880),
     ];
     assert_eq!(PRESETS.len(), expect.len());
     for (name, layers, hidden, experts, k, vocab, moe, esize) in expect {
@@ -525,6 +541,28 @@ fn the_engine_runs_the_synthetic_models() {
         ("qwen35", tiny_qwen35()),
         ("qwen3", tiny_qwen3()),
         ("deepseek", tiny_deepseek(Some(64))),
+        (
+            "glm",
+            tiny("glm-4.5-air", json!({"n_routed_experts": 16, "head_dim": 48})),
+        ),
+        (
+            "minimax",
+            tiny(
+                "minimax-m2",
+                json!({"num_local_experts": 16, "head_dim": 48, "rotary_dim": 24}),
+            ),
+        ),
+        (
+            "mixtral",
+            tiny("mixtral-8x7b", json!({"num_local_experts": 8, "intermediate_size": 64})),
+        ),
+        (
+            "qwen2",
+            tiny(
+                "qwen2-57b-a14b",
+                json!({"num_experts": 16, "shared_expert_intermediate_size": 64}),
+            ),
+        ),
     ] {
         let dir = tmp.path().join(name);
         write(config, &dir, &SynthOptions::default());

@@ -9,6 +9,10 @@
 //! it. DESIGN.md, "Adding an architecture", says what a new family writes.
 
 mod deepseek_v3;
+mod glm4_moe;
+mod minimax_m2;
+mod mixtral;
+mod qwen2_moe;
 mod qwen3_5_moe;
 mod qwen3_moe;
 mod table;
@@ -68,6 +72,10 @@ pub const FAMILIES: &[&Family] = &[
     &qwen3_5_moe::FAMILY,
     &qwen3_5_moe::NEXT,
     &deepseek_v3::FAMILY,
+    &glm4_moe::FAMILY,
+    &minimax_m2::FAMILY,
+    &mixtral::FAMILY,
+    &qwen2_moe::FAMILY,
 ];
 
 /// The family of a `model_type`, or an error that lists the supported ones.

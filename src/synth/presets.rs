@@ -7,7 +7,16 @@ use crate::error::{Error, Result};
 use serde_json::{json, Value};
 
 /// Preset names, as `--preset` takes them.
-pub const PRESETS: [&str; 4] = ["qwen3.6-35b-a3b", "qwen3.5-397b-a17b", "qwen3-30b-a3b", "deepseek-v3"];
+pub const PRESETS: [&str; 8] = [
+    "qwen3.6-35b-a3b",
+    "qwen3.5-397b-a17b",
+    "qwen3-30b-a3b",
+    "deepseek-v3",
+    "glm-4.5-air",
+    "minimax-m2",
+    "mixtral-8x7b",
+    "qwen2-57b-a14b",
+];
 
 /// The `config.json` of preset `name`.
 pub fn preset(name: &str) -> Result<Value> {
@@ -32,6 +41,10 @@ pub fn preset(name: &str) -> Result<Value> {
         }),
         "qwen3-30b-a3b" => qwen3_30b_a3b(),
         "deepseek-v3" => deepseek_v3(),
+        "glm-4.5-air" => glm_4_5_air(),
+        "minimax-m2" => minimax_m2(),
+        "mixtral-8x7b" => mixtral_8x7b(),
+        "qwen2-57b-a14b" => qwen2_57b_a14b(),
         other => {
             return Err(Error::Invalid(format!(
                 "unknown preset `{other}`; known presets: {}",
@@ -197,6 +210,138 @@ fn deepseek_v3() -> Value {
         "use_cache": true,
         "v_head_dim": 128,
         "vocab_size": 129280
+    })
+}
+
+/// GLM-4.5-Air (106B-A12B), without its MTP layer's count mattering: the
+/// packed model has none.
+fn glm_4_5_air() -> Value {
+    json!({
+        "architectures": ["Glm4MoeForCausalLM"],
+        "model_type": "glm4_moe",
+        "attention_bias": true,
+        "attention_dropout": 0.0,
+        "first_k_dense_replace": 1,
+        "head_dim": 128,
+        "hidden_act": "silu",
+        "hidden_size": 4096,
+        "initializer_range": 0.02,
+        "intermediate_size": 10944,
+        "max_position_embeddings": 131072,
+        "moe_intermediate_size": 1408,
+        "n_group": 1,
+        "n_routed_experts": 128,
+        "n_shared_experts": 1,
+        "norm_topk_prob": true,
+        "num_attention_heads": 96,
+        "num_experts_per_tok": 8,
+        "num_hidden_layers": 46,
+        "num_key_value_heads": 8,
+        "num_nextn_predict_layers": 1,
+        "partial_rotary_factor": 0.5,
+        "rms_norm_eps": 1e-5,
+        "rope_scaling": null,
+        "rope_theta": 1000000,
+        "routed_scaling_factor": 1.0,
+        "tie_word_embeddings": false,
+        "topk_group": 1,
+        "torch_dtype": "bfloat16",
+        "use_cache": true,
+        "use_qk_norm": false,
+        "vocab_size": 151552
+    })
+}
+
+/// MiniMax-M2 (230B-A10B).
+fn minimax_m2() -> Value {
+    json!({
+        "architectures": ["MiniMaxM2ForCausalLM"],
+        "model_type": "minimax_m2",
+        "attention_dropout": 0.0,
+        "attn_type_list": vec![1; 62],
+        "head_dim": 128,
+        "hidden_act": "silu",
+        "hidden_size": 3072,
+        "intermediate_size": 1536,
+        "max_position_embeddings": 196608,
+        "num_attention_heads": 48,
+        "num_experts_per_tok": 8,
+        "num_hidden_layers": 62,
+        "num_key_value_heads": 8,
+        "num_local_experts": 256,
+        "qk_norm_type": "per_layer",
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 5000000,
+        "rotary_dim": 64,
+        "scoring_func": "sigmoid",
+        "shared_intermediate_size": 0,
+        "tie_word_embeddings": false,
+        "torch_dtype": "bfloat16",
+        "use_cache": true,
+        "use_qk_norm": true,
+        "use_routing_bias": true,
+        "vocab_size": 200064
+    })
+}
+
+/// Mixtral-8x7B (47B-A13B).
+fn mixtral_8x7b() -> Value {
+    json!({
+        "architectures": ["MixtralForCausalLM"],
+        "model_type": "mixtral",
+        "attention_dropout": 0.0,
+        "hidden_act": "silu",
+        "hidden_size": 4096,
+        "initializer_range": 0.02,
+        "intermediate_size": 14336,
+        "max_position_embeddings": 32768,
+        "num_attention_heads": 32,
+        "num_experts_per_tok": 2,
+        "num_hidden_layers": 32,
+        "num_key_value_heads": 8,
+        "num_local_experts": 8,
+        "output_router_logits": false,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 1000000.0,
+        "router_aux_loss_coef": 0.02,
+        "sliding_window": null,
+        "tie_word_embeddings": false,
+        "torch_dtype": "bfloat16",
+        "use_cache": true,
+        "vocab_size": 32000
+    })
+}
+
+/// Qwen2-57B-A14B.
+fn qwen2_57b_a14b() -> Value {
+    json!({
+        "architectures": ["Qwen2MoeForCausalLM"],
+        "model_type": "qwen2_moe",
+        "attention_dropout": 0.0,
+        "decoder_sparse_step": 1,
+        "hidden_act": "silu",
+        "hidden_size": 3584,
+        "initializer_range": 0.02,
+        "intermediate_size": 18944,
+        "max_position_embeddings": 32768,
+        "max_window_layers": 28,
+        "moe_intermediate_size": 2560,
+        "norm_topk_prob": false,
+        "num_attention_heads": 28,
+        "num_experts": 64,
+        "num_experts_per_tok": 8,
+        "num_hidden_layers": 28,
+        "num_key_value_heads": 4,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+        "router_aux_loss_coef": 0.001,
+        "shared_expert_intermediate_size": 20480,
+        "sliding_window": 32768,
+        "tie_word_embeddings": false,
+        "torch_dtype": "bfloat16",
+        "use_cache": true,
+        "use_sliding_window": false,
+        "vocab_size": 151936
     })
 }
 

@@ -131,6 +131,10 @@ macro_rules! for_each_golden_fixture {
         $($m)::+!($($args)* deepseek_v3_bf16, "deepseek_v3", &["--bits", "16"]);
         $($m)::+!($($args)* deepseek_v3_fp8, "deepseek_v3_fp8", &["--bits", "16"]);
         $($m)::+!($($args)* demo_kjv_trained_bf16, "demo_kjv", &["--bits", "16"]);
+        $($m)::+!($($args)* mixtral_bf16, "mixtral", &["--bits", "16"]);
+        $($m)::+!($($args)* qwen2_moe_bf16, "qwen2_moe", &["--bits", "16"]);
+        $($m)::+!($($args)* glm4_moe_bf16, "glm4_moe", &["--bits", "16"]);
+        $($m)::+!($($args)* minimax_m2_bf16, "minimax_m2", &["--bits", "16"]);
     };
 }
 

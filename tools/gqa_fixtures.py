@@ -1,0 +1,200 @@
+"""Golden fixtures of the GQA families added with the one-file-per-family
+layout: mixtral, qwen2_moe, glm4_moe, minimax_m2.
+
+Each is written with the tensor names of the family's official Hugging Face
+checkpoints (Mixtral and MiniMax-M2: `block_sparse_moe.experts.N.w1/w3/w2`;
+the others: one tensor per expert), and checked to load in transformers
+through `from_pretrained` (its own key conversions) to the same parameters
+and logits as the reference.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+
+import fixturelib as fl
+
+BF16 = torch.bfloat16
+
+
+def _common(model_type: str, arch: str, **extra) -> dict:
+    cfg = {
+        "architectures": [arch],
+        "model_type": model_type,
+        "bos_token_id": fl.BOS_ID,
+        "eos_token_id": fl.EOS_ID,
+        "hidden_act": "silu",
+        "hidden_size": 128,
+        "initializer_range": 0.02,
+        "max_position_embeddings": 4096,
+        "num_attention_heads": 4,
+        "num_hidden_layers": 3,
+        "num_key_value_heads": 2,
+        "rms_norm_eps": 1e-06,
+        "rope_theta": 1000000.0,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "use_cache": True,
+        "vocab_size": fl.VOCAB,
+    }
+    cfg.update(extra)
+    return cfg
+
+
+MIXTRAL_CONFIG = _common(
+    "mixtral", "MixtralForCausalLM",
+    intermediate_size=64,
+    num_local_experts=8,
+    num_experts_per_tok=2,
+    sliding_window=None,
+    router_aux_loss_coef=0.02,
+    output_router_logits=False,
+    attention_dropout=0.0,
+)
+
+QWEN2_MOE_CONFIG = _common(
+    "qwen2_moe", "Qwen2MoeForCausalLM",
+    intermediate_size=192,
+    moe_intermediate_size=64,
+    shared_expert_intermediate_size=96,
+    num_experts=16,
+    num_experts_per_tok=4,
+    decoder_sparse_step=1,
+    mlp_only_layers=[1],
+    norm_topk_prob=False,
+    use_sliding_window=False,
+    sliding_window=4096,
+    max_window_layers=3,
+    qkv_bias=True,
+    output_router_logits=False,
+    router_aux_loss_coef=0.001,
+    attention_dropout=0.0,
+    tie_word_embeddings=True,
+)
+
+GLM4_MOE_CONFIG = _common(
+    "glm4_moe", "Glm4MoeForCausalLM",
+    head_dim=48,  # != hidden/heads; rotary dim 48*0.5 = 24
+    partial_rotary_factor=0.5,
+    attention_bias=True,
+    use_qk_norm=True,
+    intermediate_size=192,
+    moe_intermediate_size=64,
+    n_routed_experts=16,
+    num_experts_per_tok=4,
+    n_shared_experts=1,
+    n_group=1,
+    topk_group=1,
+    first_k_dense_replace=1,
+    norm_topk_prob=True,
+    routed_scaling_factor=2.5,
+    num_nextn_predict_layers=0,
+    attention_dropout=0.0,
+)
+
+MINIMAX_M2_CONFIG = _common(
+    "minimax_m2", "MiniMaxM2ForCausalLM",
+    head_dim=48,
+    rotary_dim=24,
+    intermediate_size=64,
+    num_local_experts=16,
+    num_experts_per_tok=4,
+    scoring_func="sigmoid",
+    use_routing_bias=True,
+    use_qk_norm=True,
+    qk_norm_type="per_layer",
+    attn_type_list=[1, 1, 1],
+    sliding_window=None,
+    output_router_logits=False,
+    router_aux_loss_coef=0.001,
+    attention_dropout=0.0,
+)
+
+
+def _hub_block_sparse(t: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """transformers' per-expert names -> Mixtral / MiniMax-M2 hub names."""
+    out = {}
+    for k, v in t.items():
+        k = k.replace(".mlp.", ".block_sparse_moe.")
+        m = re.match(r"^(.*\.experts\.\d+)\.(gate_proj|up_proj|down_proj)\.weight$", k)
+        if m:
+            k = f"{m.group(1)}.{ {'gate_proj': 'w1', 'up_proj': 'w3', 'down_proj': 'w2'}[m.group(2)] }.weight"
+        out[k] = v
+    return out
+
+
+def _from_hub_block_sparse(t: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    out = {}
+    for k, v in t.items():
+        k = k.replace(".block_sparse_moe.", ".mlp.")
+        m = re.match(r"^(.*\.experts\.\d+)\.(w1|w2|w3)\.weight$", k)
+        if m:
+            k = f"{m.group(1)}.{ {'w1': 'gate_proj', 'w3': 'up_proj', 'w2': 'down_proj'}[m.group(2)] }.weight"
+        out[k] = v
+    return out
+
+
+def _rules(base):
+    """The shared init rules, with larger projection biases (so that a
+    missed bias shows in the logits)."""
+
+    def rules(name, p):
+        if p.ndim == 1 and name.endswith("_proj.bias"):
+            return fl.randn(p.shape, 0.1)
+        return base(name, p)
+
+    return rules
+
+
+def build(mf, name: str, config: dict, seed: int, to_hub=None, from_hub=None, keep_f32=()):
+    """Write `config`, a random checkpoint in the hub's names, and the
+    transformers reference on exactly the saved weights; the first of ten
+    seeds from `seed` whose logits discriminate (check_not_degenerate)."""
+    for s in range(seed, seed + 10):
+        try:
+            return _build(mf, name, config, s, to_hub, from_hub, keep_f32)
+        except fl.Degenerate as e:
+            print(f"  seed {s}: {e}; next seed")
+    raise fl.Degenerate(f"{name}: ten seeds from {seed} all degenerate")
+
+
+def _build(mf, name, config, seed, to_hub, from_hub, keep_f32):
+    from transformers import AutoConfig
+
+    d = fl.fresh_dir(fl.FIXTURES / name)
+    fl.write_json(d / "config.json", config)
+    mf.common_files(d)
+    hf_config = AutoConfig.from_pretrained(str(d))
+    model = mf.hf_model(hf_config)
+    fl.init_params(model, seed, _rules(mf.make_rules(0.1, zero_centred_norms=False, embed_std=0.05)))
+    module = mf.to_ckpt_dtype(fl.module_state(model), keep_f32=keep_f32)
+    if config.get("tie_word_embeddings"):
+        module.pop("lm_head.weight", None)
+    ckpt = fl.module_to_per_expert(module)
+    if to_hub:
+        ckpt = to_hub(ckpt)
+    fl.write_checkpoint(d, ckpt)
+
+    saved = fl.read_checkpoint(d)
+    if from_hub:
+        saved = from_hub(saved)
+    module_saved = fl.per_expert_to_module(saved)
+    ref_model = mf.hf_model(hf_config)
+    fl.load_module_state(ref_model, mf.upcast(module_saved))
+    ref = fl.run_reference(ref_model)
+    mf.cross_check_from_pretrained(d, ref, module_saved)
+    mf.finish(name, d, config["model_type"], ref,
+              f"{fl.versions_string()}, f32 eager on the saved bf16 weights (upcast)")
+
+
+def builders(mf) -> dict:
+    """The builders, keyed by fixture name; `mf` is make_fixtures."""
+    return {
+        "mixtral": lambda: build(mf, "mixtral", MIXTRAL_CONFIG, 811, _hub_block_sparse, _from_hub_block_sparse),
+        "qwen2_moe": lambda: build(mf, "qwen2_moe", QWEN2_MOE_CONFIG, 823),
+        "glm4_moe": lambda: build(mf, "glm4_moe", GLM4_MOE_CONFIG, 839, keep_f32=("e_score_correction_bias",)),
+        "minimax_m2": lambda: build(mf, "minimax_m2", MINIMAX_M2_CONFIG, 853, _hub_block_sparse,
+                                    _from_hub_block_sparse, keep_f32=("e_score_correction_bias",)),
+    }
