@@ -20,6 +20,8 @@ pub enum Arch {
     Qwen3Next,
     /// `deepseek_v3` / `kimi_k2`: MLA + grouped sigmoid routing.
     DeepseekV3,
+    /// `deepseek_v2`: MLA + softmax routing over groups.
+    DeepseekV2,
     /// `glm4_moe`: GQA with biases and partial RoPE + sigmoid routing.
     Glm4Moe,
     /// `minimax_m2`: GQA with per-layer q/k norms + sigmoid routing.
@@ -160,6 +162,15 @@ pub enum Routing {
         topk_group: usize,
         routed_scaling_factor: f32,
         norm_topk_prob: bool,
+    },
+    /// DeepSeek-V2 `greedy` / `group_limited_greedy`: softmax over all
+    /// experts; groups scored by their largest probability, the best
+    /// `topk_group` kept (the others' experts count as 0); top-k; weights
+    /// the probabilities times `routed_scaling_factor`, not renormalized.
+    SoftmaxGroups {
+        n_group: usize,
+        topk_group: usize,
+        routed_scaling_factor: f32,
     },
 }
 
@@ -355,6 +366,9 @@ impl ModelConfig {
         }
         if let Routing::NoauxTc {
             n_group, topk_group, ..
+        }
+        | Routing::SoftmaxGroups {
+            n_group, topk_group, ..
         } = self.routing
         {
             if n_group == 0 || !self.num_experts.is_multiple_of(n_group) {
@@ -369,7 +383,7 @@ impl ModelConfig {
                     format!("{topk_group} must be in 1..={n_group}"),
                 ));
             }
-            if self.num_experts / n_group < 2 {
+            if matches!(self.routing, Routing::NoauxTc { .. }) && self.num_experts / n_group < 2 {
                 return Err(Error::config("n_group", "each group needs at least 2 experts"));
             }
         }
@@ -454,6 +468,9 @@ impl ModelConfig {
             }
         }
         if let Routing::NoauxTc {
+            routed_scaling_factor, ..
+        }
+        | Routing::SoftmaxGroups {
             routed_scaling_factor, ..
         } = self.routing
         {

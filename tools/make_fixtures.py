@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import fixturelib as fl  # noqa: E402
 import fp8lib  # noqa: E402
-import gqa_fixtures  # noqa: E402
+import family_fixtures  # noqa: E402
 import mlxlib  # noqa: E402
 
 torch.set_num_threads(2)
@@ -814,7 +814,7 @@ BUILDERS = {
     "deepseek_v3_fp8": build_deepseek_v3_fp8,
     "deepseek_v3_mlx4": build_deepseek_v3_mlx4,
 }
-BUILDERS.update(gqa_fixtures.builders(sys.modules[__name__]))
+BUILDERS.update(family_fixtures.builders(sys.modules[__name__]))
 
 
 def main():

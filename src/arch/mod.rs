@@ -8,6 +8,7 @@
 //! `arch/table.rs`, and `convert`, `synth` and the checks at open all read
 //! it. DESIGN.md, "Adding an architecture", says what a new family writes.
 
+mod deepseek_v2;
 mod deepseek_v3;
 mod glm4_moe;
 mod minimax_m2;
@@ -72,6 +73,7 @@ pub const FAMILIES: &[&Family] = &[
     &qwen3_5_moe::FAMILY,
     &qwen3_5_moe::NEXT,
     &deepseek_v3::FAMILY,
+    &deepseek_v2::FAMILY,
     &glm4_moe::FAMILY,
     &minimax_m2::FAMILY,
     &mixtral::FAMILY,

@@ -75,6 +75,34 @@ fn noaux_tc(
     (idx.into_iter().map(|i| i as u32).collect(), w)
 }
 
+/// DeepSeek-V2: softmax; groups scored by their largest probability, the
+/// best `topk_group` kept (others masked to 0, as transformers does);
+/// top-k; weights the probabilities times `scale`.
+fn softmax_groups(logits: &[f32], k: usize, n_group: usize, topk_group: usize, scale: f32) -> (Vec<u32>, Vec<f32>) {
+    let (idx, mut w) = {
+        let m = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+        let e: Vec<f32> = logits.iter().map(|x| (x - m).exp()).collect();
+        let sum: f32 = e.iter().sum();
+        let p: Vec<f32> = e.iter().map(|x| x / sum).collect();
+        let per = p.len() / n_group;
+        let group_scores: Vec<f32> = p
+            .chunks_exact(per)
+            .map(|g| g.iter().cloned().fold(f32::NEG_INFINITY, f32::max))
+            .collect();
+        let keep = top_k(&group_scores, topk_group);
+        let masked: Vec<f32> = p
+            .iter()
+            .enumerate()
+            .map(|(i, &x)| if keep.contains(&(i / per)) { x } else { 0.0 })
+            .collect();
+        let idx = top_k(&masked, k);
+        let w: Vec<f32> = idx.iter().map(|&i| p[i]).collect();
+        (idx, w)
+    };
+    w.iter_mut().for_each(|x| *x *= scale);
+    (idx.into_iter().map(|i| i as u32).collect(), w)
+}
+
 /// Route `n` tokens from their router logits `[n, n_experts]`; the tokens
 /// of a prefill chunk in parallel (one after the other, a 256-token chunk
 /// spent milliseconds per layer here on the CPU).
@@ -100,6 +128,11 @@ pub fn route(routing: &Routing, logits: &[f32], n: usize, k: usize, bias: Option
             routed_scaling_factor,
             norm_topk_prob,
         ),
+        Routing::SoftmaxGroups {
+            n_group,
+            topk_group,
+            routed_scaling_factor,
+        } => softmax_groups(row, k, n_group, topk_group, routed_scaling_factor),
     };
     let per_token: Vec<(Vec<u32>, Vec<f32>)> = if n >= PARALLEL_TOKENS {
         let mut v = vec![(Vec::new(), Vec::new()); n];
@@ -179,6 +212,31 @@ mod tests {
             None,
         );
         assert!(r.weights.iter().sum::<f32>() < 0.95);
+    }
+
+    #[test]
+    fn softmax_groups_keeps_the_groups_of_the_largest_probabilities() {
+        // Two groups of 4: group 0 holds the single largest logit, group 1
+        // the larger sum; V2 scores a group by its maximum, so group 0 wins.
+        let logits = [3.0, -4.0, -4.0, -4.0, 2.0, 2.0, 2.0, 2.0];
+        let routing = Routing::SoftmaxGroups {
+            n_group: 2,
+            topk_group: 1,
+            routed_scaling_factor: 16.0,
+        };
+        let r = route(&routing, &logits, 1, 2, None);
+        assert_eq!(r.ids, vec![0, 1]);
+        let z: f32 = logits.iter().map(|x| x.exp()).sum();
+        assert!((r.weights[0] - 16.0 * 3f32.exp() / z).abs() < 1e-4, "{:?}", r.weights);
+        // One group: plain greedy top-k, not renormalized.
+        let greedy = Routing::SoftmaxGroups {
+            n_group: 1,
+            topk_group: 1,
+            routed_scaling_factor: 1.0,
+        };
+        let r = route(&greedy, &logits, 1, 2, None);
+        assert_eq!(r.ids, vec![0, 4]);
+        assert!(r.weights.iter().sum::<f32>() < 0.9);
     }
 
     #[test]

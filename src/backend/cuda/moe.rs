@@ -77,6 +77,18 @@ fn route(
             }
             (1, norm_topk_prob, n_group, topk_group, routed_scaling_factor)
         }
+        Routing::SoftmaxGroups {
+            n_group,
+            topk_group,
+            routed_scaling_factor,
+        } => {
+            if n_group == 0 || n_group > MAX_GROUPS || !e.is_multiple_of(n_group) || topk_group > n_group {
+                return Err(Error::Invalid(format!(
+                    "group-limited routing: {e} experts in {n_group} groups keeping {topk_group} (the CUDA router takes at most {MAX_GROUPS} groups)"
+                )));
+            }
+            (2, false, n_group, topk_group, routed_scaling_factor)
+        }
     };
     if let Some(b) = bias {
         b.want("router bias", e)?;

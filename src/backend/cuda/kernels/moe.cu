@@ -42,7 +42,9 @@ __device__ int block_argmax(const float* v, int n, float* sh_v, int* sh_i) {
 // selection on score + bias by groups (group score = sum of its top 2),
 // keep `topk_group` groups (the others' experts count as 0), top-k; the
 // weights are the unbiased scores, over their sum + 1e-20 if `norm`, times
-// `scale`. ids, wts [n, k]; with `hint` (another layer's logits [E]),
+// `scale`. mode 2 (DeepSeek-V2): mode 0's probabilities; groups scored by
+// their largest, the best `topk_group` kept (the others' experts count as
+// 0), top-k; weights the probabilities times `scale`. ids, wts [n, k]; with `hint` (another layer's logits [E]),
 // block n routes those into row n. Dynamic shared memory: 2E + n_group
 // floats.
 #if FMT_GROUP_ON(FG_BASE)
@@ -58,7 +60,7 @@ extern "C" __global__ void moe_route(const float* logits, const float* bias, u32
     __shared__ int sh_i[32], sel[ROUTE_MAXK];
     __shared__ int keep[64];
     const float* l = (int)blockIdx.x < n ? logits + (i64)blockIdx.x * E : hint;
-    if (mode == 0) {
+    if (mode == 0 || mode == 2) {
         float mx = NEG_INF;
         for (int i = threadIdx.x; i < E; i += blockDim.x) mx = fmaxf(mx, l[i]);
         mx = block_max(mx, sh);
@@ -74,6 +76,33 @@ extern "C" __global__ void moe_route(const float* logits, const float* bias, u32
             v[i] = rank_key(p[i]);
         }
         __syncthreads();
+        if (mode == 2 && n_group > 1) {
+            const int per = E / n_group;
+            for (int g = threadIdx.x; g < n_group; g += blockDim.x) {
+                float a = NEG_INF;
+                for (int i = 0; i < per; i++) a = fmaxf(a, v[g * per + i]);
+                gsc[g] = a;
+            }
+            __syncthreads();
+            if (threadIdx.x == 0) {
+                for (int g = 0; g < n_group; g++) keep[g] = 0;
+                for (int r = 0; r < topk_group; r++) {
+                    int bi = -1;
+                    float best = NEG_INF;
+                    for (int g = 0; g < n_group; g++) {
+                        if (!keep[g] && (bi < 0 || gsc[g] > best)) {
+                            best = gsc[g];
+                            bi = g;
+                        }
+                    }
+                    if (bi >= 0) keep[bi] = 1;
+                }
+            }
+            __syncthreads();
+            for (int i = threadIdx.x; i < E; i += blockDim.x)
+                if (!keep[i / per]) v[i] = 0.0f;
+            __syncthreads();
+        }
     } else {
         for (int i = threadIdx.x; i < E; i += blockDim.x) {
             const float sc = 1.0f / (1.0f + expf(-l[i]));
@@ -131,7 +160,7 @@ extern "C" __global__ void moe_route(const float* logits, const float* bias, u32
         for (int j = 0; j < k; j++) {
             float w = p[sel[j]];
             if (norm) w /= den;
-            if (mode == 1) w *= scale;
+            if (mode != 0) w *= scale;
             ids[(i64)blockIdx.x * k + j] = (u32)sel[j];
             wts[(i64)blockIdx.x * k + j] = w;
         }

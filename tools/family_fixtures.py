@@ -1,5 +1,5 @@
-"""Golden fixtures of the GQA families added with the one-file-per-family
-layout: mixtral, qwen2_moe, glm4_moe, minimax_m2.
+"""Golden fixtures of the families added with the one-file-per-family
+layout: mixtral, qwen2_moe, glm4_moe, minimax_m2, deepseek_v2.
 
 Each is written with the tensor names of the family's official Hugging Face
 checkpoints (Mixtral and MiniMax-M2: `block_sparse_moe.experts.N.w1/w3/w2`;
@@ -113,6 +113,45 @@ MINIMAX_M2_CONFIG = _common(
 )
 
 
+DEEPSEEK_V2_CONFIG = _common(
+    "deepseek_v2", "DeepseekV2ForCausalLM",
+    num_key_value_heads=4,
+    max_position_embeddings=1024,
+    intermediate_size=320,
+    moe_intermediate_size=64,
+    n_routed_experts=16,
+    num_experts_per_tok=4,
+    n_shared_experts=2,
+    first_k_dense_replace=1,
+    moe_layer_freq=1,
+    n_group=4,
+    topk_group=2,
+    topk_method="group_limited_greedy",
+    routed_scaling_factor=2.0,
+    scoring_func="softmax",
+    norm_topk_prob=False,
+    q_lora_rank=96,
+    kv_lora_rank=64,
+    qk_nope_head_dim=32,
+    qk_rope_head_dim=16,
+    v_head_dim=32,
+    rope_theta=10000,
+    rope_scaling={
+        "beta_fast": 32,
+        "beta_slow": 1,
+        "factor": 4,
+        "mscale": 0.707,
+        "mscale_all_dim": 0.707,
+        "original_max_position_embeddings": 256,
+        "type": "yarn",
+    },
+    attention_bias=False,
+    attention_dropout=0.0,
+    aux_loss_alpha=0.001,
+    seq_aux=True,
+)
+
+
 def _hub_block_sparse(t: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """transformers' per-expert names -> Mixtral / MiniMax-M2 hub names."""
     out = {}
@@ -195,6 +234,7 @@ def builders(mf) -> dict:
         "mixtral": lambda: build(mf, "mixtral", MIXTRAL_CONFIG, 811, _hub_block_sparse, _from_hub_block_sparse),
         "qwen2_moe": lambda: build(mf, "qwen2_moe", QWEN2_MOE_CONFIG, 823),
         "glm4_moe": lambda: build(mf, "glm4_moe", GLM4_MOE_CONFIG, 839, keep_f32=("e_score_correction_bias",)),
+        "deepseek_v2": lambda: build(mf, "deepseek_v2", DEEPSEEK_V2_CONFIG, 877),
         "minimax_m2": lambda: build(mf, "minimax_m2", MINIMAX_M2_CONFIG, 853, _hub_block_sparse,
                                     _from_hub_block_sparse, keep_f32=("e_score_correction_bias",)),
     }
