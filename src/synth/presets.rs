@@ -7,11 +7,12 @@ use crate::error::{Error, Result};
 use serde_json::{json, Value};
 
 /// Preset names, as `--preset` takes them.
-pub const PRESETS: [&str; 8] = [
+pub const PRESETS: [&str; 9] = [
     "qwen3.6-35b-a3b",
     "qwen3.5-397b-a17b",
     "qwen3-30b-a3b",
     "deepseek-v3",
+    "deepseek-v2-lite",
     "glm-4.5-air",
     "minimax-m2",
     "mixtral-8x7b",
@@ -41,6 +42,7 @@ pub fn preset(name: &str) -> Result<Value> {
         }),
         "qwen3-30b-a3b" => qwen3_30b_a3b(),
         "deepseek-v3" => deepseek_v3(),
+        "deepseek-v2-lite" => deepseek_v2_lite(),
         "glm-4.5-air" => glm_4_5_air(),
         "minimax-m2" => minimax_m2(),
         "mixtral-8x7b" => mixtral_8x7b(),
@@ -210,6 +212,56 @@ fn deepseek_v3() -> Value {
         "use_cache": true,
         "v_head_dim": 128,
         "vocab_size": 129280
+    })
+}
+
+/// DeepSeek-V2-Lite (16B-A2.4B).
+fn deepseek_v2_lite() -> Value {
+    json!({
+        "architectures": ["DeepseekV2ForCausalLM"],
+        "model_type": "deepseek_v2",
+        "attention_bias": false,
+        "attention_dropout": 0.0,
+        "first_k_dense_replace": 1,
+        "hidden_act": "silu",
+        "hidden_size": 2048,
+        "initializer_range": 0.02,
+        "intermediate_size": 10944,
+        "kv_lora_rank": 512,
+        "max_position_embeddings": 163840,
+        "moe_intermediate_size": 1408,
+        "moe_layer_freq": 1,
+        "n_group": 1,
+        "n_routed_experts": 64,
+        "n_shared_experts": 2,
+        "norm_topk_prob": false,
+        "num_attention_heads": 16,
+        "num_experts_per_tok": 6,
+        "num_hidden_layers": 27,
+        "num_key_value_heads": 16,
+        "q_lora_rank": null,
+        "qk_nope_head_dim": 128,
+        "qk_rope_head_dim": 64,
+        "rms_norm_eps": 1e-6,
+        "rope_scaling": {
+            "beta_fast": 32,
+            "beta_slow": 1,
+            "factor": 40,
+            "mscale": 0.707,
+            "mscale_all_dim": 0.707,
+            "original_max_position_embeddings": 4096,
+            "type": "yarn"
+        },
+        "rope_theta": 10000,
+        "routed_scaling_factor": 1.0,
+        "scoring_func": "softmax",
+        "tie_word_embeddings": false,
+        "topk_group": 1,
+        "topk_method": "greedy",
+        "torch_dtype": "bfloat16",
+        "use_cache": true,
+        "v_head_dim": 128,
+        "vocab_size": 102400
     })
 }
 
