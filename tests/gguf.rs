@@ -237,3 +237,244 @@ fn alignment_and_metadata_types_round_trip() {
     assert_eq!(h.meta.uniform_uint_opt("a.list").unwrap(), Some(3));
     assert_eq!(h.meta.num_opt("a.f").unwrap(), Some(0.5));
 }
+
+// ---- metadata → config.json -------------------------------------------
+
+/// The `<arch>.*` keys llama.cpp's convert_hf_to_gguf.py writes for a
+/// fixture's `config.json`, and the tensors that tell dense layers and
+/// tied embeddings apart.
+fn converted(arch: &str, c: &serde_json::Value) -> GgufWriter {
+    let c = c.get("text_config").unwrap_or(c);
+    let u = |k: &str| c[k].as_u64().unwrap() as u32;
+    let f = |k: &str| c[k].as_f64().unwrap() as f32;
+    let key = |k: &str| format!("{arch}.{k}");
+    let mut w = GgufWriter::new();
+    w.kv("general.architecture", Value::Str(arch.into()));
+    let mut blocks = u("num_hidden_layers");
+    if arch == "qwen35moe" {
+        blocks += u("mtp_num_hidden_layers");
+        w.kv(&key("nextn_predict_layers"), Value::U32(u("mtp_num_hidden_layers")));
+    }
+    w.kv(&key("block_count"), Value::U32(blocks));
+    w.kv(&key("context_length"), Value::U32(u("max_position_embeddings")));
+    w.kv(&key("embedding_length"), Value::U32(u("hidden_size")));
+    if c.get("intermediate_size").is_some() {
+        w.kv(&key("feed_forward_length"), Value::U32(u("intermediate_size")));
+    }
+    w.kv(&key("attention.head_count"), Value::U32(u("num_attention_heads")));
+    w.kv(&key("attention.head_count_kv"), Value::U32(u("num_key_value_heads")));
+    let theta = c
+        .get("rope_theta")
+        .or(c.get("rope_parameters").and_then(|p| p.get("rope_theta")));
+    w.kv(
+        &key("rope.freq_base"),
+        Value::F32(theta.unwrap().as_f64().unwrap() as f32),
+    );
+    w.kv(&key("attention.layer_norm_rms_epsilon"), Value::F32(f("rms_norm_eps")));
+    w.kv(&key("vocab_size"), Value::U32(u("vocab_size")));
+    w.kv(&key("expert_used_count"), Value::U32(u("num_experts_per_tok")));
+    w.kv(
+        &key("expert_feed_forward_length"),
+        Value::U32(u("moe_intermediate_size")),
+    );
+    if c.get("head_dim").is_some() {
+        w.kv(&key("attention.key_length"), Value::U32(u("head_dim")));
+        w.kv(&key("attention.value_length"), Value::U32(u("head_dim")));
+    }
+    let n = u("num_hidden_layers") as usize;
+    let dense: Vec<usize> = match arch {
+        "deepseek2" => (0..u("first_k_dense_replace") as usize).collect(),
+        _ => c.get("mlp_only_layers").map_or(vec![], |l| {
+            l.as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_u64().unwrap() as usize)
+                .collect()
+        }),
+    };
+    for i in (0..n).filter(|i| !dense.contains(i)) {
+        w.tensor(
+            &format!("blk.{i}.ffn_gate_inp.weight"),
+            &[32, 1],
+            GgmlType::F32,
+            vec![0; 128],
+        );
+    }
+    if let Some(types) = c.get("layer_types").and_then(|t| t.as_array()) {
+        for (i, t) in types.iter().enumerate() {
+            if t == "linear_attention" {
+                w.tensor(&format!("blk.{i}.ssm_a"), &[4], GgmlType::F32, vec![0; 16]);
+            }
+        }
+    }
+    if !c["tie_word_embeddings"].as_bool().unwrap_or(false) {
+        w.tensor("output.weight", &[32, 1], GgmlType::F32, vec![0; 128]);
+    }
+    match arch {
+        "qwen3moe" => {
+            w.kv(&key("expert_count"), Value::U32(u("num_experts")));
+        }
+        "qwen3next" | "qwen35moe" => {
+            w.kv(&key("expert_count"), Value::U32(u("num_experts")));
+            w.kv(
+                &key("expert_shared_feed_forward_length"),
+                Value::U32(u("shared_expert_intermediate_size")),
+            );
+            w.kv(&key("ssm.conv_kernel"), Value::U32(u("linear_conv_kernel_dim")));
+            w.kv(&key("ssm.state_size"), Value::U32(u("linear_key_head_dim")));
+            w.kv(&key("ssm.group_count"), Value::U32(u("linear_num_key_heads")));
+            w.kv(&key("ssm.time_step_rank"), Value::U32(u("linear_num_value_heads")));
+            w.kv(
+                &key("ssm.inner_size"),
+                Value::U32(u("linear_value_head_dim") * u("linear_num_value_heads")),
+            );
+            w.kv(
+                &key("full_attention_interval"),
+                Value::U32(c["full_attention_interval"].as_u64().unwrap_or(4) as u32),
+            );
+            w.kv(
+                &key("rope.dimension_count"),
+                Value::U32((u("head_dim") as f32 * f("partial_rotary_factor")) as u32),
+            );
+        }
+        _ => {
+            // deepseek2, as its converter writes it today (MLA as MQA).
+            let (rope, nope, v, kv) = (
+                u("qk_rope_head_dim"),
+                u("qk_nope_head_dim"),
+                u("v_head_dim"),
+                u("kv_lora_rank"),
+            );
+            w.kv(&key("expert_count"), Value::U32(u("n_routed_experts")));
+            w.kv(
+                &key("leading_dense_block_count"),
+                Value::U32(u("first_k_dense_replace")),
+            );
+            w.kv(&key("attention.q_lora_rank"), Value::U32(u("q_lora_rank")));
+            w.kv(&key("attention.kv_lora_rank"), Value::U32(kv));
+            w.kv(&key("attention.key_length"), Value::U32(kv + rope));
+            w.kv(&key("attention.value_length"), Value::U32(kv));
+            w.kv(&key("attention.key_length_mla"), Value::U32(nope + rope));
+            w.kv(&key("attention.value_length_mla"), Value::U32(v));
+            w.kv(&key("rope.dimension_count"), Value::U32(rope));
+            w.kv(&key("expert_shared_count"), Value::U32(u("n_shared_experts")));
+            w.kv(&key("expert_weights_scale"), Value::F32(f("routed_scaling_factor")));
+            w.kv(
+                &key("expert_weights_norm"),
+                Value::Bool(c["norm_topk_prob"].as_bool().unwrap()),
+            );
+            w.kv(&key("expert_gating_func"), Value::U32(2));
+            w.kv(&key("expert_group_count"), Value::U32(u("n_group")));
+            w.kv(&key("expert_group_used_count"), Value::U32(u("topk_group")));
+            let rs = &c["rope_scaling"];
+            w.kv(&key("rope.scaling.type"), Value::Str("yarn".into()));
+            w.kv(
+                &key("rope.scaling.factor"),
+                Value::F32(rs["factor"].as_f64().unwrap() as f32),
+            );
+            w.kv(
+                &key("rope.scaling.original_context_length"),
+                Value::U32(rs["original_max_position_embeddings"].as_u64().unwrap() as u32),
+            );
+            w.kv(
+                &key("rope.scaling.yarn_log_multiplier"),
+                Value::F32(0.1 * rs["mscale_all_dim"].as_f64().unwrap() as f32),
+            );
+        }
+    }
+    w
+}
+
+#[test]
+fn metadata_maps_to_the_fixtures_configs() {
+    use moeflux::ModelConfig;
+    let dir = tempfile::tempdir().unwrap();
+    for (fixture_dir, arch) in [
+        ("qwen3_moe", "qwen3moe"),
+        ("qwen3_next", "qwen3next"),
+        ("qwen3_5_moe", "qwen35moe"),
+        ("deepseek_v3", "deepseek2"),
+    ] {
+        let text = std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("tests/fixtures")
+                .join(fixture_dir)
+                .join("config.json"),
+        )
+        .unwrap();
+        let mut hf: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let path = dir.path().join(format!("{arch}.gguf"));
+        std::fs::write(&path, converted(arch, &hf).to_bytes()).unwrap();
+        let model = GgufModel::open(&path).unwrap();
+        let got = ModelConfig::from_json(&model.hf_config().unwrap()).unwrap();
+        // What GGUF cannot say: Qwen3-MoE's norm_topk_prob (llama.cpp
+        // always normalizes), and DeepSeek's mscale apart from
+        // mscale_all_dim (llama.cpp takes them equal).
+        let t = hf.get_mut("text_config").map(|t| t.take()).unwrap_or(hf);
+        let mut t = t;
+        if arch == "qwen3moe" {
+            t["norm_topk_prob"] = true.into();
+        }
+        if arch == "deepseek2" {
+            t["rope_scaling"]["mscale"] = t["rope_scaling"]["mscale_all_dim"].clone();
+        }
+        let mut want = ModelConfig::from_json(&t).unwrap();
+        want.model_type = got.model_type.clone();
+        assert_eq!(format!("{got:?}"), format!("{want:?}"), "{arch}");
+    }
+}
+
+#[test]
+fn every_family_has_a_config_and_unknown_architectures_are_listed() {
+    let meta = |arch: &str, extra: &[(&str, Value)]| {
+        let mut m = moeflux::format::gguf::Metadata::new(Path::new("m.gguf"));
+        let k = |s: &str| format!("{arch}.{s}");
+        m.kv.insert("general.architecture".into(), Value::Str(arch.into()));
+        for (key, v) in [
+            ("block_count", Value::U32(4)),
+            ("embedding_length", Value::U32(64)),
+            ("attention.head_count", Value::U32(4)),
+            ("attention.key_length", Value::U32(16)),
+            ("vocab_size", Value::U32(100)),
+            ("expert_count", Value::U32(8)),
+            ("expert_used_count", Value::U32(2)),
+            ("expert_feed_forward_length", Value::U32(32)),
+            ("rope.dimension_count", Value::U32(8)),
+        ] {
+            m.kv.insert(k(key), v);
+        }
+        for (key, v) in extra {
+            m.kv.insert(k(key), v.clone());
+        }
+        m
+    };
+    let none = |_: &str| false;
+    for (arch, model_type) in [
+        ("qwen2moe", "qwen2_moe"),
+        ("gpt-oss", "gpt_oss"),
+        ("glm4moe", "glm4_moe"),
+        ("minimax-m2", "minimax_m2"),
+        ("llama", "mixtral"),
+    ] {
+        let c = moeflux::format::gguf::hf_config(&meta(arch, &[]), &none).unwrap();
+        assert_eq!(c["model_type"], model_type);
+        assert_eq!(c["num_hidden_layers"], 4);
+    }
+    let c =
+        moeflux::format::gguf::hf_config(&meta("glm4moe", &[("nextn_predict_layers", Value::U32(1))]), &none).unwrap();
+    assert_eq!(
+        (c["num_hidden_layers"].as_u64(), c["partial_rotary_factor"].as_f64()),
+        (Some(3), Some(0.5))
+    );
+    let mut dense = meta("llama", &[]);
+    dense.kv.remove("llama.expert_count");
+    let err = moeflux::format::gguf::hf_config(&dense, &none).unwrap_err().to_string();
+    assert!(err.contains("llama.expert_count"), "{err}");
+    let err = moeflux::format::gguf::hf_config(&meta("gemma3", &[]), &none)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("`gemma3`") && err.contains("qwen3moe") && err.contains("m.gguf"),
+        "{err}"
+    );
+}
