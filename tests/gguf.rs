@@ -478,3 +478,93 @@ fn every_family_has_a_config_and_unknown_architectures_are_listed() {
         "{err}"
     );
 }
+
+// ---- tokenizer ----------------------------------------------------------
+
+const CORPUS: &[&str] = &[
+    "Hello, world! It's a test; we'll see what they've done.",
+    "<|im_start|>user\nWhat is 12345 + 678?<|im_end|>\n<|im_start|>assistant\n",
+    "  leading spaces,\ttabs\tand\n\n\nnewlines   \n",
+    "Ünïcödé naïve café — “quotes” 日本語のテキスト 中文 한국어 🦀🚀",
+    "CAPS and MiXeD cAsE, I'M SHOUTING, don't",
+    "code: fn main() { println!(\"{}\", x[0] >= 3.14); } // ok",
+    "<|endoftext|><|video_pad|>trailing",
+    "",
+];
+
+fn check_tokenizer(vocab: &str, reference: &Path) {
+    let model = GgufModel::open(&fixture(vocab)).unwrap();
+    let json = moeflux::format::gguf::tokenizer_json(model.meta()).unwrap();
+    let ours = tokenizers::Tokenizer::from_bytes(serde_json::to_vec(&json).unwrap()).unwrap();
+    let theirs = tokenizers::Tokenizer::from_file(reference).unwrap();
+    for text in CORPUS {
+        for special in [false, true] {
+            let a = ours.encode(*text, special).unwrap();
+            let b = theirs.encode(*text, special).unwrap();
+            assert_eq!(a.get_ids(), b.get_ids(), "{vocab}: {text:?}");
+            assert_eq!(
+                ours.decode(a.get_ids(), false).unwrap(),
+                theirs.decode(b.get_ids(), false).unwrap(),
+                "{vocab}: {text:?}"
+            );
+        }
+    }
+    assert_eq!(ours.get_vocab_size(true), theirs.get_vocab_size(true));
+}
+
+#[test]
+fn the_vocabulary_tokenizes_as_its_tokenizer_json() {
+    let qwen3 = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/qwen3_moe/tokenizer.json");
+    check_tokenizer("vocab_gpt2.gguf", &qwen3);
+    check_tokenizer("vocab_qwen2.gguf", &fixture("tokenizer_qwen2.json"));
+}
+
+#[test]
+fn special_tokens_template_and_generation_defaults() {
+    let model = GgufModel::open(&fixture("vocab_qwen2.gguf")).unwrap();
+    let meta = model.meta();
+    let tc = moeflux::format::gguf::tokenizer_config(meta).unwrap();
+    assert_eq!(tc["eos_token"], "<|im_end|>");
+    assert_eq!(tc["pad_token"], "<|endoftext|>");
+    assert_eq!(tc["bos_token"], "<|endoftext|>");
+    assert!(tc["chat_template"].as_str().unwrap().contains("<|im_start|>"));
+    let gc = moeflux::format::gguf::generation_config(meta).unwrap();
+    assert_eq!(gc["eos_token_id"], 507);
+    assert_eq!(gc["pad_token_id"], 505);
+    let t = moeflux::format::gguf::chat_template(meta).unwrap().unwrap();
+    assert!(t.contains("add_generation_prompt"));
+    // Both files' JSON parse as the text layer reads them.
+    moeflux::text::GenerationDefaults::parse(&serde_json::to_vec(&gc).unwrap(), Path::new("g.json")).unwrap();
+}
+
+#[test]
+fn every_known_pre_tokenizer_compiles_and_unknown_ones_are_refused() {
+    let model = GgufModel::open(&fixture("vocab_qwen2.gguf")).unwrap();
+    for pre in [
+        "default",
+        "gpt-2",
+        "llama-bpe",
+        "qwen2",
+        "qwen35",
+        "deepseek-v3",
+        "gpt-4o",
+        "minimax-m2",
+        "glm4",
+    ] {
+        let mut meta = model.meta().clone();
+        meta.kv.insert("tokenizer.ggml.pre".into(), Value::Str(pre.into()));
+        let json = moeflux::format::gguf::tokenizer_json(&meta).unwrap();
+        let tok = tokenizers::Tokenizer::from_bytes(serde_json::to_vec(&json).unwrap()).unwrap();
+        let ids = tok.encode("It's 2025: 日本語 text, ok?", false).unwrap();
+        assert_eq!(
+            tok.decode(ids.get_ids(), false).unwrap(),
+            "It's 2025: 日本語 text, ok?",
+            "{pre}"
+        );
+    }
+    let mut meta = model.meta().clone();
+    meta.kv
+        .insert("tokenizer.ggml.pre".into(), Value::Str("kimi-k2".into()));
+    let err = moeflux::format::gguf::tokenizer_json(&meta).unwrap_err().to_string();
+    assert!(err.contains("kimi-k2") && err.contains("tokenizer.ggml.pre"), "{err}");
+}
