@@ -28,6 +28,10 @@ pub const ARCHITECTURES: [(&str, &str); 9] = [
 pub const SUPPORTED: &str =
     "qwen3moe, qwen3next, qwen35moe, deepseek2, qwen2moe, gpt-oss, glm4moe, minimax-m2, llama (with experts: Mixtral)";
 
+/// Layers a config may have (as `config.json`'s counts, SPEC §2); the
+/// per-layer tables below are built from it.
+const MAX_LAYERS: usize = 1 << 16;
+
 /// Reads `<arch>.KEY`s.
 struct Keys<'a> {
     meta: &'a Metadata,
@@ -81,6 +85,9 @@ pub fn hf_config(meta: &Metadata, has_tensor: &dyn Fn(&str) -> bool) -> Result<V
     let mut c = Map::new();
 
     let blocks = k.uint("block_count")?;
+    if blocks > MAX_LAYERS {
+        return Err(meta.error(&k.k("block_count"), format!("{blocks} exceeds {MAX_LAYERS}")));
+    }
     let mtp = k.uint_opt("nextn_predict_layers")?.unwrap_or(0);
     let layers = blocks.checked_sub(mtp).filter(|&n| n > 0).ok_or_else(|| {
         meta.error(
