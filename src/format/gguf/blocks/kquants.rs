@@ -123,9 +123,9 @@ impl Q3K {
         let hmask = &b[..32];
         let mut q = [0.0f32; QK_K];
         for bit in 0..8 {
-            for l in 0..32 {
+            for (l, &hm) in hmask.iter().enumerate() {
                 let i = 32 * bit + l;
-                let h = (hmask[l] >> bit) & 1;
+                let h = (hm >> bit) & 1;
                 q[i] = (low[i] as i32 - 4 * (1 - h as i32)) as f32;
             }
         }
