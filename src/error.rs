@@ -41,6 +41,15 @@ pub enum Error {
     #[error("tensor `{name}`: unsupported dtype {dtype}")]
     Dtype { name: String, dtype: String },
 
+    /// A GGUF tensor in a block format moeflux has no kernels for.
+    #[error("{}: tensor `{tensor}` is {ty}, a GGUF block format moeflux cannot compute with (it can: {supported}); convert the model with `--requantize BITS`", path.display())]
+    GgufType {
+        path: PathBuf,
+        tensor: String,
+        ty: String,
+        supported: &'static str,
+    },
+
     #[error("token id {token} is outside the vocabulary (size {vocab})")]
     TokenOutOfRange { token: u32, vocab: usize },
 

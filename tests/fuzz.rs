@@ -1,7 +1,7 @@
 //! Every parser of untrusted bytes under a seeded mutation fuzzer (see
 //! `fuzz/mod.rs`): safetensors headers, `model_weights.json`,
-//! `layout.json`, `config.json`, `generation_config.json`, MFLX snapshots
-//! and chat saves. Required of each case: no panic, no case slower than
+//! `layout.json`, `config.json`, `generation_config.json`, MFLX snapshots,
+//! chat saves and GGUF files. Required of each case: no panic, no case slower than
 //! the limit, no allocation sized by an unchecked length, and a failed
 //! load that changes nothing. CI runs `CI_CASES` per parser; the
 //! `#[ignore]`d `*_long` tests (`cargo test --release --test fuzz --
@@ -14,6 +14,7 @@ mod fuzz;
 use common::*;
 use fuzz::{mutate_json, mutate_raw, Report, Rng, Target};
 use moeflux::chatsave;
+use moeflux::format::gguf::{self, Array, BlockFormat, GgmlType, GgufWriter, Value as GgufValue};
 use moeflux::format::packed::{
     expert_file_name, Layout, Manifest, WeightsFile, EXPERTS_DIR, LAYOUT_FILE, MANIFEST_FILE,
 };
@@ -468,3 +469,98 @@ fn the_runner_reports_a_panicking_parser() {
         true
     });
 }
+
+// ---- GGUF files -----------------------------------------------------------
+
+/// A small GGUF file: every metadata value type (arrays and a nested
+/// array), a qwen3moe config, a vocabulary, and one block of each
+/// supported tensor type.
+fn gguf_seed() -> Vec<u8> {
+    let mut w = GgufWriter::new();
+    let a = "qwen3moe";
+    w.kv("general.architecture", GgufValue::Str(a.into()));
+    w.kv("general.alignment", GgufValue::U32(32));
+    for (k, v) in [
+        ("block_count", 2u32),
+        ("embedding_length", 64),
+        ("attention.head_count", 4),
+        ("attention.head_count_kv", 2),
+        ("attention.key_length", 16),
+        ("expert_count", 4),
+        ("expert_used_count", 2),
+        ("expert_feed_forward_length", 32),
+        ("context_length", 128),
+    ] {
+        w.kv(&format!("{a}.{k}"), GgufValue::U32(v));
+    }
+    w.kv(&format!("{a}.rope.freq_base"), GgufValue::F32(1e6));
+    w.kv(&format!("{a}.attention.layer_norm_rms_epsilon"), GgufValue::F32(1e-6));
+    w.kv("x.u8", GgufValue::U8(1));
+    w.kv("x.i8", GgufValue::I8(-1));
+    w.kv("x.u16", GgufValue::U16(2));
+    w.kv("x.i16", GgufValue::I16(-2));
+    w.kv("x.i32", GgufValue::I32(-3));
+    w.kv("x.u64", GgufValue::U64(4));
+    w.kv("x.i64", GgufValue::I64(-4));
+    w.kv("x.f64", GgufValue::F64(0.5));
+    w.kv("x.bool", GgufValue::Bool(true));
+    w.kv(
+        "x.nested",
+        GgufValue::Array(Array::Arr(vec![Array::U16(vec![1, 2]), Array::F32(vec![0.5])])),
+    );
+    let toks = ["a", "b", "c", "ab", "Ġ", "Ġa", "<|im_end|>"];
+    w.kv("tokenizer.ggml.model", GgufValue::Str("gpt2".into()));
+    w.kv("tokenizer.ggml.pre", GgufValue::Str("qwen2".into()));
+    w.kv(
+        "tokenizer.ggml.tokens",
+        GgufValue::Array(Array::Str(toks.iter().map(|t| t.to_string()).collect())),
+    );
+    w.kv(
+        "tokenizer.ggml.token_type",
+        GgufValue::Array(Array::I32(vec![1, 1, 1, 1, 1, 1, 3])),
+    );
+    w.kv(
+        "tokenizer.ggml.merges",
+        GgufValue::Array(Array::Str(vec!["a b".into(), "Ġ a".into()])),
+    );
+    w.kv("tokenizer.ggml.eos_token_id", GgufValue::U32(6));
+    w.kv("tokenizer.chat_template", GgufValue::Str("{{ messages }}".into()));
+    for (i, ty) in GgmlType::SUPPORTED.iter().enumerate() {
+        let (elems, bytes) = ty.block().unwrap();
+        let n = elems.max(8);
+        let data: Vec<u8> = (0..n / elems * bytes).map(|j| (j * 31 + i) as u8 & 0x3F).collect();
+        w.tensor(&format!("blk.{}.t{i}.weight", i % 2), &[n, 1], *ty, data);
+    }
+    w.tensor("blk.0.ffn_gate_inp.weight", &[8, 4], GgmlType::F32, vec![0; 128]);
+    w.to_bytes()
+}
+
+fn fuzz_gguf(cases: u64, seed: u64) -> Report {
+    let vocab =
+        std::fs::read(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gguf/vocab_gpt2.gguf")).unwrap();
+    let seeds = vec![gguf_seed(), vocab];
+    let t = target("gguf", seeds, &mutate_raw);
+    fuzz::run(&t, cases, seed, &mut |_, b| {
+        let Ok(h) = gguf::parse(b, Path::new("x.gguf")) else {
+            return false;
+        };
+        // Every tensor lies in the file, and reads as its type says.
+        for info in &h.tensors {
+            let data = &b[info.offset..info.offset + info.size];
+            if let Some(f) = BlockFormat::new(info.ty).filter(|_| info.rows() > 0) {
+                let row = &data[..info.row_bytes()];
+                let mut out = vec![0.0f32; info.row_len()];
+                f.dequantize_row(row, &mut out);
+                let _ = f.dot(row, &out);
+            }
+        }
+        // The metadata readers refuse or answer; they never panic.
+        let names: std::collections::HashSet<&str> = h.tensors.iter().map(|t| t.name.as_str()).collect();
+        let _ = gguf::hf_config(&h.meta, &|n| names.contains(n));
+        let _ = gguf::tokenizer_json(&h.meta);
+        let _ = gguf::tokenizer_config(&h.meta);
+        let _ = gguf::generation_config(&h.meta);
+        true
+    })
+}
+fuzz_tests!(gguf_file, gguf_file_long, fuzz_gguf, 1_000_000);

@@ -1,7 +1,9 @@
-//! File formats: checkpoints we read, the packed model directory we write
-//! and run from, MLX affine quantization, and the converter.
+//! File formats: checkpoints we read (safetensors, GGUF), the packed model
+//! directory we write and run from, MLX affine quantization, and the
+//! converter.
 
 pub mod convert;
+pub mod gguf;
 pub mod outdir;
 pub mod packed;
 pub mod quant;
