@@ -198,3 +198,29 @@ impl AsyncWrite for Watched {
         Pin::new(&mut self.tcp).poll_shutdown(cx)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_write_that_waits_past_the_idle_limit_ends_the_connection() {
+        let limit = Duration::from_millis(80);
+        let stall = Stall::default();
+        // Writes that go through never stall.
+        stall.note(false);
+        let quiet = tokio::time::timeout(limit * 4, stall.exceeds(limit)).await;
+        assert!(quiet.is_err());
+        // A write that waits: over the limit within a step or so.
+        stall.note(true);
+        let t = Instant::now();
+        tokio::time::timeout(limit * 4, stall.exceeds(limit))
+            .await
+            .expect("the stall was not seen");
+        assert!(t.elapsed() >= limit);
+        // Waiting again does not move its start.
+        let since = stall.since.load(Ordering::Relaxed);
+        stall.note(true);
+        assert_eq!(stall.since.load(Ordering::Relaxed), since);
+    }
+}
