@@ -4,12 +4,20 @@
 #[path = "common/mod.rs"]
 mod common;
 
+#[path = "server/access.rs"]
+mod access;
 #[path = "server/client.rs"]
 mod client;
 #[path = "server/endpoints.rs"]
 mod endpoints;
 #[path = "server/errors.rs"]
 mod errors;
+#[path = "server/failures.rs"]
+mod failures;
+#[path = "server/lifecycle.rs"]
+mod lifecycle;
+#[path = "server/limits.rs"]
+mod limits;
 #[path = "server/load.rs"]
 mod load;
 #[path = "server/logprobs.rs"]

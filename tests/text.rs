@@ -455,3 +455,23 @@ fn template_lists_pick_tool_use_when_tools_are_given() {
     req.extra = Map::from_iter([("messages".to_string(), json!([]))]);
     assert!(t.render(&req).is_err());
 }
+
+#[test]
+fn a_template_that_runs_away_is_stopped_with_an_error() {
+    let req = ChatRequest {
+        messages: vec![json!({"role": "user", "content": "hi"})],
+        ..ChatRequest::default()
+    };
+    let render = |source: &str| {
+        let t = ChatTemplate::new(source, Path::new("runaway.jinja"), Vec::new()).unwrap();
+        t.render(&req).unwrap_err().to_string()
+    };
+    // A string doubled and written in a loop: over the output limit.
+    let err = render(
+        "{% set ns = namespace(s='ab') %}{% for i in range(64) %}{{ ns.s }}{% set ns.s = ns.s ~ ns.s %}{% endfor %}",
+    );
+    assert!(err.contains("runaway.jinja") && err.contains("output is over"), "{err}");
+    // Loops of loops: out of steps.
+    let err = render("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}");
+    assert!(err.contains("steps"), "{err}");
+}

@@ -30,9 +30,9 @@ pub struct BenchArgs {
     /// Generated tokens per decode run (0 skips the tg row).
     #[arg(short = 'n', long, default_value_t = 128)]
     pub gen: usize,
-    /// Repetitions of each row.
-    #[arg(short = 'r', long, default_value_t = 5)]
-    pub reps: usize,
+    /// Repetitions of each row (1 to 1000).
+    #[arg(short = 'r', long, default_value_t = 5, value_parser = clap::value_parser!(u16).range(1..=1000))]
+    pub reps: u16,
     /// Untimed runs before the timed ones.
     #[arg(long, default_value_t = 1)]
     pub warmup: usize,
@@ -234,7 +234,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     let load_s = t0.elapsed().as_secs_f64();
     let vocab = model.n_vocab();
     let store = model.expert_store();
-    let reps = a.reps.max(1);
+    let reps = usize::from(a.reps);
     let chunk = a.chunk.unwrap_or_else(|| model.prefill_chunk());
     let mut rows = Vec::new();
 

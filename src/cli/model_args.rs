@@ -31,8 +31,9 @@ pub struct ModelArgs {
     #[arg(long, default_value = "auto")]
     pub io: IoMode,
     /// CPU threads that compute: the CPU backend's, or on CUDA those that
-    /// compute misses with --hybrid (0: one per CPU this process may use).
-    #[arg(long, default_value_t = 0, value_name = "N")]
+    /// compute misses with --hybrid (0: one per CPU this process may use;
+    /// at most that many).
+    #[arg(long, default_value_t = 0, value_name = "N", value_parser = threads)]
     pub threads: usize,
     /// f32 activations in every matrix product. Without it, quantized
     /// products on the CPU round the activations to 16-bit integers per
@@ -44,13 +45,13 @@ pub struct ModelArgs {
     /// CUDA: device memory for routed experts: auto (free memory less a
     /// margin), a size (8G, 512M) or a share of the expert bytes from 0% to
     /// 100% (0%: only the smallest working set, the rest streamed).
-    #[arg(long, default_value = "auto", value_name = "SIZE")]
+    #[arg(long, default_value = "auto", value_name = "SIZE", value_parser = cache_size)]
     pub expert_cache: CacheSize,
     /// Process memory that keeps experts read from disk, the hottest
     /// first: auto (half of the memory left when --io is direct, else
     /// none: the page cache keeps them), a size (8G) or a share of the
     /// expert bytes (25%); 0 for none.
-    #[arg(long, default_value = "auto", value_name = "SIZE")]
+    #[arg(long, default_value = "auto", value_name = "SIZE", value_parser = cache_size)]
     pub ram_cache: CacheSize,
     /// Do not fetch experts ahead of need: on CUDA, the next layer's
     /// router guesses (and experts of the previous token) in decode and
@@ -88,7 +89,7 @@ pub struct ModelArgs {
     /// memory limit, all of the room but an eighth, at least 2 GiB; on a
     /// host, half of the available memory), a percentage of the expert
     /// files, or a size (8G).
-    #[arg(long, value_name = "SIZE", default_value = "auto")]
+    #[arg(long, value_name = "SIZE", default_value = "auto", value_parser = cache_size)]
     pub pin_experts: CacheSize,
     /// CUDA, for measuring: time the parts of each streamed decode step's
     /// MoE layer on the GPU (`bench` prints them; events end graph
@@ -98,6 +99,34 @@ pub struct ModelArgs {
     /// CUDA, for measuring: KiB of one piece of a staged expert copy.
     #[arg(long, hide = true, value_name = "KIB", default_value_t = 512)]
     pub copy_piece_kib: usize,
+}
+
+/// `--threads`: from 0 (one per CPU) to the CPUs this process may use
+/// (more only take turns on them, and workers that spin wait for each other).
+fn threads(s: &str) -> Result<usize, String> {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    match s.trim().parse::<usize>() {
+        Ok(n) if n <= cpus => Ok(n),
+        _ => Err(format!(
+            "expected a number from 0 (one thread per CPU) to {cpus} (the CPUs this process may use)"
+        )),
+    }
+}
+
+/// The largest cache size a flag takes: 1024 TiB (larger ones are
+/// typing slips, or overflow the count of bytes).
+const MOST_BYTES: u64 = 1 << 50;
+
+/// `--expert-cache`, `--ram-cache`, `--pin-experts`: auto, a share from
+/// 0% to 100% or a size from 0 to 1024T.
+fn cache_size(s: &str) -> Result<CacheSize, String> {
+    let size: CacheSize = s.parse().map_err(|e: moeflux::Error| e.to_string())?;
+    match size {
+        CacheSize::Bytes(n) if n > MOST_BYTES => Err(format!(
+            "cache size `{s}`: expected a size from 0 to 1024T, a share of the expert bytes from 0% to 100%, or auto"
+        )),
+        _ => Ok(size),
+    }
 }
 
 impl ModelArgs {

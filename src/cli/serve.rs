@@ -3,7 +3,7 @@
 use super::model_args::ModelArgs;
 use anyhow::Context;
 use clap::Args;
-use moeflux::server::{Config, Server, Text};
+use moeflux::server::{Config, Server, Text, Timeouts};
 use moeflux::text::{GenerationDefaults, SamplingParams, Tokenizer};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -18,9 +18,42 @@ pub struct ServeArgs {
     /// Port to listen on (0: any free one; the ready line names it).
     #[arg(long, default_value_t = 8080)]
     pub port: u16,
-    /// Require `Authorization: Bearer KEY` on every endpoint but /health and /.
+    /// Require `Authorization: Bearer KEY` on every endpoint but /health
+    /// and / (a key given here shows in `ps`: prefer --api-key-file or the
+    /// environment variable).
     #[arg(long, value_name = "KEY", env = "MOEFLUX_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
+    /// Read the API key from the first line of FILE.
+    #[arg(long, value_name = "FILE", conflicts_with = "api_key")]
+    pub api_key_file: Option<PathBuf>,
+    /// Let web pages of ORIGIN (`https://app.example:8443`) call the
+    /// server and read its replies; repeat for several, `*` for any. By
+    /// default only the server's own chat page may.
+    #[arg(long, value_name = "ORIGIN")]
+    pub cors_origin: Vec<String>,
+    /// Largest request body, in bytes (more: 413).
+    #[arg(long, default_value_t = 8 << 20, value_name = "BYTES", value_parser = clap::value_parser!(u64).range(1..=1 << 30))]
+    pub max_body: u64,
+    /// Seconds a connection may take to send a request's headers, from
+    /// its start or from its last reply (slow and idle connections are
+    /// closed after it).
+    #[arg(long, default_value_t = 10.0, value_name = "SECONDS")]
+    pub header_timeout: f64,
+    /// Seconds a request may take to send its body (more: 408).
+    #[arg(long, default_value_t = 30.0, value_name = "SECONDS")]
+    pub body_timeout: f64,
+    /// Seconds a reply may wait for a client that does not read it; then
+    /// the connection is closed (and its generation stopped).
+    #[arg(long, default_value_t = 60.0, value_name = "SECONDS")]
+    pub idle_timeout: f64,
+    /// Seconds requests in flight get to end after SIGINT / SIGTERM; then
+    /// every connection is closed (a second signal exits at once).
+    #[arg(long, default_value_t = 10.0, value_name = "SECONDS")]
+    pub shutdown_timeout: f64,
+    /// Write each request's prompt and answer in its log line (off: only
+    /// the method, route, status, token counts, time and slot).
+    #[arg(long)]
+    pub log_text: bool,
     /// Generations that run at once, each in its own slot (session); all
     /// of them advance together, one forward pass per step (continuous
     /// batching: the weights and each expert are read once per step).
@@ -52,20 +85,32 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
             .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()));
         name.unwrap_or_else(|| "moeflux".into())
     });
-    if !(a.keep_alive.is_finite() && a.keep_alive > 0.0) {
-        anyhow::bail!("--keep-alive must be a positive number of seconds");
-    }
+    let timeouts = Timeouts {
+        header: seconds("--header-timeout", a.header_timeout)?,
+        body: seconds("--body-timeout", a.body_timeout)?,
+        idle: seconds("--idle-timeout", a.idle_timeout)?,
+        shutdown: seconds("--shutdown-timeout", a.shutdown_timeout)?,
+    };
     let config = Config {
-        host: a.host.clone(),
-        port: a.port,
-        api_key: a.api_key.clone(),
+        api_key: api_key(&a)?,
         parallel: a.parallel.into(),
         queue: a.queue,
         ctx: a.ctx,
-        model_id,
-        keep_alive: Duration::from_secs_f64(a.keep_alive),
+        keep_alive: seconds("--keep-alive", a.keep_alive)?,
+        max_body: usize::try_from(a.max_body)?,
+        timeouts,
+        cors_origins: a.cors_origin.clone(),
+        log_text: a.log_text,
+        ..Config::new(a.host.clone(), a.port, model_id)
     };
+    init_logging();
     let server = Server::start(config)?;
+    let addr = server.local_addr();
+    if !addr.ip().is_loopback() && a.api_key.is_none() && a.api_key_file.is_none() {
+        eprintln!(
+            "warning: serving on {addr} without an API key: anyone who can reach this address can use the model (give --api-key-file FILE, or --host 127.0.0.1)"
+        );
+    }
     eprintln!(
         "loading {} (http://{} answers 503 until ready)",
         dir.display(),
@@ -101,4 +146,45 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     })?;
     eprintln!("stopped");
     Ok(())
+}
+
+/// A positive, finite number of seconds (at most a day).
+fn seconds(flag: &str, s: f64) -> anyhow::Result<Duration> {
+    if !(s.is_finite() && s > 0.0 && s <= 86_400.0) {
+        anyhow::bail!("{flag} {s}: give a number of seconds from more than 0 to 86400");
+    }
+    Ok(Duration::from_secs_f64(s))
+}
+
+/// The key of --api-key, MOEFLUX_API_KEY or --api-key-file; an empty one
+/// is refused (it would start a server that turns everyone away).
+fn api_key(a: &ServeArgs) -> anyhow::Result<Option<String>> {
+    let key = match &a.api_key_file {
+        Some(file) => {
+            let text = std::fs::read_to_string(file)
+                .with_context(|| format!("reading the API key from {}", file.display()))?;
+            let line = text.lines().next().unwrap_or("").trim().to_string();
+            if line.is_empty() {
+                anyhow::bail!("{}: the API key file is empty", file.display());
+            }
+            Some(line)
+        }
+        None => a.api_key.clone(),
+    };
+    let env_empty = std::env::var_os("MOEFLUX_API_KEY").is_some_and(|v| v.is_empty());
+    if key.as_deref().is_some_and(|k| k.trim().is_empty()) || (key.is_none() && env_empty) {
+        anyhow::bail!(
+            "the API key is empty (--api-key or MOEFLUX_API_KEY): give a key, or unset it to serve without one"
+        );
+    }
+    Ok(key)
+}
+
+/// Log lines (one per request) on stderr.
+fn init_logging() {
+    let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .with_max_level(tracing::Level::INFO)
+        .try_init();
 }

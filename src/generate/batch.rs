@@ -147,10 +147,20 @@ impl<'a, 'm> Batch<'a, 'm> {
                     }
                 }
                 Err(e) => {
-                    // Every generation of the pass hears the error.
-                    let msg = e.to_string();
+                    // Every generation of the pass hears the error, of the
+                    // same kind: a request's fault stays one, and the
+                    // model's (a file it cannot read) stays the server's.
+                    let msg = format!("batched step: {e}");
+                    let client = matches!(
+                        e,
+                        Error::Invalid(_) | Error::TokenOutOfRange { .. } | Error::ContextFull { .. }
+                    );
                     for (i, _) in &work {
-                        ended.push((*i, Some(Error::Invalid(format!("batched step: {msg}")))));
+                        let e = match client {
+                            true => Error::Invalid(msg.clone()),
+                            false => Error::Server(msg.clone()),
+                        };
+                        ended.push((*i, Some(e)));
                     }
                 }
             }

@@ -72,12 +72,64 @@ impl ApiError {
     }
 
     pub fn not_found(message: impl Into<String>) -> ApiError {
+        ApiError::client(StatusCode::NOT_FOUND, "not_found", message)
+    }
+
+    /// 405: the route exists, not for this method.
+    pub fn method_not_allowed(method: &str) -> ApiError {
+        ApiError::client(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method_not_allowed",
+            format!("this endpoint does not take {method} requests"),
+        )
+    }
+
+    /// 408: the body did not arrive in time.
+    pub fn timeout(message: impl Into<String>) -> ApiError {
+        ApiError::client(StatusCode::REQUEST_TIMEOUT, "request_timeout", message)
+    }
+
+    /// 413: the body is over the limit.
+    pub fn too_large(message: impl Into<String>) -> ApiError {
+        ApiError::client(StatusCode::PAYLOAD_TOO_LARGE, "request_too_large", message)
+    }
+
+    /// 415: a JSON endpoint sent something that does not say it is JSON.
+    pub fn not_json() -> ApiError {
+        ApiError::client(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+            "the request body must be JSON, sent with `Content-Type: application/json`",
+        )
+    }
+
+    /// 403: a web page of another origin, not allowed by --cors-origin.
+    pub fn forbidden_origin(origin: &str) -> ApiError {
+        ApiError::client(
+            StatusCode::FORBIDDEN,
+            "origin_not_allowed",
+            format!("requests from web pages of {origin} are not allowed; start the server with --cors-origin {origin} to allow them"),
+        )
+    }
+
+    /// 500: the server failed (the model, a file it reads, a thread).
+    pub fn internal(message: impl Into<String>) -> ApiError {
         ApiError {
-            status: StatusCode::NOT_FOUND,
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            message: message.into(),
+            kind: "server_error",
+            param: None,
+            code: None,
+        }
+    }
+
+    fn client(status: StatusCode, code: &'static str, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status,
             message: message.into(),
             kind: "invalid_request_error",
             param: None,
-            code: Some("not_found"),
+            code: Some(code),
         }
     }
 
@@ -104,13 +156,7 @@ impl From<Error> for ApiError {
                 code: Some("context_length_exceeded"),
                 ..ApiError::bad_request(e.to_string())
             },
-            e => ApiError {
-                status: StatusCode::INTERNAL_SERVER_ERROR,
-                message: e.to_string(),
-                kind: "server_error",
-                param: None,
-                code: None,
-            },
+            e => ApiError::internal(e.to_string()),
         }
     }
 }

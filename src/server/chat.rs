@@ -5,61 +5,46 @@
 use super::api_error::{ApiError, ApiResult};
 use super::logprobs::{self, Pending};
 use super::openai::{self, Body};
+use super::reqlog;
 use super::slots::Running;
 use super::sse::{self, Chunks};
 use super::structured;
-use super::tools::{self, ToolCall, ToolStream, Tools};
-use super::{AppState, JobSpec, Ready};
+use super::tools::{self, Parser, ToolCall, ToolStream, Tools};
+use super::{AppState, JobSpec, Ready, Shared};
 use crate::error::Result;
 use crate::generate::{Generation, Segment, ThinkSplitter, TokenLogprob};
 use crate::text::ChatRequest;
-use axum::body::Bytes;
-use axum::extract::State;
+use axum::extract::{Request, State};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Map, Value};
 
-pub async fn handle(State(shared): State<AppState>, body: Bytes) -> Response {
-    respond(&shared, &body)
-        .await
-        .unwrap_or_else(IntoResponse::into_response)
+pub async fn handle(State(shared): State<AppState>, req: Request) -> Response {
+    respond(&shared, req).await.unwrap_or_else(IntoResponse::into_response)
 }
 
-async fn respond(shared: &AppState, body: &[u8]) -> ApiResult<Response> {
+async fn respond(shared: &AppState, req: Request) -> ApiResult<Response> {
+    let (parts, body) = req.into_parts();
+    let log = reqlog::of(&parts);
+    shared.ready()?;
+    let body = shared.read_body(&parts.headers, body).await?;
+    let p = shared.prepare(move |s| prepare(s, &body)).await?;
     let ready = shared.ready()?;
-    let body = Body::parse(body)?;
-    let opts = openai::options(&body, &ready.text.defaults)?;
-    let tools = tools::parse(&body)?;
-    let constraint = match structured::tool_call(ready, &tools)? {
-        Some(c) => Some(c),
-        None => structured::response_format(ready, &body)?,
-    };
-    let prompt = render(ready, &body, &tools)?;
-    let tok = &ready.text.tokenizer;
-    let ids = tok.encode(&prompt.text, false)?;
-    let checkpoint_at = prompt.history.as_deref().map(|h| {
-        let history = tok.encode(h, false).unwrap_or_default();
-        history.iter().zip(&ids).take_while(|(a, b)| a == b).count()
-    });
-    let job = JobSpec {
-        sampling: opts.sampling,
-        checkpoint_at,
-        constraint,
-        logprobs: opts.logprobs,
-    };
-    let mut running = shared.start_job(ready, "messages", ids, job)?;
+    log.set_prompt(p.ids.len(), &p.text);
+    let mut running = shared.start_job(ready, "messages", p.ids, p.job, log)?;
     let reply = Reply {
         id: openai::response_id("chatcmpl"),
         model: shared.config.model_id.clone(),
         created: openai::unix_now(),
     };
-    let thinking = ThinkSplitter::prompt_opens_thought(&prompt.text);
+    let tok = &ready.text.tokenizer;
+    let opts = p.opts;
     if opts.stream {
         let first = vec![reply.chunk(json!({"role": "assistant", "content": ""}), None)];
         let chunks = ChatChunks {
             reply,
-            split: ThinkSplitter::new(thinking),
-            tools: ToolStream::new(tools.parser()),
+            split: ThinkSplitter::new(p.thinking),
+            tools: ToolStream::new(p.parser),
             include_usage: opts.include_usage,
             called: 0,
             logprobs: opts.logprobs.map(|_| Pending::new(tok.clone())),
@@ -67,11 +52,57 @@ async fn respond(shared: &AppState, body: &[u8]) -> ApiResult<Response> {
         return Ok(sse::reply(first, running, chunks, shared.config.keep_alive));
     }
     let generation = wait(&mut running).await?;
-    let mut whole = reply.whole(&generation, thinking, &tools);
+    let mut whole = reply.whole(&generation, p.thinking, p.parser);
     if opts.logprobs.is_some() {
         whole["choices"][0]["logprobs"] = logprobs::chat(tok, &generation.logprobs);
     }
     Ok(Json(whole).into_response())
+}
+
+/// A chat request made ready to queue: everything that costs more than a
+/// moment, done off the HTTP workers.
+struct Prepared {
+    text: String,
+    ids: Vec<u32>,
+    job: JobSpec,
+    opts: openai::Options,
+    parser: Option<Parser>,
+    /// The prompt opens a thought (`<think>` after the assistant header).
+    thinking: bool,
+}
+
+fn prepare(shared: &Shared, body: &[u8]) -> ApiResult<Prepared> {
+    let ready = shared.ready()?;
+    let body = Body::parse(body)?;
+    let opts = openai::options(&body, &ready.text.defaults)?;
+    let tools = tools::parse(&body)?;
+    let prompt = render(ready, &body, &tools)?;
+    ready.check_prompt_bytes("messages", prompt.text.len())?;
+    let constraint = match structured::tool_call(ready, &tools)? {
+        Some(c) => Some(c),
+        None => structured::response_format(ready, &body)?,
+    };
+    let (ids, ends) = ready.text.tokenizer.encode_with_ends(&prompt.text, false)?;
+    // The checkpoint: the tokens that lie wholly inside the conversation
+    // before the new assistant header.
+    let checkpoint_at = prompt.history.as_deref().map(|h| {
+        let same = h.bytes().zip(prompt.text.bytes()).take_while(|(a, b)| a == b).count();
+        ends.iter().take_while(|&&end| end <= same).count()
+    });
+    let job = JobSpec {
+        sampling: opts.sampling.clone(),
+        checkpoint_at,
+        constraint,
+        logprobs: opts.logprobs,
+    };
+    Ok(Prepared {
+        thinking: ThinkSplitter::prompt_opens_thought(&prompt.text),
+        text: prompt.text,
+        ids,
+        job,
+        opts,
+        parser: tools.parser(),
+    })
 }
 
 /// Wait for a job's end.
@@ -241,7 +272,7 @@ impl Reply {
     }
 
     /// The non-streamed reply.
-    fn whole(&self, g: &Generation, thinking: bool, tools: &Tools) -> Value {
+    fn whole(&self, g: &Generation, thinking: bool, parser: Option<Parser>) -> Value {
         let mut split = ThinkSplitter::new(thinking);
         let mut segments = split.push(&g.text);
         segments.extend(split.finish());
@@ -252,7 +283,7 @@ impl Reply {
                 Segment::Answer(t) => answer.push_str(&t),
             }
         }
-        let (content, calls) = match tools.parser() {
+        let (content, calls) = match parser {
             Some(p) => tools::extract(p, &answer),
             None => (answer, Vec::new()),
         };

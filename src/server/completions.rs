@@ -5,35 +5,44 @@ use super::api_error::{ApiError, ApiResult};
 use super::chat::wait;
 use super::logprobs::{self, Pending};
 use super::openai::{self, Body};
+use super::reqlog;
 use super::sse::{self, Chunks};
 use super::structured;
 use super::{AppState, JobSpec, Ready};
 use crate::error::Result;
 use crate::generate::{Generation, TokenLogprob};
-use axum::body::Bytes;
-use axum::extract::State;
+use axum::extract::{Request, State};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Value};
 
-pub async fn handle(State(shared): State<AppState>, body: Bytes) -> Response {
-    respond(&shared, &body)
-        .await
-        .unwrap_or_else(IntoResponse::into_response)
+pub async fn handle(State(shared): State<AppState>, req: Request) -> Response {
+    respond(&shared, req).await.unwrap_or_else(IntoResponse::into_response)
 }
 
-async fn respond(shared: &AppState, body: &[u8]) -> ApiResult<Response> {
+async fn respond(shared: &AppState, req: Request) -> ApiResult<Response> {
+    let (parts, body) = req.into_parts();
+    let log = reqlog::of(&parts);
+    shared.ready()?;
+    let body = shared.read_body(&parts.headers, body).await?;
+    let (opts, ids, job, text) = shared
+        .prepare(move |s| {
+            let ready = s.ready()?;
+            let body = Body::parse(&body)?;
+            let opts = openai::options(&body, &ready.text.defaults)?;
+            let (ids, text) = prompt(ready, &body)?;
+            let job = JobSpec {
+                sampling: opts.sampling.clone(),
+                checkpoint_at: None,
+                constraint: structured::response_format(ready, &body)?,
+                logprobs: opts.logprobs,
+            };
+            Ok((opts, ids, job, text))
+        })
+        .await?;
     let ready = shared.ready()?;
-    let body = Body::parse(body)?;
-    let opts = openai::options(&body, &ready.text.defaults)?;
-    let ids = prompt(ready, &body)?;
-    let job = JobSpec {
-        sampling: opts.sampling,
-        checkpoint_at: None,
-        constraint: structured::response_format(ready, &body)?,
-        logprobs: opts.logprobs,
-    };
-    let mut running = shared.start_job(ready, "prompt", ids, job)?;
+    log.set_prompt(ids.len(), &text);
+    let mut running = shared.start_job(ready, "prompt", ids, job, log)?;
     let reply = Reply {
         id: openai::response_id("cmpl"),
         model: shared.config.model_id.clone(),
@@ -58,8 +67,9 @@ async fn respond(shared: &AppState, body: &[u8]) -> ApiResult<Response> {
     Ok(Json(out).into_response())
 }
 
-/// `prompt`: a string or token ids, or a list holding one of them.
-fn prompt(ready: &Ready, body: &Body) -> ApiResult<Vec<u32>> {
+/// `prompt`: a string or token ids, or a list holding one of them; with
+/// its text (empty for token ids).
+fn prompt(ready: &Ready, body: &Body) -> ApiResult<(Vec<u32>, String)> {
     let tok = &ready.text.tokenizer;
     let bad = || ApiError::field("prompt", "`prompt` must be a string or a list of token ids");
     let ids = |list: &[Value]| -> ApiResult<Vec<u32>> {
@@ -76,13 +86,17 @@ fn prompt(ready: &Ready, body: &Body) -> ApiResult<Vec<u32>> {
             })
             .collect()
     };
+    let text = |s: &str| -> ApiResult<(Vec<u32>, String)> {
+        ready.check_prompt_bytes("prompt", s.len())?;
+        Ok((tok.encode(s, true)?, s.to_string()))
+    };
     match body.get("prompt") {
         None => Err(ApiError::field("prompt", "`prompt` is required")),
-        Some(Value::String(s)) => Ok(tok.encode(s, true)?),
+        Some(Value::String(s)) => text(s),
         Some(Value::Array(list)) => match list.as_slice() {
-            [Value::String(s)] => Ok(tok.encode(s, true)?),
-            [Value::Array(inner)] => ids(inner),
-            l if l.iter().all(Value::is_number) => ids(l),
+            [Value::String(s)] => text(s),
+            [Value::Array(inner)] => Ok((ids(inner)?, String::new())),
+            l if l.iter().all(Value::is_number) => Ok((ids(l)?, String::new())),
             _ => Err(ApiError::field(
                 "prompt",
                 "`prompt` must be one prompt: this server makes one choice per request; send several requests instead",

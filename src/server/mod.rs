@@ -9,18 +9,27 @@
 //! The HTTP side runs on a small tokio runtime; inference never does: one
 //! inference thread owns `parallel` slots (`Session`s of the shared
 //! `Model`), takes jobs from a bounded queue and runs every slot's
-//! generation in the same forward passes ([`slots`]). A handler renders and
-//! tokenizes the prompt, queues a job, and turns the slot's text pieces
-//! into a JSON reply or an SSE stream. A client that goes away drops its
-//! reply, which sets the job's cancel flag: the slot stops within a token.
+//! generation in the same forward passes ([`slots`]). A handler reads the
+//! body under its bounds ([`body`]), has it parsed, the prompt rendered and
+//! tokenized on the blocking pool (a few requests at a time, never on the
+//! HTTP workers, so that `/health` stays quick under large prompts), queues
+//! a job, and turns the slot's text pieces into a JSON reply or an SSE
+//! stream. A client that goes away drops its reply, which sets the job's
+//! cancel flag: the slot stops within a token. Connections, their timeouts
+//! and shutdown are [`http`]'s; keys and origins [`access`]'s; the log line
+//! of each request [`reqlog`]'s.
 
+mod access;
 mod api_error;
+mod body;
 mod chat;
 mod completions;
+mod http;
 mod logprobs;
 mod metrics;
 mod openai;
 mod page;
+mod reqlog;
 mod slots;
 mod sse;
 mod structured;
@@ -28,25 +37,35 @@ mod tokenize;
 mod tools;
 
 pub use api_error::ApiError;
+pub use http::Timeouts;
 
 use crate::error::{Error, Result};
 use crate::text::{ChatTemplate, Constraint, GrammarCompiler, SamplingParams, Tokenizer};
 use crate::Model;
 use api_error::ApiResult;
-use axum::extract::{Request, State};
-use axum::http::{header, HeaderMap, StatusCode};
-use axum::middleware::Next;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{header, HeaderMap, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use metrics::{Gauges, Metrics};
+use reqlog::RequestLog;
 use serde_json::json;
 use slots::{Job, Pool, Refusal, Running};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
-use tokio::sync::watch;
+use tokio::sync::{watch, Semaphore};
+
+/// Requests parsed, rendered and tokenized at once (each on a thread of
+/// the blocking pool); more wait their turn. Bounds the memory large
+/// prompts take, and the CPU they take from the forward passes.
+const PREPARING_AT_ONCE: usize = 2;
+/// A prompt's text may be at most this many times the longest token's
+/// bytes per token of context (normalizers can shorten text a little).
+const PROMPT_BYTES_MARGIN: usize = 2;
 
 /// How to serve.
 #[derive(Debug, Clone)]
@@ -67,6 +86,47 @@ pub struct Config {
     pub model_id: String,
     /// How often an SSE stream with nothing to say sends a comment.
     pub keep_alive: Duration,
+    /// Bytes a request body may hold (more: 413).
+    pub max_body: usize,
+    pub timeouts: Timeouts,
+    /// Origins of web pages, besides the server's own, that may call it
+    /// (`*`: any).
+    pub cors_origins: Vec<String>,
+    /// Write each request's prompt and answer in its log line.
+    pub log_text: bool,
+}
+
+impl Config {
+    /// The settings of a server on `host:port` with the defaults of
+    /// `moeflux serve`.
+    pub fn new(host: impl Into<String>, port: u16, model_id: impl Into<String>) -> Config {
+        Config {
+            host: host.into(),
+            port,
+            api_key: None,
+            parallel: 1,
+            queue: 64,
+            ctx: None,
+            model_id: model_id.into(),
+            keep_alive: Duration::from_secs(5),
+            max_body: 8 << 20,
+            timeouts: Timeouts::default(),
+            cors_origins: Vec::new(),
+            log_text: false,
+        }
+    }
+
+    fn check(&self) -> Result<()> {
+        if self.api_key.as_deref().is_some_and(|k| k.trim().is_empty()) {
+            return Err(Error::Invalid(
+                "the API key is empty: give a key, or none to serve without one".into(),
+            ));
+        }
+        if self.max_body == 0 {
+            return Err(Error::Invalid("the request body limit must be at least 1 byte".into()));
+        }
+        Ok(())
+    }
 }
 
 /// The text side of the model: tokenizer, chat template and sampling
@@ -82,6 +142,9 @@ pub struct Text {
 struct Ready {
     text: Text,
     n_ctx: usize,
+    /// More bytes of prompt text than the context could hold as tokens
+    /// (`None`: the tokenizer's tokens could not be read as bytes).
+    max_prompt_bytes: Option<usize>,
     /// Structured output's grammar compiler, built by the first request
     /// that needs one (or why it cannot be).
     grammars: OnceLock<std::result::Result<GrammarCompiler, String>>,
@@ -95,6 +158,7 @@ struct Shared {
     created: u64,
     stopping: AtomicBool,
     shutdown: watch::Sender<bool>,
+    preparing: Arc<Semaphore>,
 }
 
 type AppState = Arc<Shared>;
@@ -113,6 +177,36 @@ impl Shared {
         self.shutdown.send_replace(true);
     }
 
+    /// A JSON endpoint's body, read under `--max-body` and `--body-timeout`.
+    async fn read_body(&self, headers: &HeaderMap, body: axum::body::Body) -> ApiResult<Bytes> {
+        let limits = body::BodyLimits {
+            bytes: self.config.max_body,
+            timeout: self.config.timeouts.body,
+        };
+        body::read_json(headers, body, limits).await
+    }
+
+    /// Run `f` (parsing, rendering, tokenizing, compiling a grammar) on
+    /// the blocking pool, at most [`PREPARING_AT_ONCE`] at a time.
+    async fn prepare<T: Send + 'static>(
+        self: &Arc<Self>,
+        f: impl FnOnce(&Shared) -> ApiResult<T> + Send + 'static,
+    ) -> ApiResult<T> {
+        let permit = self
+            .preparing
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| ApiError::unavailable("the server is shutting down"))?;
+        let shared = self.clone();
+        let work = tokio::task::spawn_blocking(move || {
+            let _permit = permit;
+            f(&shared)
+        });
+        work.await
+            .map_err(|e| ApiError::internal(format!("preparing the request failed: {e}")))?
+    }
+
     fn submit(&self, job: Job) -> ApiResult<()> {
         self.pool.submit(job).map_err(|r| match r {
             Refusal::Loading => ApiError::unavailable("the model is loading; try again shortly"),
@@ -129,7 +223,14 @@ impl Shared {
     /// Queue a generation of `prompt` (`param` names the field it came
     /// from), under `constraint` if any. The token budget is capped by what
     /// the context has left.
-    fn start_job(&self, ready: &Ready, param: &str, prompt: Vec<u32>, job: JobSpec) -> ApiResult<Running> {
+    fn start_job(
+        &self,
+        ready: &Ready,
+        param: &str,
+        prompt: Vec<u32>,
+        job: JobSpec,
+        log: Arc<RequestLog>,
+    ) -> ApiResult<Running> {
         let JobSpec {
             mut sampling,
             checkpoint_at,
@@ -164,9 +265,36 @@ impl Shared {
             logprobs,
             cancel: cancel.clone(),
             events: tx,
+            log,
         })?;
         Ok(Running::new(rx, cancel))
     }
+}
+
+impl Ready {
+    /// Refuse, before it is tokenized, a prompt text longer than any
+    /// prompt that fits the context.
+    fn check_prompt_bytes(&self, param: &str, bytes: usize) -> ApiResult<()> {
+        match self.max_prompt_bytes {
+            Some(max) if bytes > max => Err(ApiError {
+                code: Some("context_length_exceeded"),
+                ..ApiError::field(
+                    param,
+                    format!(
+                        "the prompt is {bytes} bytes long, more than this model's maximum context length of {} tokens can hold (at most {max} bytes); shorten it",
+                        self.n_ctx
+                    ),
+                )
+            }),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// The most bytes of text a prompt of `n_ctx` tokens can be.
+fn max_prompt_bytes(tokenizer: &Tokenizer, n_ctx: usize) -> Option<usize> {
+    let longest = tokenizer.token_bytes().ok()?.iter().map(Vec::len).max()?;
+    Some(n_ctx.saturating_mul(longest.max(1)).saturating_mul(PROMPT_BYTES_MARGIN))
 }
 
 /// How to generate, besides the prompt.
@@ -180,15 +308,17 @@ struct JobSpec {
 /// A server listening and answering; generation starts with [`Server::run`].
 pub struct Server {
     runtime: tokio::runtime::Runtime,
-    task: tokio::task::JoinHandle<std::io::Result<()>>,
+    task: tokio::task::JoinHandle<()>,
     shared: AppState,
     addr: SocketAddr,
 }
 
 impl Server {
     /// Bind and start answering (`/health` says 503 until [`Server::run`]).
-    /// SIGINT and SIGTERM shut the server down.
+    /// SIGINT and SIGTERM shut the server down; a second one ends the
+    /// process at once.
     pub fn start(config: Config) -> Result<Server> {
+        config.check()?;
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("moeflux-http")
@@ -210,16 +340,12 @@ impl Server {
             created: openai::unix_now(),
             stopping: AtomicBool::new(false),
             shutdown: watch::channel(false).0,
+            preparing: Arc::new(Semaphore::new(PREPARING_AT_ONCE)),
         });
         let app = router(shared.clone());
-        let mut stop = shared.shutdown.subscribe();
-        let task = runtime.spawn(async move {
-            axum::serve(listener, app)
-                .with_graceful_shutdown(async move {
-                    let _ = stop.wait_for(|s| *s).await;
-                })
-                .await
-        });
+        let stop = shared.shutdown.subscribe();
+        let timeouts = shared.config.timeouts;
+        let task = runtime.spawn(http::serve(listener, app, timeouts, stop));
         runtime.spawn(on_signals(shared.clone()));
         Ok(Server {
             runtime,
@@ -237,7 +363,13 @@ impl Server {
     /// Serve `model` until SIGINT or SIGTERM: start the slots, call
     /// `on_ready`, and return once in-flight requests have ended.
     pub fn run(self, model: &Model, text: Text, on_ready: impl FnOnce(SocketAddr)) -> Result<()> {
-        let config = &self.shared.config;
+        let Server {
+            runtime,
+            task,
+            shared,
+            addr,
+        } = self;
+        let config = &shared.config;
         let n_ctx = match config.ctx {
             Some(n) if n > model.n_ctx() => {
                 return Err(Error::Invalid(format!(
@@ -250,8 +382,9 @@ impl Server {
             None => model.n_ctx(),
         };
         let parallel = config.parallel.max(1);
-        let shared = &*self.shared;
-        std::thread::scope(|scope| {
+        let max_prompt_bytes = max_prompt_bytes(&text.tokenizer, n_ctx);
+        let shared = &*shared;
+        let served = std::thread::scope(|scope| {
             let (tx, rx) = std::sync::mpsc::channel();
             let tok = text.tokenizer.clone();
             std::thread::Builder::new()
@@ -265,21 +398,21 @@ impl Server {
             let _ = shared.ready.set(Ready {
                 text,
                 n_ctx,
+                max_prompt_bytes,
                 grammars: OnceLock::new(),
             });
-            on_ready(self.addr);
-            let served = self.runtime.block_on(self.task);
+            on_ready(addr);
+            let served = runtime.block_on(task);
             shared.pool.close();
-            match served {
-                Ok(Ok(())) => Ok(()),
-                Ok(Err(e)) => Err(Error::Server(format!("serving: {e}"))),
-                Err(e) => Err(Error::Server(format!("serving: {e}"))),
-            }
-        })
+            served.map_err(|e| Error::Server(format!("serving: {e}")))
+        });
+        // A request still being prepared on the blocking pool is not waited for.
+        runtime.shutdown_timeout(Duration::from_millis(100));
+        served
     }
 }
 
-/// Shut down on the first SIGINT or SIGTERM.
+/// Shut down on the first SIGINT or SIGTERM; exit at once on the second.
 async fn on_signals(shared: AppState) {
     use tokio::signal::unix::{signal, SignalKind};
     let (Ok(mut int), Ok(mut term)) = (signal(SignalKind::interrupt()), signal(SignalKind::terminate())) else {
@@ -290,9 +423,16 @@ async fn on_signals(shared: AppState) {
         _ = term.recv() => {}
     }
     shared.begin_shutdown();
+    let code = tokio::select! {
+        _ = int.recv() => 130,
+        _ = term.recv() => 143,
+    };
+    tracing::warn!("a second signal: exiting without waiting for requests in flight");
+    std::process::exit(code);
 }
 
 fn router(shared: AppState) -> Router {
+    use axum::middleware::from_fn_with_state;
     let guarded = Router::new()
         .route("/v1/chat/completions", post(chat::handle))
         .route("/v1/completions", post(completions::handle))
@@ -300,29 +440,19 @@ fn router(shared: AppState) -> Router {
         .route("/metrics", get(metrics))
         .route("/tokenize", post(tokenize::tokenize))
         .route("/detokenize", post(tokenize::detokenize))
-        .route_layer(axum::middleware::from_fn_with_state(shared.clone(), authorize));
-    Router::new()
+        .route_layer(from_fn_with_state(shared.clone(), access::authorize));
+    let mut app = Router::new()
         .merge(guarded)
         .route("/health", get(health))
         .route("/", get(page::index))
         .fallback(|| async { ApiError::not_found("no such endpoint") })
-        .layer(tower_http::cors::CorsLayer::permissive())
-        .with_state(shared)
-}
-
-/// With `--api-key`: the request must carry `Authorization: Bearer KEY`.
-async fn authorize(State(shared): State<AppState>, headers: HeaderMap, req: Request, next: Next) -> Response {
-    if let Some(key) = &shared.config.api_key {
-        let given = headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .map(str::trim);
-        if given != Some(key.as_str()) {
-            return ApiError::unauthorized().into_response();
-        }
+        .method_not_allowed_fallback(|method: Method| async move { ApiError::method_not_allowed(method.as_str()) })
+        .layer(from_fn_with_state(shared.clone(), access::check_origin));
+    if let Some(cors) = access::cors(&shared.config.cors_origins) {
+        app = app.layer(cors);
     }
-    next.run(req).await
+    app.layer(from_fn_with_state(shared.clone(), reqlog::log_requests))
+        .with_state(shared)
 }
 
 async fn health(State(shared): State<AppState>) -> Response {

@@ -200,12 +200,23 @@ fn check(ok: bool, key: &str, want: &str) -> ApiResult<()> {
     }
 }
 
-/// `stop`: a string or a list of strings.
+/// Most `stop` strings a request may give (OpenAI's limit).
+pub const MAX_STOP: usize = 4;
+/// Longest `stop` string, in bytes.
+pub const MAX_STOP_BYTES: usize = 1024;
+
+/// `stop`: a string or a list of at most [`MAX_STOP`] strings.
 fn stop_strings(body: &Body) -> ApiResult<Vec<String>> {
     let bad = || ApiError::field("stop", "`stop` must be a string or a list of strings");
     let list = match body.get("stop") {
         None => return Ok(Vec::new()),
         Some(Value::String(s)) => vec![s.clone()],
+        Some(Value::Array(a)) if a.len() > MAX_STOP => {
+            return Err(ApiError::field(
+                "stop",
+                format!("`stop` has {} strings; at most {MAX_STOP} are allowed", a.len()),
+            ))
+        }
         Some(Value::Array(a)) => a
             .iter()
             .map(|v| v.as_str().map(str::to_string).ok_or_else(bad))
@@ -214,6 +225,15 @@ fn stop_strings(body: &Body) -> ApiResult<Vec<String>> {
     };
     if list.iter().any(String::is_empty) {
         return Err(ApiError::field("stop", "`stop` strings must not be empty"));
+    }
+    if let Some(long) = list.iter().find(|s| s.len() > MAX_STOP_BYTES) {
+        return Err(ApiError::field(
+            "stop",
+            format!(
+                "a `stop` string is {} bytes long; at most {MAX_STOP_BYTES} are allowed",
+                long.len()
+            ),
+        ));
     }
     Ok(list)
 }

@@ -7,6 +7,7 @@
 //! tokens.
 
 use super::metrics::Metrics;
+use super::reqlog::RequestLog;
 use crate::error::{Error, Result};
 use crate::generate::{common_prefix, Batch, BatchEvent, Generation, Generator, Request, TokenLogprob};
 use crate::text::{Constraint, SamplingParams, TextStream, Tokenizer};
@@ -33,6 +34,8 @@ pub struct Job {
     /// Unbounded: the inference thread never waits on a slow client (the
     /// pieces of one answer are few and small).
     pub events: tokio::sync::mpsc::UnboundedSender<Event>,
+    /// The request's log line: its slot and token counts.
+    pub log: Arc<RequestLog>,
 }
 
 /// What a slot reports about its job.
@@ -161,6 +164,7 @@ fn dispatch(s: &mut State) {
             .unwrap_or(0);
         let slot = s.idle.swap_remove(best);
         s.running[slot] = Some(job.cancel.clone());
+        job.log.set_slot(slot);
         let sent = match &s.slots {
             Some(tx) => tx.send((slot, job)).is_ok(),
             None => false,
@@ -244,6 +248,10 @@ pub fn work(
                     pool.release(slot, held(session, result.is_err()));
                     idle[slot] = Some(session);
                     if let Some(job) = running.remove(&id) {
+                        if let Ok(g) = &*result {
+                            let s = &g.stats;
+                            job.log.set_generated(s.reused_tokens, s.generated_tokens, &g.text);
+                        }
                         // The client may be gone; nothing more to tell then.
                         let _ = job.events.send(Event::Done(result));
                     }

@@ -21,6 +21,10 @@ pub const QWEN: (&str, &str) = ("<tool_call>", "</tool_call>");
 pub const DEEPSEEK: (&str, &str) = ("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>");
 pub const KIMI: (&str, &str) = ("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>");
 const BLOCKS: [(&str, &str); 3] = [QWEN, DEEPSEEK, KIMI];
+/// Most tools a request may offer (OpenAI's limit).
+pub const MAX_TOOLS: usize = 128;
+/// Most bytes of `tools`, as JSON.
+pub const MAX_TOOLS_BYTES: usize = 256 << 10;
 
 /// The request's tools and what it asks of them.
 #[derive(Debug, Default)]
@@ -47,6 +51,19 @@ pub fn parse(body: &Body) -> ApiResult<Tools> {
         let Some(list) = v.as_array() else {
             return Err(ApiError::field("tools", "`tools` must be a list"));
         };
+        if list.len() > MAX_TOOLS {
+            return Err(ApiError::field(
+                "tools",
+                format!("`tools` has {} tools; at most {MAX_TOOLS} are allowed", list.len()),
+            ));
+        }
+        let bytes = serde_json::to_vec(v).map_or(usize::MAX, |b| b.len());
+        if bytes > MAX_TOOLS_BYTES {
+            return Err(ApiError::field(
+                "tools",
+                format!("`tools` is {bytes} bytes of JSON; at most {MAX_TOOLS_BYTES} are allowed"),
+            ));
+        }
         for (i, t) in list.iter().enumerate() {
             let name = t.get("function").and_then(|f| f.get("name")).and_then(Value::as_str);
             if t.get("type").and_then(Value::as_str) != Some("function") || name.is_none() {
@@ -370,9 +387,10 @@ impl ToolStream {
         }
     }
 
-    /// Feed a piece of answer; returns the content ready and the calls completed.
+    /// Feed a piece of answer; returns the content ready and the calls
+    /// completed. The cost is that of the text held, whatever the tools.
     pub fn push(&mut self, text: &str) -> (String, Vec<ToolCall>) {
-        let Some(parser) = self.parser.clone() else {
+        let Some(parser) = &self.parser else {
             return (text.to_string(), Vec::new());
         };
         self.held.push_str(text);
@@ -389,7 +407,7 @@ impl ToolStream {
             };
             let block: String = self.held.drain(..open.len() + end + close.len()).collect();
             match parser.block(open, &block[open.len()..block.len() - close.len()]) {
-                Some(found) => self.keep(&parser, &mut calls, found),
+                Some(found) => keep(parser, &mut self.calls, &mut calls, found),
                 None => content.push_str(&block),
             }
         }
@@ -401,23 +419,25 @@ impl ToolStream {
     pub fn finish(&mut self) -> (String, Vec<ToolCall>) {
         let rest = std::mem::take(&mut self.held);
         let mut calls = Vec::new();
-        if let (Some(parser), Some((0, open, _))) = (self.parser.clone(), find_open(&rest)) {
+        if let (Some(parser), Some((0, open, _))) = (&self.parser, find_open(&rest)) {
             if let Some(found) = parser.block(open, &rest[open.len()..]) {
-                self.keep(&parser, &mut calls, found);
+                keep(parser, &mut self.calls, &mut calls, found);
                 return (String::new(), calls);
             }
         }
         (rest, calls)
     }
+}
 
-    fn keep(&mut self, parser: &Parser, calls: &mut Vec<ToolCall>, found: Vec<ToolCall>) {
-        let before = calls.len();
-        if !parser.parallel && self.calls > 0 {
-            return;
-        }
-        parser.keep(calls, found);
-        self.calls += calls.len() - before;
+/// Add `found` to `calls`; `sent` counts the calls of the whole answer
+/// (without `parallel_tool_calls`, only the first is kept).
+fn keep(parser: &Parser, sent: &mut usize, calls: &mut Vec<ToolCall>, found: Vec<ToolCall>) {
+    let before = calls.len();
+    if !parser.parallel && *sent > 0 {
+        return;
     }
+    parser.keep(calls, found);
+    *sent += calls.len() - before;
 }
 
 #[cfg(test)]

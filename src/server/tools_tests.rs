@@ -172,3 +172,34 @@ fn request_tool_call_arguments_are_parsed_for_the_template() {
     let v = calls_for_template("messages[1].tool_calls", &calls).ok().unwrap();
     assert_eq!(v[0]["function"]["arguments"], json!({"x": 1}));
 }
+
+#[test]
+fn streaming_costs_the_same_whatever_the_size_of_tools() {
+    // 100 tools of 100 parameters each: about 900 KB of schemas.
+    let properties: Map<String, Value> = (0..100)
+        .map(|k| {
+            (
+                format!("p{k}"),
+                json!({"type": "string", "description": "x".repeat(80)}),
+            )
+        })
+        .collect();
+    let schemas = (0..100)
+        .map(|i| (format!("f{i}"), json!({"type": "object", "properties": properties})))
+        .collect();
+    let mut s = ToolStream::new(Some(Parser {
+        schemas,
+        parallel: true,
+    }));
+    let t = std::time::Instant::now();
+    let mut content = String::new();
+    for _ in 0..5000 {
+        content.push_str(&s.push("And God said ").0);
+    }
+    assert_eq!(content.len(), 5000 * 13);
+    assert!(
+        t.elapsed() < std::time::Duration::from_secs(2),
+        "5000 pieces took {:?}",
+        t.elapsed()
+    );
+}

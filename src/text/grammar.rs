@@ -115,16 +115,33 @@ impl GrammarCompiler {
         let parser = std::panic::catch_unwind(AssertUnwindSafe(|| factory.create_parser(g)))
             .map_err(|_| Error::Grammar("the grammar compiler failed".into()))?
             .map_err(grammar)?;
-        let matcher = Matcher::new(Ok(parser));
+        let mut matcher = Matcher::new(Ok(parser));
         if let Some(e) = matcher.get_error() {
-            return Err(Error::Grammar(e));
+            return Err(grammar(e));
         }
+        // Some grammars compile but fail at their first token (a schema
+        // that refers to itself with nothing to end it): find out now,
+        // before a request that uses one is accepted.
+        let first = std::panic::catch_unwind(AssertUnwindSafe(|| matcher.compute_mask().map(|_| ())))
+            .map_err(|_| Error::Grammar("the grammar compiler failed".into()))?;
+        first.map_err(grammar)?;
         Ok(Constraint { matcher })
     }
 }
 
+/// The longest grammar error message kept (llguidance's can hold a dump
+/// of its state).
+const MESSAGE_CHARS: usize = 400;
+
+/// The first line of llguidance's message, shortened.
 fn grammar(e: impl std::fmt::Display) -> Error {
-    Error::Grammar(e.to_string())
+    let text = e.to_string();
+    let line = text.lines().find(|l| !l.trim().is_empty()).unwrap_or("").trim();
+    let mut msg: String = line.chars().take(MESSAGE_CHARS).collect();
+    if msg.len() < line.len() {
+        msg.push('…');
+    }
+    Error::Grammar(msg)
 }
 
 /// One generation's grammar and how far it has got.

@@ -32,6 +32,12 @@ const TOOL_USE: &str = "tool_use";
 const RESERVED: [&str; 4] = ["messages", "tools", "documents", "add_generation_prompt"];
 /// Names a message's reasoning may come under (transformers' order).
 const REASONING_FIELDS: [&str; 3] = ["reasoning_content", "thinking", "reasoning"];
+/// Most bytes a render may write: a template whose output runs away (a
+/// string doubled in a loop) is stopped with an error at this size.
+pub const MAX_OUTPUT_BYTES: usize = 64 << 20;
+/// Template instructions a render may run: a template that loops for
+/// ever, or nearly, is stopped with an error.
+pub const FUEL: u64 = 20_000_000;
 
 /// A compiled chat template (one, or a named set with `default` / `tool_use`).
 pub struct ChatTemplate {
@@ -152,13 +158,55 @@ impl ChatTemplate {
         );
         vars.insert("documents".into(), Value::Null);
         vars.insert("add_generation_prompt".into(), Value::Bool(req.add_generation_prompt));
-        template
-            .render(JValue::from(minijinja::value::Serde(&vars)))
-            .map_err(|e| self.error(&e))
+        let mut out = Bounded::default();
+        match template.render_captured_to(JValue::from(minijinja::value::Serde(&vars)), &mut out) {
+            Ok(_) => {}
+            Err(_) if out.over => {
+                return Err(Error::Invalid(format!(
+                    "chat template {}: its output is over {MAX_OUTPUT_BYTES} bytes",
+                    self.source.display()
+                )))
+            }
+            Err(e) if e.kind() == minijinja::ErrorKind::OutOfFuel => {
+                return Err(Error::Invalid(format!(
+                    "chat template {}: rendering took more than {FUEL} steps",
+                    self.source.display()
+                )))
+            }
+            Err(e) => return Err(self.error(&e)),
+        }
+        String::from_utf8(out.bytes).map_err(|_| {
+            Error::Invalid(format!(
+                "chat template {}: its output is not UTF-8",
+                self.source.display()
+            ))
+        })
     }
 
     fn error(&self, e: &minijinja::Error) -> Error {
         Error::Invalid(format!("chat template {}: {}", self.source.display(), describe(e)))
+    }
+}
+
+/// A render's output, refused past [`MAX_OUTPUT_BYTES`].
+#[derive(Default)]
+struct Bounded {
+    bytes: Vec<u8>,
+    over: bool,
+}
+
+impl std::io::Write for Bounded {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.bytes.len() + buf.len() > MAX_OUTPUT_BYTES {
+            self.over = true;
+            return Err(std::io::Error::other("the chat template's output is too large"));
+        }
+        self.bytes.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 
@@ -197,6 +245,7 @@ fn environment(origin: &Path) -> Result<Environment<'static>> {
         .build()
         .map_err(|e| Error::format(origin, format!("chat template syntax: {e}")))?;
     env.set_syntax(syntax);
+    env.set_fuel(Some(FUEL));
     env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
     env.add_filter("tojson", pyjinja::tojson);
     env.add_function("raise_exception", pyjinja::raise_exception);

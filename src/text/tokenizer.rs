@@ -79,6 +79,17 @@ impl Tokenizer {
         Ok(enc.get_ids().to_vec())
     }
 
+    /// [`Tokenizer::encode`], with the byte offset in `text` where each
+    /// token's text ends (0 for a token the tokenizer adds).
+    pub fn encode_with_ends(&self, text: &str, add_special_tokens: bool) -> Result<(Vec<u32>, Vec<usize>)> {
+        let enc = self
+            .inner
+            .encode(text, add_special_tokens)
+            .map_err(|e| Error::format(&self.path, format!("encode failed: {e}")))?;
+        let ends = enc.get_offsets().iter().map(|&(_, end)| end).collect();
+        Ok((enc.get_ids().to_vec(), ends))
+    }
+
     /// Text of `ids`; `skip_special` leaves out special tokens.
     pub fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String> {
         if let Some(&bad) = ids.iter().find(|&&id| id as usize >= self.vocab_size) {

@@ -83,3 +83,32 @@ fn a_ram_tier_is_capped_at_the_experts_and_said() {
     let (ok, err) = logits_on_cpu(&m, &["--io", "pread", "--ram-cache", "0"]);
     assert!(ok && !err.contains("RAM tier"), "{err}");
 }
+
+#[test]
+fn unbounded_numbers_are_refused_naming_the_range() {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let cases: [(&[&str], &str); 5] = [
+        (&["--threads", "100000"], "from 0"),
+        (&["--threads", "many"], "from 0"),
+        (&["-r", "0"], "1..=1000"),
+        (&["--ram-cache", "99999999T"], "from 0 to 1024T"),
+        (&["--expert-cache", "2000T"], "from 0 to 1024T"),
+    ];
+    for (flags, range) in cases {
+        let out = moeflux()
+            .args(["bench", "--model", "nowhere"])
+            .args(flags)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{flags:?}");
+        assert!(err.contains(flags[0]), "{flags:?}: the flag is not named: {err}");
+        assert!(err.contains(range), "{flags:?}: {err}");
+    }
+    let out = moeflux()
+        .args(["bench", "--model", "nowhere", "--threads", &(cpus + 1).to_string()])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&format!("to {cpus}")), "{err}");
+}

@@ -9,7 +9,7 @@ use std::process::{Child, Stdio};
 use std::time::Duration;
 
 /// The demo model, converted once per test run (`common::packed_with`).
-fn demo_model() -> PathBuf {
+pub fn demo_model() -> PathBuf {
     common::packed_with("demo_kjv", &[])
 }
 
@@ -17,6 +17,8 @@ fn demo_model() -> PathBuf {
 pub struct Server {
     child: Child,
     pub addr: SocketAddr,
+    /// stderr before the ready line.
+    pub early: String,
     /// stderr after the ready line, read on a thread.
     log: std::sync::Mutex<std::sync::mpsc::Receiver<String>>,
 }
@@ -25,18 +27,16 @@ impl Server {
     /// Start `moeflux serve` on the demo model with extra flags; returns
     /// once it says it is listening.
     pub fn start(flags: &[&str]) -> Server {
+        Server::start_on(&demo_model(), &["--host", "127.0.0.1"], flags)
+    }
+
+    /// Start `moeflux serve` on `model`, listening as `host` says (port 0).
+    pub fn start_on(model: &std::path::Path, host: &[&str], flags: &[&str]) -> Server {
         let mut child = common::moeflux()
-            .args([
-                "serve",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                "0",
-                "--alias",
-                "demo",
-                "--model",
-            ])
-            .arg(demo_model())
+            .arg("serve")
+            .args(host)
+            .args(["--port", "0", "--alias", "demo", "--model"])
+            .arg(model)
             .args(flags)
             .stderr(Stdio::piped())
             .stdout(Stdio::null())
@@ -64,8 +64,37 @@ impl Server {
         Server {
             child,
             addr,
+            early: seen,
             log: std::sync::Mutex::new(rx),
         }
+    }
+
+    /// Send raw bytes on a new connection and read the reply to its end.
+    pub fn raw(&self, bytes: &[u8]) -> Reply {
+        let mut s = TcpStream::connect(self.addr).expect("connect");
+        s.set_read_timeout(Some(Duration::from_secs(60))).expect("timeout");
+        s.write_all(bytes).expect("send request");
+        let mut raw = Vec::new();
+        s.read_to_end(&mut raw).expect("read reply");
+        Reply::parse(&raw)
+    }
+
+    /// Send `sig` to the server.
+    pub fn signal(&self, sig: libc::c_int) {
+        // SAFETY: kill(2) on our own child.
+        unsafe { libc::kill(self.child.id() as libc::pid_t, sig) };
+    }
+
+    /// The exit status, if the server ends within `limit`.
+    pub fn wait_exit(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        let t = std::time::Instant::now();
+        while t.elapsed() < limit {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
     }
 
     pub fn get(&self, path: &str) -> Reply {

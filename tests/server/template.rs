@@ -91,3 +91,26 @@ fn thinking_goes_to_reasoning_content_not_content() {
     assert!(!r["choices"][0]["message"]["content"].as_str().unwrap().is_empty());
     assert!(r["choices"][0]["message"].get("reasoning_content").is_none());
 }
+
+#[test]
+fn a_template_whose_output_runs_away_is_an_error_and_the_server_stays_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let doubling = dir.path().join("doubling.jinja");
+    std::fs::write(
+        &doubling,
+        "{%- set ns = namespace(s='ab') %}{%- for i in range(64) %}{{ ns.s }}{%- set ns.s = ns.s ~ ns.s %}{%- endfor %}",
+    )
+    .unwrap();
+    let s = Server::start(&["--chat-template", doubling.to_str().unwrap()]);
+    let r = s.post("/v1/chat/completions", &chat("hi", json!({})));
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert!(
+        r.json()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("output is over"),
+        "{}",
+        r.body
+    );
+    assert_eq!(s.get("/health").status, 200);
+}
