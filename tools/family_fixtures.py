@@ -113,6 +113,19 @@ MINIMAX_M2_CONFIG = _common(
 )
 
 
+# As MiniMax-M2 ships: fp8 e4m3 with 128x128 block scales; hidden 192 so
+# that blocks are partial.
+MINIMAX_M2_FP8_CONFIG = dict(
+    MINIMAX_M2_CONFIG,
+    hidden_size=192,
+    quantization_config={
+        "activation_scheme": "dynamic",
+        "fmt": "float8_e4m3fn",
+        "quant_method": "fp8",
+        "weight_block_size": [128, 128],
+    },
+)
+
 DEEPSEEK_V2_CONFIG = _common(
     "deepseek_v2", "DeepseekV2ForCausalLM",
     num_key_value_heads=4,
@@ -187,25 +200,39 @@ def _rules(base):
     return rules
 
 
-def build(mf, name: str, config: dict, seed: int, to_hub=None, from_hub=None, keep_f32=()):
+def _is_fp8_linear(name: str) -> bool:
+    """Which tensors an official fp8 checkpoint (MiniMax-M2, GLM-4.5-FP8)
+    stores as float8_e4m3fn: the Linear weights of the layers except the
+    router; not embeddings, lm_head or norms."""
+    if not name.endswith(".weight") or not name.startswith("model.layers."):
+        return False
+    return not (name.endswith("norm.weight") or name.endswith(".gate.weight"))
+
+
+def build(mf, name: str, config: dict, seed: int, to_hub=None, from_hub=None, keep_f32=(), fp8=False):
     """Write `config`, a random checkpoint in the hub's names, and the
     transformers reference on exactly the saved weights; the first of ten
     seeds from `seed` whose logits discriminate (check_not_degenerate)."""
     for s in range(seed, seed + 10):
         try:
-            return _build(mf, name, config, s, to_hub, from_hub, keep_f32)
+            return _build(mf, name, config, s, to_hub, from_hub, keep_f32, fp8)
         except fl.Degenerate as e:
             print(f"  seed {s}: {e}; next seed")
     raise fl.Degenerate(f"{name}: ten seeds from {seed} all degenerate")
 
 
-def _build(mf, name, config, seed, to_hub, from_hub, keep_f32):
+def _build(mf, name, config, seed, to_hub, from_hub, keep_f32, fp8):
     from transformers import AutoConfig
+
+    import fp8lib
 
     d = fl.fresh_dir(fl.FIXTURES / name)
     fl.write_json(d / "config.json", config)
     mf.common_files(d)
     hf_config = AutoConfig.from_pretrained(str(d))
+    if fp8:
+        # the reference runs on the dequantized weights
+        del hf_config.quantization_config
     model = mf.hf_model(hf_config)
     fl.init_params(model, seed, _rules(mf.make_rules(0.1, zero_centred_norms=False, embed_std=0.05)))
     module = mf.to_ckpt_dtype(fl.module_state(model), keep_f32=keep_f32)
@@ -214,18 +241,29 @@ def _build(mf, name, config, seed, to_hub, from_hub, keep_f32):
     ckpt = fl.module_to_per_expert(module)
     if to_hub:
         ckpt = to_hub(ckpt)
+    if fp8:
+        g = torch.Generator().manual_seed(seed + 2)
+        for k in sorted(ckpt):
+            if _is_fp8_linear(k):
+                ckpt[k], ckpt[k + "_scale_inv"] = fp8lib.quantize_fp8_blocks(ckpt[k].float(), g)
     fl.write_checkpoint(d, ckpt)
 
     saved = fl.read_checkpoint(d)
+    for k in [k for k in saved if k.endswith("_scale_inv")]:
+        w = k[: -len("_scale_inv")]
+        saved[w] = fp8lib.dequantize_fp8_blocks(saved[w], saved.pop(k))
     if from_hub:
         saved = from_hub(saved)
     module_saved = fl.per_expert_to_module(saved)
     ref_model = mf.hf_model(hf_config)
     fl.load_module_state(ref_model, mf.upcast(module_saved))
     ref = fl.run_reference(ref_model)
-    mf.cross_check_from_pretrained(d, ref, module_saved)
-    mf.finish(name, d, config["model_type"], ref,
-              f"{fl.versions_string()}, f32 eager on the saved bf16 weights (upcast)")
+    if not fp8:
+        mf.cross_check_from_pretrained(d, ref, module_saved)
+    note = ("f32 eager on the saved weights: fp8 e4m3 values times their weight_scale_inv block "
+            "(128x128) multiplier, other tensors upcast" if fp8 else
+            "f32 eager on the saved bf16 weights (upcast)")
+    mf.finish(name, d, config["model_type"], ref, f"{fl.versions_string()}, {note}")
 
 
 def builders(mf) -> dict:
@@ -237,4 +275,6 @@ def builders(mf) -> dict:
         "deepseek_v2": lambda: build(mf, "deepseek_v2", DEEPSEEK_V2_CONFIG, 877),
         "minimax_m2": lambda: build(mf, "minimax_m2", MINIMAX_M2_CONFIG, 853, _hub_block_sparse,
                                     _from_hub_block_sparse, keep_f32=("e_score_correction_bias",)),
+        "minimax_m2_fp8": lambda: build(mf, "minimax_m2_fp8", MINIMAX_M2_FP8_CONFIG, 863, _hub_block_sparse,
+                                        _from_hub_block_sparse, keep_f32=("e_score_correction_bias",), fp8=True),
     }

@@ -14,7 +14,7 @@ use crate::error::{Error, Result};
 pub const FAMILY: Family = Family {
     arch: Arch::MinimaxM2,
     model_types: &["minimax_m2"],
-    formats: "bf16",
+    formats: "bf16, fp8 (128×128 blocks)",
     configure,
     renames: &[
         (".block_sparse_moe.", ".mlp."),

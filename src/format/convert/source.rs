@@ -340,10 +340,11 @@ fn fp8_block(root: &Value) -> Result<[usize; 2]> {
         ));
     }
     if let Some(fmt) = q.get("fmt").and_then(|f| f.as_str()) {
-        if fmt != "e4m3" {
+        // DeepSeek writes `e4m3`, MiniMax-M2 the dtype's name.
+        if fmt != "e4m3" && fmt != "float8_e4m3fn" {
             return Err(Error::config(
                 "quantization_config.fmt",
-                format!("fp8 format `{fmt}` is not supported (e4m3)"),
+                format!("fp8 format `{fmt}` is not supported (e4m3 / float8_e4m3fn)"),
             ));
         }
     }
