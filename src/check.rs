@@ -30,6 +30,14 @@ pub fn is_source_checkpoint(dir: &Path) -> bool {
 /// An error naming the command that converts `dir` when it is a source
 /// checkpoint; `Ok` otherwise.
 pub fn not_a_source_checkpoint(dir: &Path) -> Result<()> {
+    if dir.is_file() && dir.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf")) {
+        return Err(Error::Invalid(format!(
+            "{} is a GGUF file: convert it once with `moeflux convert {} DIR` (Q8_0, Q4_0, Q4_1 and float \
+             tensors are kept bit for bit; add --requantize 4 for K-quants), then pass DIR to --model",
+            dir.display(),
+            dir.display()
+        )));
+    }
     if is_source_checkpoint(dir) {
         Err(Error::SourceCheckpoint(dir.to_path_buf()))
     } else {

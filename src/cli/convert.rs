@@ -10,10 +10,18 @@ use std::path::PathBuf;
 const ABOUT: &str = "\
 SRC is a model directory as downloaded from Hugging Face (config.json +
 model.safetensors, or sharded model-*.safetensors with their index; bf16,
-f16, f32 or DeepSeek fp8) or as made by mlx_lm.convert (2/4/8-bit MLX
-weights, repacked losslessly). Supported model_type: qwen3_moe,
-qwen3_5_moe, qwen3_next, deepseek_v3 (kimi_k2). Vision towers and MTP
-heads are left out.
+f16, f32 or fp8 with block scales) or as made by mlx_lm.convert (2/4/8-bit
+MLX weights, repacked losslessly), or a GGUF file (the first part of a
+split one). Supported model_type: qwen3_moe, qwen3_5_moe, qwen3_next,
+deepseek_v3 (kimi_k2), deepseek_v2, glm4_moe, minimax_m2, mixtral,
+qwen2_moe. Vision towers and MTP heads are left out.
+
+A GGUF keeps its tensors' formats where the packed format holds them bit
+for bit (F32, F16, BF16, Q8_0, Q4_0, Q4_1); a tensor in another block
+format (Q4_K, Q6_K, ...) is refused by name unless --requantize N turns
+such tensors into N-bit affine weights (a note says so). GGUF conversion
+covers the qwen3moe, qwen2moe, glm4moe, minimax-m2 and llama (Mixtral)
+architectures.
 
 DST receives model_weights.bin + model_weights.json (everything but the
 routed experts), packed_experts/ (one file per MoE layer) and the config
@@ -28,12 +36,15 @@ Examples:
   moeflux convert ~/models/Qwen3-30B-A3B ~/packed/qwen3-30b          (4-bit)
   moeflux convert ~/models/Qwen3-30B-A3B ~/packed/qwen3-30b-q8 --bits 8
   moeflux convert ~/models/DeepSeek-V3 ~/packed/dsv3 --bits-experts 2
+  moeflux convert Qwen3-30B-A3B-Q8_0.gguf ~/packed/qwen3-30b-q8
+  moeflux convert Qwen3-30B-A3B-Q4_K_M.gguf ~/packed/qwen3-30b --requantize 4
   moeflux inspect ~/packed/qwen3-30b";
 
 #[derive(Args)]
 #[command(after_help = ABOUT)]
 pub struct ConvertArgs {
-    /// Source checkpoint directory (config.json + *.safetensors).
+    /// Source checkpoint directory (config.json + *.safetensors), or a
+    /// .gguf file.
     pub src: PathBuf,
     /// Output directory for the packed model.
     pub dst: PathBuf,
@@ -49,6 +60,10 @@ pub struct ConvertArgs {
     /// Bits for the routed experts only (2, 4, 8 or 16); the rest uses --bits.
     #[arg(long, value_name = "N")]
     pub bits_experts: Option<u32>,
+    /// GGUF sources: requantize tensors whose block format the packed
+    /// format cannot hold exactly (Q4_K, Q6_K, Q5_0, ...) to N bits (4 or 8).
+    #[arg(long, value_name = "N")]
+    pub requantize: Option<u32>,
     /// Replace DST if it is an existing packed model directory.
     #[arg(long)]
     pub force: bool,
@@ -74,6 +89,7 @@ pub fn run(a: ConvertArgs) -> anyhow::Result<()> {
         bits: a.bits,
         group_size: a.group_size,
         bits_experts: a.bits_experts,
+        requantize: a.requantize,
         force: a.force,
         progress: progress_bar(),
         cancel: Some(cancel),

@@ -2,7 +2,7 @@
 //! tensors by their role, Qwen3-Next's fused projections, and the routed
 //! experts from whichever layout the checkpoint uses.
 
-use super::matrix::{SrcMatrix, Target};
+use super::matrix::{SrcMatrix, Storage, Target};
 use super::plan::{shape_err, ExpertLayer, Item, Planner, Rule, VectorItem};
 use crate::arch::{Entry, Mat, TensorKind, Vector};
 use crate::error::{Error, Result};
@@ -155,6 +155,21 @@ impl<'a> Planner<'a> {
         let (h, inter) = (self.cfg.hidden_size, self.cfg.moe_intermediate_size);
         let first = &experts[0][0];
         let q = first.quant_params();
+        let gs = self.set.group_size;
+        // GGUF: experts that are not all in one exactly held form are
+        // requantized as a whole, when the user asked for it.
+        let blocks = experts
+            .iter()
+            .flatten()
+            .any(|m| matches!(m.storage, Storage::Gguf { .. }));
+        let one_form = experts.iter().flatten().all(|m| m.quant_params() == q);
+        if let (true, false, Some(bits)) = (blocks, one_form && q.is_some(), self.set.requantize) {
+            if h % gs == 0 && inter % gs == 0 {
+                self.expert_group(i, gs)?;
+                let target = Target::Quantize { bits, group_size: gs };
+                return Ok((target, LayerLayout::quantized(h, inter, bits, gs)));
+            }
+        }
         for m in experts.iter().flatten() {
             if m.quant_params() != q {
                 return Err(Error::Convert(format!(
@@ -169,9 +184,8 @@ impl<'a> Planner<'a> {
             return Ok((Target::Repack, LayerLayout::quantized_scales(h, inter, bits, gs, sd)));
         }
         let float = Target::Float(first.float_dtype());
-        let gs = self.set.group_size;
         let target = match self.set.expert_bits {
-            _ if self.src.mlx.is_some() => float,
+            _ if self.src.mlx.is_some() || self.src.gguf.is_some() => float,
             None => float,
             Some(_) if h % gs != 0 || inter % gs != 0 => {
                 self.notes.push(format!(

@@ -2,8 +2,9 @@
 //! scales, MLX-quantized), viewed as logical rows `[rows, cols]`; and the
 //! encoding of its rows into the packed form chosen for it.
 
-use super::fp8;
+use super::{fp8, gguf};
 use crate::error::{Error, Result};
+use crate::format::gguf::{BlockFormat, GgmlType};
 use crate::format::quant::{dequantize_row, quantize_row};
 use crate::format::Dtype;
 use half::{bf16, f16};
@@ -22,6 +23,8 @@ pub enum Storage<'a> {
         scale_inv: Arc<[f32]>,
         block: [usize; 2],
     },
+    /// GGUF blocks of `ty`, `[n, row_bytes(cols)]`.
+    Gguf { ty: GgmlType, data: &'a [u8] },
     /// MLX affine: weight `[n, cols·bits/32]` u32, scales and biases
     /// `[n, cols/group_size]` of `scale_dtype`.
     Quant {
@@ -134,7 +137,7 @@ impl<'a> SrcMatrix<'a> {
     /// The source bytes this matrix reads from (whole tensors).
     pub fn source_slices(&self) -> Vec<&'a [u8]> {
         match &self.storage {
-            Storage::Float { data, .. } | Storage::Fp8 { data, .. } => vec![data],
+            Storage::Float { data, .. } | Storage::Fp8 { data, .. } | Storage::Gguf { data, .. } => vec![data],
             Storage::Quant {
                 weight, scales, biases, ..
             } => vec![weight, scales, biases],
@@ -152,6 +155,7 @@ impl<'a> SrcMatrix<'a> {
         match &self.storage {
             Storage::Float { dtype, data } => vec![part(data, self.cols * dtype.size())],
             Storage::Fp8 { data, .. } => vec![part(data, self.cols)],
+            Storage::Gguf { ty, data } => vec![part(data, gguf_row_bytes(*ty, self.cols))],
             Storage::Quant {
                 bits,
                 group_size,
@@ -170,9 +174,11 @@ impl<'a> SrcMatrix<'a> {
         }
     }
 
-    /// `(bits, group_size, scale dtype)` of an MLX-quantized source.
+    /// `(bits, group_size, scale dtype)` of an MLX-quantized source, or of
+    /// a GGUF one whose blocks the affine form holds exactly.
     pub fn quant_params(&self) -> Option<(u32, usize, Dtype)> {
         match &self.storage {
+            Storage::Gguf { ty, .. } => gguf::affine(*ty).map(|(b, g)| (b, g, Dtype::F16)),
             Storage::Quant {
                 bits,
                 group_size,
@@ -188,7 +194,7 @@ impl<'a> SrcMatrix<'a> {
     pub fn float_dtype(&self) -> Dtype {
         match &self.storage {
             Storage::Float { dtype, .. } => *dtype,
-            Storage::Fp8 { .. } | Storage::Quant { .. } => Dtype::Bf16,
+            Storage::Fp8 { .. } | Storage::Quant { .. } | Storage::Gguf { .. } => Dtype::Bf16,
         }
     }
 
@@ -197,6 +203,7 @@ impl<'a> SrcMatrix<'a> {
         match &self.storage {
             Storage::Float { dtype, .. } => self.cols * dtype.size(),
             Storage::Fp8 { .. } => self.cols,
+            Storage::Gguf { ty, .. } => gguf_row_bytes(*ty, self.cols),
             Storage::Quant {
                 bits,
                 group_size,
@@ -216,6 +223,12 @@ impl<'a> SrcMatrix<'a> {
                 dtype.decode_into(&data[p * c * es..(p + 1) * c * es], out);
             }
             Storage::Fp8 { data, scale_inv, block } => fp8::dequantize_row(data, scale_inv, *block, c, p, out),
+            Storage::Gguf { ty, data } => {
+                let rb = gguf_row_bytes(*ty, c);
+                if let Some(f) = BlockFormat::new(*ty) {
+                    f.dequantize_row(&data[p * rb..(p + 1) * rb], out);
+                }
+            }
             Storage::Quant {
                 bits,
                 group_size,
@@ -304,12 +317,19 @@ impl<'a> SrcMatrix<'a> {
             let r = r0 + i;
             let wo = &mut w[i * wr..(i + 1) * wr];
             match target {
-                Target::Repack => {
-                    let (qw, qs, qb) = self.quant_row(r);
-                    wo.copy_from_slice(qw);
-                    s[i * sr..(i + 1) * sr].copy_from_slice(qs);
-                    b[i * sr..(i + 1) * sr].copy_from_slice(qb);
-                }
+                Target::Repack => match &self.storage {
+                    Storage::Gguf { ty, data } => {
+                        let (p, rb) = (self.phys(r), gguf_row_bytes(*ty, self.cols));
+                        let (so, bo) = (&mut s[i * sr..(i + 1) * sr], &mut b[i * sr..(i + 1) * sr]);
+                        gguf::row_to_affine(*ty, &data[p * rb..(p + 1) * rb], wo, so, bo);
+                    }
+                    _ => {
+                        let (qw, qs, qb) = self.quant_row(r);
+                        wo.copy_from_slice(qw);
+                        s[i * sr..(i + 1) * sr].copy_from_slice(qs);
+                        b[i * sr..(i + 1) * sr].copy_from_slice(qb);
+                    }
+                },
                 Target::Quantize { bits, group_size } => {
                     self.row_f32(r, &mut row);
                     words.clear();
@@ -339,6 +359,11 @@ impl<'a> SrcMatrix<'a> {
             }
         }
     }
+}
+
+/// Bytes of a GGUF row of `cols` values (whole blocks, checked at load).
+fn gguf_row_bytes(ty: GgmlType, cols: usize) -> usize {
+    ty.row_bytes(cols).unwrap_or(0)
 }
 
 /// Encode `v` as little-endian floats of `dtype` (round to nearest even).

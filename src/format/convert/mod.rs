@@ -16,6 +16,8 @@
 mod dense;
 mod experts;
 mod fp8;
+mod gguf;
+mod gguf_source;
 mod layers;
 mod matrix;
 pub(crate) mod names;
@@ -58,6 +60,10 @@ pub struct ConvertOptions {
     pub group_size: usize,
     /// Bits of the routed experts only (default: `bits`).
     pub bits_experts: Option<u32>,
+    /// GGUF sources: requantize the tensors whose block format the packed
+    /// format cannot hold exactly to this many bits (4 or 8); `None`
+    /// refuses them by name.
+    pub requantize: Option<u32>,
     /// Replace an existing destination (a packed model directory only).
     pub force: bool,
     /// Advanced over the source bytes as they are converted (its length is
@@ -75,6 +81,7 @@ impl Default for ConvertOptions {
             bits: None,
             group_size: 64,
             bits_experts: None,
+            requantize: None,
             force: false,
             progress: ProgressBar::hidden(),
             cancel: None,
@@ -143,25 +150,41 @@ pub fn convert(src: &Path, dst: &Path, opts: &ConvertOptions) -> Result<ConvertR
             opts.group_size
         )));
     }
-    if !src.join("config.json").is_file() {
+    let gguf = src.is_file() && src.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf"));
+    if let Some(b) = opts.requantize {
+        if !matches!(b, 4 | 8) {
+            return Err(Error::Invalid(format!("--requantize {b}: use 4 or 8")));
+        }
+    }
+    if !gguf && !src.join("config.json").is_file() {
         return Err(Error::Invalid(format!(
-            "{} is not a checkpoint directory: it has no config.json (give the folder that holds config.json and the *.safetensors files)",
+            "{} is not a checkpoint directory: it has no config.json (give the folder that holds config.json and the *.safetensors files, or a .gguf file)",
             src.display()
         )));
     }
     check_destination(src, dst, opts.force)?;
-    let source = Source::open(src)?;
+    let source = match gguf {
+        true => Source::open_gguf(src)?,
+        false => Source::open(src)?,
+    };
     let bits = opts.bits.unwrap_or(4);
-    let as_option = |b: u32| (b != 16).then_some(b);
+    let as_option = |b: u32| (b != 16 && !gguf).then_some(b);
     let settings = Settings {
         dense_bits: as_option(bits),
         expert_bits: as_option(opts.bits_experts.unwrap_or(bits)),
         group_size: opts.group_size,
+        requantize: opts.requantize,
     };
     let plan = plan::build(&source, settings)?;
     let mut notes = plan.notes.clone();
     if source.mlx.is_some() && (opts.bits.is_some() || opts.bits_experts.is_some()) {
         notes.push("the source is MLX-quantized: it is repacked as it is, --bits/--bits-experts do not apply".into());
+    }
+    if gguf && (opts.bits.is_some() || opts.bits_experts.is_some()) {
+        notes.push("the source is GGUF: its tensors keep their own formats (--requantize N changes those that must change), --bits/--bits-experts do not apply".into());
+    }
+    if !gguf && opts.requantize.is_some() {
+        notes.push("--requantize applies to GGUF sources only".into());
     }
     let tmp = TempDir::beside(dst, &mut notes)?;
     let (w, verified) = write_model(&source, &plan, tmp.path(), opts)?;
@@ -201,6 +224,13 @@ fn write_files(source: &Source, plan: &plan::Plan, out: &Path, opts: &ConvertOpt
         let from = source.dir.join(f);
         if from.is_file() {
             std::fs::copy(&from, out.join(f)).map_err(|e| Error::io(&from, e))?;
+        }
+    }
+    if source.gguf.is_some() {
+        write_json(&out.join("config.json"), &source.config_json)?;
+        for (name, text) in &source.texts {
+            let p = out.join(name);
+            std::fs::write(&p, text).map_err(|e| Error::io(&p, e))?;
         }
     }
     let progress = Progress::new(plan.source_bytes, &opts.progress, opts.cancel);

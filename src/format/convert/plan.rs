@@ -8,6 +8,7 @@ use super::matrix::{SrcMatrix, Storage, Target};
 use super::source::{Source, Tensor};
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
+use crate::format::gguf::GgmlType;
 use crate::format::packed::LayerLayout;
 use crate::format::quant::check_bits;
 use crate::format::safetensors::StDtype;
@@ -23,6 +24,9 @@ pub struct Settings {
     /// Bits of routed experts; `None` keeps them as floats.
     pub expert_bits: Option<u32>,
     pub group_size: usize,
+    /// GGUF sources: the bits that block formats the packed format cannot
+    /// hold exactly are requantized to (`--requantize`).
+    pub requantize: Option<u32>,
 }
 
 /// A matrix `X`, stored as `X.weight` (+ `X.scales`, `X.biases`).
@@ -243,6 +247,18 @@ impl<'a> Planner<'a> {
         if *t.dtype == StDtype::F8E4M3 {
             return self.load_fp8(weight_name, t, lead, rows, cols);
         }
+        if let Some(ty) = t.ggml {
+            if t.shape != with_last(cols).as_slice() {
+                return Err(shape_err(&t, with_last(cols)));
+            }
+            self.gguf_form(&t, ty)?;
+            return Ok(SrcMatrix::new(
+                t.name.to_string(),
+                n,
+                cols,
+                Storage::Gguf { ty, data: t.data },
+            ));
+        }
         let dtype = float_dtype(&t)?;
         if t.shape != with_last(cols).as_slice() {
             return Err(shape_err(&t, with_last(cols)));
@@ -353,13 +369,56 @@ impl<'a> Planner<'a> {
         Ok((bits, gs))
     }
 
+    /// A GGUF tensor of block format `ty` is kept exactly where the affine
+    /// form holds it; any other one needs `--requantize`, and the
+    /// converter must read it.
+    fn gguf_form(&mut self, t: &Tensor, ty: GgmlType) -> Result<()> {
+        let path = self.src.dir.clone();
+        if crate::format::gguf::BlockFormat::new(ty).is_none() {
+            return Err(Error::GgufType {
+                path,
+                tensor: t.name.to_string(),
+                ty: ty.name(),
+                supported: GgmlType::SUPPORTED_NAMES,
+            });
+        }
+        if super::gguf::affine(ty).is_some() {
+            return Ok(());
+        }
+        match self.set.requantize {
+            Some(bits) => {
+                let note = format!("GGUF {ty} tensors requantized to {bits}-bit affine (--requantize {bits})");
+                if !self.notes.contains(&note) {
+                    self.notes.push(note);
+                }
+                Ok(())
+            }
+            None => Err(Error::Convert(format!(
+                "{}: tensor `{}` is {ty}, which moeflux's packed format cannot hold exactly (it keeps F32, F16, \
+                 BF16, Q8_0, Q4_0 and Q4_1 bit for bit); pass --requantize 4 or 8 to requantize such tensors \
+                 into its affine format",
+                path.display(),
+                t.name
+            ))),
+        }
+    }
+
     /// The packed form of a dense matrix under `rule`.
     pub fn target(&self, m: &SrcMatrix, rule: Rule) -> Target {
         if m.quant_params().is_some() {
             return Target::Repack;
         }
         let float = Target::Float(m.float_dtype());
-        if self.src.mlx.is_some() {
+        if let (Storage::Gguf { .. }, Some(bits)) = (&m.storage, self.set.requantize) {
+            return match m.cols.is_multiple_of(self.set.group_size) {
+                true => Target::Quantize {
+                    bits,
+                    group_size: self.set.group_size,
+                },
+                false => float,
+            };
+        }
+        if self.src.mlx.is_some() || self.src.gguf.is_some() {
             return float;
         }
         let bits = match (rule, self.set.dense_bits) {
@@ -378,7 +437,13 @@ impl<'a> Planner<'a> {
 
     /// Plan the matrix `base` (`base.weight`, …) of shape `[rows, cols]`.
     pub fn matrix(&mut self, base: &str, rows: usize, cols: usize, rule: Rule) -> Result<()> {
-        let src = self.load(&format!("{base}.weight"), 0, rows, cols)?;
+        let mut src = self.load(&format!("{base}.weight"), 0, rows, cols)?;
+        if self.src.permuted_qk() {
+            let hd = self.cfg.head_dim;
+            if base.ends_with(".self_attn.q_proj") || base.ends_with(".self_attn.k_proj") {
+                src = src.select(&super::gguf_source::unpermute_rows(rows / hd, hd));
+            }
+        }
         self.push_matrix(base, src, rule);
         Ok(())
     }

@@ -6,6 +6,7 @@
 use super::names::{self, Name};
 use crate::config::ModelConfig;
 use crate::error::{read_json, Error, Result};
+use crate::format::gguf::{GgmlType, GgufModel};
 use crate::format::quant::check_bits;
 use crate::format::safetensors::{SafetensorsFile, StDtype, TensorInfo};
 use serde_json::{Map, Value};
@@ -13,6 +14,16 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 pub const INDEX_FILE: &str = "model.safetensors.index.json";
+
+impl Loc {
+    /// The name as the checkpoint spells it (GGUF: its index).
+    fn name(&self) -> String {
+        match self {
+            Loc::Shard { name, .. } => name.clone(),
+            Loc::Gguf { index, .. } => format!("GGUF tensor {index}"),
+        }
+    }
+}
 
 /// MLX affine quantization settings: the default and the per-module
 /// overrides, keyed by module path (`model.layers.0.mlp.gate`).
@@ -40,13 +51,25 @@ pub struct Tensor<'a> {
     /// The name as the checkpoint spells it.
     pub name: &'a str,
     pub dtype: &'a StDtype,
+    /// Logical shape, in elements (PyTorch order).
     pub shape: &'a [usize],
     pub data: &'a [u8],
+    /// A GGUF tensor in a block format (not F32/F16/BF16): its type.
+    pub ggml: Option<GgmlType>,
 }
 
-struct Loc {
-    shard: usize,
-    name: String,
+pub(super) enum Loc {
+    Shard {
+        shard: usize,
+        name: String,
+    },
+    Gguf {
+        /// Index in `GgufModel::tensors`.
+        index: usize,
+        dtype: StDtype,
+        shape: Vec<usize>,
+        ggml: Option<GgmlType>,
+    },
 }
 
 pub struct Source {
@@ -54,14 +77,19 @@ pub struct Source {
     /// `config.json` as read.
     pub config_json: Value,
     pub config: ModelConfig,
-    shards: Vec<SafetensorsFile>,
+    pub(super) shards: Vec<SafetensorsFile>,
     /// Normalized name → where it lives.
-    tensors: BTreeMap<String, Loc>,
+    pub(super) tensors: BTreeMap<String, Loc>,
     /// Source tensors left out, with the reason.
     pub skipped: Vec<(String, &'static str)>,
     pub mlx: Option<MlxQuant>,
     /// fp8 block size `[rows, cols]` of `weight_scale_inv` (DeepSeek-V3).
     pub fp8_block: [usize; 2],
+    /// A GGUF file (`dir` is its path); its tensors are listed in `tensors`.
+    pub gguf: Option<GgufModel>,
+    /// Files to write beside the weights, made from the GGUF metadata
+    /// (tokenizer, chat template, generation defaults): `(name, contents)`.
+    pub texts: Vec<(&'static str, String)>,
 }
 
 impl Source {
@@ -105,12 +133,12 @@ impl Source {
                         if let Some(prev) = tensors.get(&n) {
                             return Err(Error::format(
                                 dir,
-                                format!("tensors `{}` and `{raw}` are the same tensor `{n}`", prev.name),
+                                format!("tensors `{}` and `{raw}` are the same tensor `{n}`", prev.name()),
                             ));
                         }
                         tensors.insert(
                             n,
-                            Loc {
+                            Loc::Shard {
                                 shard: i,
                                 name: raw.clone(),
                             },
@@ -128,20 +156,42 @@ impl Source {
             skipped,
             mlx,
             fp8_block,
+            gguf: None,
+            texts: Vec::new(),
         })
     }
 
     /// A tensor by normalized name.
     pub fn get(&self, name: &str) -> Option<Tensor<'_>> {
-        let loc = self.tensors.get(name)?;
-        let shard = &self.shards[loc.shard];
-        let info: &TensorInfo = shard.get(&loc.name)?;
-        Some(Tensor {
-            name: &loc.name,
-            dtype: &info.dtype,
-            shape: &info.shape,
-            data: shard.data(info),
-        })
+        match self.tensors.get(name)? {
+            Loc::Shard { shard, name } => {
+                let shard = &self.shards[*shard];
+                let info: &TensorInfo = shard.get(name)?;
+                Some(Tensor {
+                    name,
+                    dtype: &info.dtype,
+                    shape: &info.shape,
+                    data: shard.data(info),
+                    ggml: None,
+                })
+            }
+            Loc::Gguf {
+                index,
+                dtype,
+                shape,
+                ggml,
+            } => {
+                let g = self.gguf.as_ref()?;
+                let t = g.tensors.get(*index)?;
+                Some(Tensor {
+                    name: &t.info.name,
+                    dtype,
+                    shape,
+                    data: g.data(t),
+                    ggml: *ggml,
+                })
+            }
+        }
     }
 
     /// Unmap the pages of source bytes that have been converted (see

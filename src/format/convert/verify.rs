@@ -5,7 +5,7 @@
 //! middle, last) is checked in full. Repacked rows must be byte-identical,
 //! float rows exact, quantized rows within the quantization error bound.
 
-use super::matrix::{round_to, SrcMatrix, Target};
+use super::matrix::{round_to, SrcMatrix, Storage, Target};
 use super::plan::{float_dtype, Item, Plan};
 use crate::error::{Error, Result};
 use crate::format::packed::{expert_file_name, Layout, WeightsFile, EXPERTS_DIR};
@@ -101,6 +101,18 @@ fn compare_row(src: &SrcMatrix, target: Target, view: &MatrixView, r: usize, wha
     let cols = src.cols;
     let (mut got, mut want) = (vec![0f32; cols], vec![0f32; cols]);
     match (target, &view.data) {
+        (Target::Repack, MatrixData::Quant { .. }) if matches!(src.storage, Storage::Gguf { .. }) => {
+            // GGUF blocks held exactly: every value is ggml's, bit for bit.
+            view.row_f32(r, &mut got);
+            src.row_f32(r, &mut want);
+            match got.iter().zip(&want).position(|(a, b)| !same(*a, *b)) {
+                None => Ok(()),
+                Some(c) => Err(mismatch(
+                    what,
+                    format!("row {r}, column {c}: {} where the GGUF block holds {}", got[c], want[c]),
+                )),
+            }
+        }
         (
             Target::Repack,
             MatrixData::Quant {
