@@ -1,5 +1,6 @@
 """Golden fixtures of the families added with the one-file-per-family
-layout: mixtral, qwen2_moe, glm4_moe, minimax_m2, deepseek_v2.
+layout: mixtral, qwen2_moe, glm4_moe, minimax_m2_fp8 (MiniMax-M2 ships fp8
+only), deepseek_v2.
 
 Each is written with the tensor names of the family's official Hugging Face
 checkpoints (Mixtral and MiniMax-M2: `block_sparse_moe.experts.N.w1/w3/w2`;
@@ -273,8 +274,6 @@ def builders(mf) -> dict:
         "qwen2_moe": lambda: build(mf, "qwen2_moe", QWEN2_MOE_CONFIG, 823),
         "glm4_moe": lambda: build(mf, "glm4_moe", GLM4_MOE_CONFIG, 839, keep_f32=("e_score_correction_bias",)),
         "deepseek_v2": lambda: build(mf, "deepseek_v2", DEEPSEEK_V2_CONFIG, 877),
-        "minimax_m2": lambda: build(mf, "minimax_m2", MINIMAX_M2_CONFIG, 853, _hub_block_sparse,
-                                    _from_hub_block_sparse, keep_f32=("e_score_correction_bias",)),
         "minimax_m2_fp8": lambda: build(mf, "minimax_m2_fp8", MINIMAX_M2_FP8_CONFIG, 863, _hub_block_sparse,
                                         _from_hub_block_sparse, keep_f32=("e_score_correction_bias",), fp8=True),
     }

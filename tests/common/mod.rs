@@ -134,7 +134,6 @@ macro_rules! for_each_golden_fixture {
         $($m)::+!($($args)* mixtral_bf16, "mixtral", &["--bits", "16"]);
         $($m)::+!($($args)* qwen2_moe_bf16, "qwen2_moe", &["--bits", "16"]);
         $($m)::+!($($args)* glm4_moe_bf16, "glm4_moe", &["--bits", "16"]);
-        $($m)::+!($($args)* minimax_m2_bf16, "minimax_m2", &["--bits", "16"]);
         $($m)::+!($($args)* minimax_m2_fp8, "minimax_m2_fp8", &["--bits", "16"]);
         $($m)::+!($($args)* deepseek_v2_bf16, "deepseek_v2", &["--bits", "16"]);
     };
