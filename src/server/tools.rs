@@ -8,6 +8,9 @@
 //! - DeepSeek-V3: `<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>N\n```json\n{...}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>`
 //!   (and V3.1's `<｜tool▁call▁begin｜>N<｜tool▁sep｜>{...}<｜tool▁call▁end｜>`)
 //! - Kimi-K2: `<|tool_calls_section_begin|><|tool_call_begin|>functions.N:0<|tool_call_argument_begin|>{...}<|tool_call_end|><|tool_calls_section_end|>`
+//! - GLM-4.5 / 4.6: `<tool_call>N\n<arg_key>K</arg_key>\n<arg_value>V</arg_value>\n</tool_call>`
+//! - MiniMax-M2: `<minimax:tool_call>\n<invoke name="N">\n<parameter name="K">V</parameter>\n</invoke>\n</minimax:tool_call>`
+//!   (one block may hold several invokes)
 //!
 //! Text that is not a valid call stays content.
 
@@ -20,7 +23,8 @@ use std::collections::HashMap;
 pub const QWEN: (&str, &str) = ("<tool_call>", "</tool_call>");
 pub const DEEPSEEK: (&str, &str) = ("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>");
 pub const KIMI: (&str, &str) = ("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>");
-const BLOCKS: [(&str, &str); 3] = [QWEN, DEEPSEEK, KIMI];
+pub const MINIMAX: (&str, &str) = ("<minimax:tool_call>", "</minimax:tool_call>");
+const BLOCKS: [(&str, &str); 4] = [QWEN, DEEPSEEK, KIMI, MINIMAX];
 /// Most tools a request may offer (OpenAI's limit).
 pub const MAX_TOOLS: usize = 128;
 /// Most bytes of `tools`, as JSON.
@@ -238,6 +242,7 @@ impl Parser {
         match open {
             o if o == QWEN.0 => self.qwen(inner.trim()).map(|c| vec![c]),
             o if o == DEEPSEEK.0 => deepseek(inner),
+            o if o == MINIMAX.0 => self.minimax(inner),
             _ => kimi(inner),
         }
     }
@@ -254,7 +259,9 @@ impl Parser {
             };
             return Some(ToolCall::new(name, &args));
         }
-        let rest = inner.strip_prefix("<function=")?;
+        let Some(rest) = inner.strip_prefix("<function=") else {
+            return self.glm(inner);
+        };
         let (name, rest) = rest.split_once('>')?;
         let body = rest.trim_end().strip_suffix("</function>")?;
         let schema = self.schemas.get(name);
@@ -270,6 +277,52 @@ impl Parser {
             rest = p.trim_start();
         }
         Some(ToolCall::new(name, &Value::Object(args)))
+    }
+
+    /// GLM's `N\n<arg_key>K</arg_key>\n<arg_value>V</arg_value>…`.
+    fn glm(&self, inner: &str) -> Option<ToolCall> {
+        let (name, mut rest) = match inner.split_once("<arg_key>") {
+            Some((name, _)) => (name.trim(), &inner[name.len()..]),
+            None => (inner.trim(), ""),
+        };
+        let name_char = |c: char| c.is_alphanumeric() || "_-.:".contains(c);
+        if name.is_empty() || !name.chars().all(name_char) {
+            return None;
+        }
+        let schema = self.schemas.get(name);
+        let mut args = Map::new();
+        rest = rest.trim();
+        while !rest.is_empty() {
+            let (key, p) = rest.strip_prefix("<arg_key>")?.split_once("</arg_key>")?;
+            let (value, p) = p.trim_start().strip_prefix("<arg_value>")?.split_once("</arg_value>")?;
+            args.insert(key.trim().to_string(), typed(schema, key.trim(), value));
+            rest = p.trim_start();
+        }
+        Some(ToolCall::new(name, &Value::Object(args)))
+    }
+
+    /// MiniMax-M2's `<invoke name="N"><parameter name="K">V</parameter>…</invoke>`, one or more.
+    fn minimax(&self, inner: &str) -> Option<Vec<ToolCall>> {
+        let mut calls = Vec::new();
+        let mut rest = inner.trim();
+        while !rest.is_empty() {
+            let (name, p) = rest.strip_prefix("<invoke name=\"")?.split_once("\">")?;
+            let (body, after) = p.split_once("</invoke>")?;
+            let schema = self.schemas.get(name);
+            let mut args = Map::new();
+            let mut b = body.trim();
+            while !b.is_empty() {
+                let (key, q) = b.strip_prefix("<parameter name=\"")?.split_once("\">")?;
+                let (value, q) = q.split_once("</parameter>")?;
+                let value = value.strip_prefix('\n').unwrap_or(value);
+                let value = value.strip_suffix('\n').unwrap_or(value);
+                args.insert(key.to_string(), typed(schema, key, value));
+                b = q.trim_start();
+            }
+            calls.push(ToolCall::new(name, &Value::Object(args)));
+            rest = after.trim();
+        }
+        (!calls.is_empty()).then_some(calls)
     }
 
     fn keep(&self, calls: &mut Vec<ToolCall>, new: Vec<ToolCall>) {

@@ -203,3 +203,52 @@ fn streaming_costs_the_same_whatever_the_size_of_tools() {
         t.elapsed()
     );
 }
+
+#[test]
+fn glm_calls_are_parsed_with_newlines_or_without() {
+    // GLM-4.5/4.6 put each tag on its line; GLM-4.7 writes them compact.
+    for text in [
+        "<think>Let me check.</think><tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n</tool_call>",
+        "<think>Let me check.</think><tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value><arg_key>days</arg_key><arg_value>3</arg_value></tool_call>",
+    ] {
+        let (content, calls) = extract(weather(), text);
+        assert_eq!(content, "<think>Let me check.</think>", "{text}");
+        assert_eq!(
+            names_and_args(&calls),
+            vec![("get_weather".into(), json!({"city": "Paris", "days": 3}))],
+            "{text}"
+        );
+    }
+    // A call without arguments, and a block that is not a call.
+    let (_, calls) = extract(weather(), "<tool_call>get_weather\n</tool_call>");
+    assert_eq!(names_and_args(&calls), vec![("get_weather".into(), json!({}))]);
+    let (content, calls) = extract(weather(), "<tool_call>not a call <b>x</b></tool_call>");
+    assert!(calls.is_empty() && content.contains("not a call"), "{content}");
+}
+
+#[test]
+fn minimax_m2_calls_are_parsed_several_to_a_block() {
+    let text = "Checking both.\n<minimax:tool_call>\n<invoke name=\"get_weather\">\n<parameter name=\"city\">New York</parameter>\n<parameter name=\"days\">2</parameter>\n</invoke>\n<invoke name=\"get_weather\">\n<parameter name=\"zip\">10001</parameter>\n</invoke>\n</minimax:tool_call>";
+    let (content, calls) = extract(weather(), text);
+    assert_eq!(content, "Checking both.\n");
+    assert_eq!(
+        names_and_args(&calls),
+        vec![
+            ("get_weather".into(), json!({"city": "New York", "days": 2})),
+            ("get_weather".into(), json!({"zip": "10001"}))
+        ]
+    );
+    // Streamed a few bytes at a time, the block is held back, then parsed.
+    let mut s = ToolStream::new(Some(weather()));
+    let (mut shown, mut found) = (String::new(), Vec::new());
+    for piece in text.as_bytes().chunks(5) {
+        let (c, f) = s.push(std::str::from_utf8(piece).unwrap());
+        shown.push_str(&c);
+        found.extend(f);
+    }
+    let (c, f) = s.finish();
+    shown.push_str(&c);
+    found.extend(f);
+    assert_eq!(shown, "Checking both.\n");
+    assert_eq!(found.len(), 2);
+}
