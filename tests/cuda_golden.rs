@@ -340,10 +340,83 @@ fn auto_chooses_cuda_when_present() {
     assert_eq!(model.device_name(), want);
 }
 
+/// A prompt of 256 tokens (a chunk that streams its misses) through a
+/// cache of half the experts of a synthetic model large enough for a
+/// stream ring (24 layers of 256 experts), twice in a row: the logits of
+/// the same cache with the misses placed as a decode step's, bit for
+/// bit, and those of the resident model within the step tolerance; the
+/// second pass hits what the first left in main.
+fn prompt_stream() {
+    use moeflux::synth::{preset, Plan, SynthOptions};
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("m");
+    let mut config = preset("qwen3-30b-a3b").unwrap();
+    for (k, v) in [
+        ("hidden_size", 128),
+        ("num_hidden_layers", 24),
+        ("num_attention_heads", 4),
+        ("num_key_value_heads", 2),
+        ("head_dim", 32),
+        ("num_experts", 256),
+        ("moe_intermediate_size", 64),
+        ("intermediate_size", 256),
+        ("vocab_size", 512),
+    ] {
+        config[k] = v.into();
+    }
+    let plan = Plan::new("stream", config, &SynthOptions::default()).unwrap();
+    plan.write(&dir, false, &|_| {}, None).unwrap();
+    let tokens: Vec<u32> = (0..256).map(|i| (i * 37 + 11) % 509).collect();
+    let with = |cache: CacheSize, stream: bool| {
+        let opts = Options {
+            device: Device::Cuda(0),
+            expert_cache: cache,
+            hybrid: Some(Hybrid::Off),
+            exact: true,
+            cuda: CudaOptions {
+                prompt_stream: stream,
+                ..cuda_options()
+            },
+            ..Options::default()
+        };
+        Model::open(&dir, &opts).expect("open on CUDA")
+    };
+    let want = with(CacheSize::Auto, true)
+        .session()
+        .unwrap()
+        .eval_all(&tokens, 0)
+        .unwrap();
+    let (streamed, placed) = (
+        with(CacheSize::Percent(50.0), true),
+        with(CacheSize::Percent(50.0), false),
+    );
+    for pass in 0..2 {
+        let a = streamed.session().unwrap().eval_all(&tokens, 0).unwrap();
+        let b = placed.session().unwrap().eval_all(&tokens, 0).unwrap();
+        assert_eq!(bits(&a), bits(&b), "pass {pass}: streamed and placed differ");
+        let e = rel_l2(&a, &want);
+        assert!(e <= STEP_TOL, "pass {pass}: vs resident {e:.3e}");
+    }
+    let (s, p) = (
+        streamed.expert_cache_stats().unwrap(),
+        placed.expert_cache_stats().unwrap(),
+    );
+    eprintln!("prompt stream: streamed {s:?}\nplaced {p:?}");
+    // Placed, every chunk copies about every expert (a copy ahead of a
+    // whole layer counts as a hit); streamed, about half of them.
+    assert!(
+        3 * s.bytes_copied < 2 * p.bytes_copied,
+        "streaming copied {} bytes against {}",
+        s.bytes_copied,
+        p.bytes_copied
+    );
+}
+
 fn main() {
     let mut all = vec![
         trials::plain("devices_parse", devices_parse),
         trials::plain("auto_chooses_cuda_when_present", auto_chooses_cuda_when_present),
+        trials::cuda("prompt_stream", prompt_stream),
     ];
     macro_rules! golden_trial {
         ($name:ident, $fixture:expr, $flags:expr) => {

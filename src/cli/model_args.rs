@@ -78,6 +78,10 @@ pub struct ModelArgs {
     /// CUDA, for measuring: no programmatic dependent launch.
     #[arg(long, hide = true)]
     pub no_pdl: bool,
+    /// CUDA, for measuring: a prompt's misses are placed as a decode
+    /// step's are (evicting the resident set) instead of streaming.
+    #[arg(long, hide = true)]
+    pub no_prompt_stream: bool,
     /// CUDA, for measuring: copy expert misses through pinned staging
     /// buffers even where the files could be registered with the driver.
     #[arg(long, hide = true)]
@@ -149,6 +153,7 @@ impl ModelArgs {
                 kernel_cache: self.kernel_cache.clone(),
                 tensor_cores: true,
                 trace_layers: self.trace_layers,
+                prompt_stream: !self.no_prompt_stream,
             },
             // What opening has to say (device, kernels, expert cache) goes to stderr.
             notify: Notifier::new(|m| eprintln!("{m}")),

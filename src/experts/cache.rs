@@ -107,6 +107,13 @@ pub struct SlotTable {
     repeats: RepeatGate,
     counts: TableCounts,
     climb: Climb,
+    /// Main slots below this index are not empty (a prompt's misses look
+    /// for empty ones from here: slots only go from empty to full).
+    empty_from: usize,
+    /// The stream ring: slots out of main and probation that a prompt's
+    /// misses pass through (`cache_stream.rs`), the next victim first.
+    ring: VecDeque<usize>,
+    in_ring: Vec<bool>,
 }
 
 /// Hill climbing on the probation size (W-TinyLFU's adaptive window):
@@ -191,6 +198,9 @@ impl SlotTable {
             repeats: RepeatGate::default(),
             counts: TableCounts::default(),
             climb: Climb::new(n_slots, p, n_slots >= total),
+            empty_from: 0,
+            ring: VecDeque::new(),
+            in_ring: vec![false; n_slots],
         }
     }
 
@@ -218,9 +228,9 @@ impl SlotTable {
         self.n_slots
     }
 
-    /// Slots the policy moves: all but the held ones.
+    /// Slots the policy moves: all but the held ones and the stream ring.
     pub fn free_slots(&self) -> usize {
-        self.n_slots - self.n_held
+        self.n_slots - self.n_held - self.ring.len()
     }
 
     /// Give every expert of `layers` a slot for good, the last main slots
@@ -466,8 +476,8 @@ impl SlotTable {
                                 *u += 1;
                             }
                         }
-                        if self.held[s] {
-                            // Held for good: no policy to tell.
+                        if self.held[s] || self.in_ring[s] {
+                            // Held for good, or streaming: no policy to tell.
                         } else if self.main[s] {
                             self.referenced[s] = true;
                         } else {
@@ -574,6 +584,10 @@ impl SlotTable {
 // Planning copies ahead of need: `predict`, `guess_fits`, `next_layer_for_all`.
 #[path = "cache_ahead.rs"]
 mod ahead;
+
+// A prompt's chunks: hits where they are, misses into room that evicts nothing.
+#[path = "cache_stream.rs"]
+mod stream;
 
 #[cfg(test)]
 #[path = "cache_tests.rs"]

@@ -36,6 +36,9 @@ const DEVICE_ROUTE_TOKENS: usize = 16;
 /// Experts per launch while streaming: the GPU computes one chunk while
 /// the next is read and copied.
 pub(crate) const STREAM_CHUNK: usize = 32;
+/// Tokens from which a step is a prompt's chunk: its misses stream
+/// through probation instead of evicting the resident set.
+const STREAM_TOKENS: usize = 64;
 /// Most experts per token the router kernel takes.
 const MAX_K: usize = 64;
 /// Softmax routing over at most 32 × this many experts (and k ≤ 32) runs
@@ -443,9 +446,17 @@ fn grouped(
         }
         cache.release(a.layer, chunk)
     };
+    // A prompt's chunk through a cache that does not hold every expert:
+    // hits first, misses into room that evicts nothing resident
+    // (`experts/cache_stream.rs`).
+    let stream = gpu.opts.prompt_stream && !cache.resident() && !a.decode && n >= STREAM_TOKENS;
     // Copies for the next layer: the experts it used at the last token and
-    // the guess of its router, or all of them for a long chunk.
+    // the guess of its router, or all of them for a long chunk (unless the
+    // chunk streams: a whole layer's copies would evict the resident set).
     let ahead = || -> Result<()> {
+        if stream {
+            return Ok(());
+        }
         match (n, hint) {
             // The router's guesses first: they are the likelier to be used.
             (1, Some(next)) => {
@@ -470,7 +481,31 @@ fn grouped(
     let splits = split.is_some() && experts.len() <= split_max;
     let early = splits && queue_only;
     let mut cpu_part = None;
-    if !splits {
+    // Streaming needs room for two launches' misses (one copied while the
+    // other computes); a cache too small for that (`--expert-cache 0`)
+    // holds little to keep, and its misses go as a decode step's.
+    let room = match stream {
+        true => cache.stream_room()?,
+        false => 0,
+    };
+    if !splits && stream && room >= 2 * per_launch {
+        let mut hits = Vec::with_capacity(experts.len());
+        let mut misses = Vec::with_capacity(experts.len());
+        for &e in &experts {
+            match cache.holds(a.layer, e)? {
+                true => hits.push(e),
+                false => misses.push(e),
+            }
+        }
+        // Misses a launch at a time: one launch's copies while the one
+        // before computes.
+        let chunks = hits.chunks(per_launch).chain(misses.chunks(per_launch));
+        for chunk in chunks {
+            let addrs = cache.fetch_stream(io.store, a.layer, chunk)?;
+            launch(chunk, &addrs)?;
+        }
+        cache.mark(Mark::Experts)?;
+    } else if !splits {
         for chunk in experts.chunks(per_launch) {
             let addrs = cache.fetch(io.store, a.layer, chunk)?;
             launch(chunk, &addrs)?;

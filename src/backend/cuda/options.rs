@@ -73,6 +73,10 @@ pub struct CudaOptions {
     /// Time the parts of each streamed decode step's MoE layer on the GPU
     /// (`timeline.rs`; `bench` prints them).
     pub trace_layers: bool,
+    /// A prompt's chunk uses the experts the cache holds and streams its
+    /// misses through probation (`experts/cache_stream.rs`); off, its
+    /// misses are placed as a decode step's are.
+    pub prompt_stream: bool,
 }
 
 impl Default for CudaOptions {
@@ -86,6 +90,7 @@ impl Default for CudaOptions {
             kernel_cache: None,
             tensor_cores: true,
             trace_layers: false,
+            prompt_stream: true,
         }
     }
 }

@@ -97,6 +97,10 @@ pub(crate) struct ExpertCache {
     timeline: Option<Timeline>,
 }
 
+/// Slots of the stream ring: four launches' worth, so that copies run up
+/// to three launches ahead of the kernels that read them.
+const STREAM_RING: usize = 4 * super::moe::STREAM_CHUNK;
+
 fn lock_err() -> Error {
     Error::Backend {
         backend: "cuda",
@@ -141,6 +145,11 @@ impl ExpertCache {
         let held = table.hold(&tiers.held)?;
         // `free_slots` counts on this.
         debug_assert_eq!(table.free_slots(), n_slots - tiers.held.len() * n_experts);
+        // A prompt's misses stream through a ring of a few launches' slots,
+        // where the cache is large enough to spare them (a sixteenth).
+        if !resident && table.free_slots() >= 16 * STREAM_RING {
+            table.set_stream_ring(STREAM_RING);
+        }
         // A resident cache stages only while it loads (`load_all`).
         let staged = !resident && !registered(&host, moe_layers);
         let staging = match staged {
@@ -330,15 +339,44 @@ impl ExpertCache {
     ) -> Result<Vec<Option<u64>>> {
         let mut st = self.st.lock().map_err(|_| lock_err())?;
         let addrs = self.lookup(&mut st, store, layer, experts, false, host)?;
-        self.flush(&st)?;
+        self.wait_copies(&mut st)?;
+        Ok(addrs)
+    }
+
+    /// [`ExpertCache::fetch`] for a prompt's chunk: hits where they are,
+    /// misses into room that evicts nothing resident
+    /// ([`SlotTable::place_stream`]).
+    pub fn fetch_stream(&self, store: &ExpertStore, layer: usize, experts: &[u32]) -> Result<Vec<u64>> {
+        let mut st = self.st.lock().map_err(|_| lock_err())?;
+        let places = st.table.place_stream(layer, experts)?;
+        let addrs = self.copy_in(&mut st, store, layer, experts, &places)?;
+        self.wait_copies(&mut st)?;
+        addrs
+            .into_iter()
+            .map(|a| a.ok_or_else(|| Error::Invalid("a prompt's expert was given no slot".into())))
+            .collect()
+    }
+
+    /// Whether `expert` of `layer` is in a slot now.
+    pub fn holds(&self, layer: usize, expert: u32) -> Result<bool> {
+        Ok(self.st.lock().map_err(|_| lock_err())?.table.holds(layer, expert))
+    }
+
+    /// Misses of one [`ExpertCache::fetch_stream`] call that evict nothing.
+    pub fn stream_room(&self) -> Result<usize> {
+        Ok(self.st.lock().map_err(|_| lock_err())?.table.stream_room())
+    }
+
+    /// Issue the queued copies and make the compute stream wait for them.
+    fn wait_copies(&self, st: &mut State) -> Result<()> {
+        self.flush(st)?;
         self.mark(Mark::Wait)?;
         if st.pending {
             st.copied.record(self.gpu.copy)?;
             st.copied.wait_on(self.gpu.stream)?;
             st.pending = false;
         }
-        self.mark(Mark::Copied)?;
-        Ok(addrs)
+        self.mark(Mark::Copied)
     }
 
     /// Mark the slots of `experts` of `layer` as read by the work queued on
