@@ -485,6 +485,26 @@ pub fn check_moe<B: Backend>(b: &B) {
                 norm_topk_prob: false,
             },
         ),
+        (
+            4,
+            6,
+            2,
+            Routing::SoftmaxGroups {
+                n_group: 3,
+                topk_group: 2,
+                routed_scaling_factor: 16.0,
+            },
+        ),
+        (
+            8,
+            3,
+            3,
+            Routing::SoftmaxGroups {
+                n_group: 1,
+                topk_group: 1,
+                routed_scaling_factor: 1.0,
+            },
+        ),
     ];
     for (bits, n, k, routing) in &cases {
         moe_case(b, &mut rng, (*bits, 32), (128, 64, 6), *n, *k, routing, 5e-6);
@@ -505,6 +525,11 @@ pub fn check_moe_nan<B: Backend>(b: &B) {
             topk_group: 1,
             routed_scaling_factor: 1.0,
             norm_topk_prob: true,
+        },
+        Routing::SoftmaxGroups {
+            n_group: 2,
+            topk_group: 1,
+            routed_scaling_factor: 1.0,
         },
     ];
     for routing in &routings {
