@@ -113,11 +113,11 @@ MINIMAX_M2_CONFIG = _common(
 )
 
 
-# As MiniMax-M2 ships: fp8 e4m3 with 128x128 block scales; hidden 192 so
-# that blocks are partial.
+# As MiniMax-M2 ships: fp8 e4m3 with 128x128 block scales; hidden 256 so
+# that some blocks are partial (q_proj rows 192, down_proj cols 64).
 MINIMAX_M2_FP8_CONFIG = dict(
     MINIMAX_M2_CONFIG,
-    hidden_size=192,
+    hidden_size=256,
     quantization_config={
         "activation_scheme": "dynamic",
         "fmt": "float8_e4m3fn",
