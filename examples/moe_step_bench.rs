@@ -13,7 +13,8 @@
 //! of a streamed CUDA token are a few hundred µs apart). Prints a markdown
 //! table: experts a step, median and mean µs, GB/s of expert bytes at the
 //! median. What it is for: a step's cost that does not depend on its size
-//! (BENCHMARKS, "Where a streamed token's time goes, from the host").
+//! (docs/notes/2026-11-22-to-12-02-benchmark-log.md, "Where a streamed token's
+//! time goes, from the host").
 
 mod common;
 use common::{l3_bytes, quant_matrix};

@@ -192,8 +192,9 @@ fn open_cuda(
         // One layer's experts, and with prefetch as many again, so that the
         // next layer's guessed experts (its router run on this layer's
         // input) are copied while this layer computes. (Three layers' worth
-        // also let the previous token's experts be copied: slower, 37.4
-        // against 60.7 tok/s on the H100.)
+        // also let the previous token's experts be copied: slower on the
+        // H100; docs/notes/2026-11-22-to-12-02-benchmark-log.md, "The
+        // streaming core: slot table, hybrid misses, skewed routing".)
         min_slots: config.num_experts_per_tok * if opts.prefetch { 2 } else { 1 },
         hybrid: opts.hybrid,
         host_threads: opts.threads,
@@ -248,9 +249,10 @@ const MAX_CUDA_CHUNK: usize = 4096;
 
 /// Tokens per prefill chunk for `cfg` on `device`. CUDA: as long as the
 /// activations allow, up to 4096 — every expert a chunk needs is read (and
-/// while streaming, copied) once for all its tokens: on the H100, pp4096
-/// at a 25% cache runs at 1328 tok/s in chunks of 512 and 2006 in one
-/// chunk (resident: 1724 and 2051). The CPU keeps 512.
+/// while streaming, copied) once for all its tokens, so longer chunks were
+/// faster on the H100, streamed and resident
+/// (docs/notes/2026-11-22-to-12-02-benchmark-log.md, "Prefill chunk length on
+/// CUDA"). The CPU keeps 512.
 fn prefill_chunk(cfg: &ModelConfig, device: Device) -> usize {
     match device {
         Device::Cuda(_) => {
@@ -277,8 +279,8 @@ impl Model {
         let device = choose(opts.device, &opts.notify);
         // CUDA keeps its own choice for `Auto`: it maps the files itself
         // when they fit and otherwise reads misses with pread, the page
-        // cache holding what it can (measured in a 16 GB cgroup with 18 GB
-        // of experts: pread 7.5 tok/s, O_DIRECT 2.75 — the disk's rate).
+        // cache holding what it can (faster than O_DIRECT in a 16 GB cgroup
+        // with 18 GB of experts: docs/streaming.md, "Measured").
         let io_mode = match (device, opts.io_mode) {
             (Device::Cuda(_), IoMode::Auto) => IoMode::Pread,
             (_, mode) => mode,

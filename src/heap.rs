@@ -4,11 +4,10 @@
 //! chunk: buffers of 4–16 MiB a layer). glibc serves blocks that large
 //! with `mmap` and gives them back to the kernel when they are freed, so
 //! every layer faulted its buffers in again, 4 KiB at a time, zeroed by
-//! the kernel: on the 16-core device host 1.29 million page faults in a
-//! `bench --device cpu -p 512 -n 0 -r 2` run (four 512-token passes;
-//! 0.29 million with this), and pp512 went from 150 to 187–199 tok/s
-//! with this and the AMX change of the same day (BENCHMARKS.md, "no page
-//! faults between layers"). [`retain_freed_memory`] keeps such blocks in
+//! the kernel (docs/cpu.md, "Memory the heap keeps";
+//! docs/notes/2026-11-22-to-12-02-benchmark-log.md, "AMX groups unpacked into
+//! L1, and no page faults between layers"). [`retain_freed_memory`] keeps such
+//! blocks in
 //! the heap for the next layer instead.
 
 /// Keep freed blocks of up to 32 MiB (more than any buffer of a

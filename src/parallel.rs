@@ -39,9 +39,10 @@ struct Job<'a> {
     grain: usize,
     /// The next task to take and the tasks done, each on a cache line of
     /// its own (the threads take from the first while finished ones add
-    /// to the second), and `done` added to once per thread: with these,
-    /// an empty loop of 64 tasks took 4.4 µs on the 16-core device host,
-    /// against 10.7 (BENCHMARKS, "The spinning pool's counters").
+    /// to the second), and `done` added to once per thread: an empty loop took
+    /// less than half the time on the 16-core device host
+    /// (docs/notes/2026-11-22-to-12-02-benchmark-log.md, "The spinning pool's
+    /// counters on their own cache lines").
     next: Line<AtomicUsize>,
     done: Line<AtomicUsize>,
     /// A task's panic, raised again on the caller.

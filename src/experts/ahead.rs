@@ -13,9 +13,11 @@
 //! guesses drop those of any other layer not asked for (wrong guesses).
 //!
 //! Every guess costs a read of the disk that also serves the misses, and
-//! the later guesses (lower router scores) are more often wrong: all 8
-//! of 8 made decode slower than none on the development VM, 1–4 faster
-//! (BENCHMARKS). How many of the best are read is tuned on token times
+//! the later guesses (lower router scores) are more often wrong: all of them
+//! made decode slower than none on the development VM, a few faster
+//! (docs/notes/2026-11-22-to-12-02-benchmark-log.md, "The CPU reads the next
+//! layer's guesses ahead from disk"). How many of the best are read is tuned on
+//! token times
 //! ([`GuessTuner`]), from a quarter of them.
 
 use super::GuessTuner;

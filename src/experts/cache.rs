@@ -392,8 +392,9 @@ impl SlotTable {
     /// where the free slots hold `n` for every MoE layer (a token's
     /// guesses). In a smaller cache nothing stays until the next token,
     /// so what a guess would evict is not asked for again anyway, and the
-    /// counts that admission compares say nothing (measured at 16 slots:
-    /// 3–4% slower with admission).
+    /// counts that admission compares say nothing (at 16 slots admission was
+    /// slower: docs/notes/2026-11-22-to-12-02-benchmark-log.md, "The router's
+    /// guesses through the cache's admission").
     fn guesses_admitted(&self, n: usize) -> bool {
         self.free_slots() >= self.moe_layers.len() * n
     }

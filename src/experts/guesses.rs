@@ -14,9 +14,10 @@
 //! chance), turning back otherwise (so it stays at the best count or next
 //! to it).
 
-/// Where the count starts: three quarters of the guesses. On the H100
-/// host (BENCHMARKS.md) 6 of 8 was at least as fast as 8 at 0%, 25% and
-/// 50% of the experts cached, and the best count lay at 4 to 6.
+/// Where the count starts: three quarters of the guesses. On the H100 host 6 of
+/// 8 was at least as fast as 8 at every cache size measured, and the best count
+/// lay below it (docs/notes/2026-11-22-to-12-02-benchmark-log.md, "Hybrid
+/// misses on spinning workers, guesses tuned").
 fn start(k: usize) -> usize {
     (3 * k).div_ceil(4).max(1)
 }

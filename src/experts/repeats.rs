@@ -15,8 +15,10 @@
 /// Copies of the last token's experts run while a layer uses at least
 /// this share of them again at its next token. A router's guess of a
 /// lower rank that is used this often is about where more guesses stop
-/// paying (BENCHMARKS: the guess counts tuned on token times ended where
-/// the next rank was used 75–90% of the time); an expert used again is
+/// paying (the guess counts tuned on token times ended where the next rank was
+/// used most of the time: docs/notes/2026-11-22-to-12-02-benchmark-log.md, "The
+/// last token's experts copied only while layers reuse them"); an expert used
+/// again is
 /// often already in a slot and then costs nothing, so the bar is lower.
 pub const REPEAT_MIN: f64 = 0.5;
 

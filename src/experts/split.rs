@@ -10,9 +10,10 @@ use crate::error::{Error, Result};
 
 /// `--hybrid`: who computes the experts that are not on the device.
 /// `Auto` by default where the expert files are registered with the
-/// driver: on the H200 host it decoded 1.38× as fast as `Off` at `0%`,
-/// 1.06× at 25% and 0.99× at 50% (BENCHMARKS.md, "Streaming without CUDA
-/// graphs"); `Off` by default where misses go through staging buffers
+/// driver: on the H200 host it decoded faster than `Off` at `0%` and 25% and as
+/// fast at 50% (docs/notes/2026-11-22-to-12-02-benchmark-log.md, "Streaming
+/// without CUDA graphs"; docs/streaming.md); `Off` by default where misses go
+/// through staging buffers
 /// (the split was not measured there). See `engine::Options::hybrid`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Hybrid {
@@ -102,10 +103,9 @@ pub struct SplitModel {
 /// Exponentially weighted sums of the CPU steps' work `w` (bytes × tokens)
 /// and time `t`, for the line `t ≈ fixed + per_byte · w`: the start-up
 /// timing runs with hot weights and no copies reading host memory, and
-/// a per-byte cost corrected alone fits the steps at one size only. On
-/// the H200 host the fitted line came out at 21–39 µs and 53–100 GB/s
-/// in decode (BENCHMARKS, "The CPU's share handed over first, the split
-/// fitted online").
+/// a per-byte cost corrected alone fits the steps at one size only
+/// (docs/notes/2026-11-22-to-12-02-benchmark-log.md, "The CPU's share handed
+/// over first, the split fitted online").
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 struct Fit {
     n: f64,
@@ -159,9 +159,10 @@ impl Fit {
 /// step: the CPU's workers sleep after a while without work, and the
 /// first step after such a pause pays their waking (a cold step, which
 /// the fit leaves out, [`SplitModel::observe`]); the next ones show the
-/// cost of a CPU kept busy. On the H200 host, a start that judged the
-/// CPU slow gave it 8–28 steps in 10,240 and decoded 25% cached at 100
-/// tok/s where the split that kept the CPU busy ran 125 (BENCHMARKS).
+/// cost of a CPU kept busy. On the H200 host, a start that judged the CPU slow
+/// almost never gave it a step, and decoded slower than the split that kept the
+/// CPU busy (docs/notes/2026-11-22-to-12-02-benchmark-log.md, "The split
+/// starving its own measurements").
 const EXPLORE_EVERY: u32 = 64;
 const PROBE_STEPS: u32 = 8;
 

@@ -13,8 +13,9 @@
 #   $P report -i /tmp/cg.data --children --stdio --no-call-graph | head -100
 #
 # (-t follows the thread that drives the GPU; `--sort pid` without -t
-# gives every thread's share.) BENCHMARKS "Where a streamed token's time
-# goes, from the host" was measured this way.
+# gives every thread's share.) "Where a streamed token's time goes, from
+# the host" in docs/notes/2026-11-22-to-12-02-benchmark-log.md was
+# measured this way.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 perf=$(readlink -f "$(command -v perf)")

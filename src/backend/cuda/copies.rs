@@ -1,9 +1,9 @@
 //! Host→device copies of expert-sized pieces from memory registered with
 //! the driver, queued as one batch where the driver has
-//! `cuMemcpyBatchAsync` (CUDA 13 drivers): on the lent H200, 1.77 MB
-//! pieces copied one call each ran at 50.8 GB/s, in batches of 8 at 54.8
-//! and of 64 at 55.3, the rate of one large copy (BENCHMARKS, "Expert
-//! copies in batches"; `tools/device/copy_rate.cu`). Older drivers, and a
+//! `cuMemcpyBatchAsync` (CUDA 13 drivers): on the lent H200, batches of
+//! expert-sized pieces reach the rate of one large copy, and one call a piece
+//! does not (docs/notes/2026-11-22-to-12-02-benchmark-log.md, "Expert copies in
+//! batches"; `tools/device/copy_rate.cu`). Older drivers, and a
 //! driver that refuses a batch, get one `cuMemcpyHtoDAsync` a piece.
 
 use super::driver::Check;

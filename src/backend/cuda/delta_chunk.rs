@@ -32,9 +32,9 @@ const PL: usize = 68;
 /// U transposed, the state rows, G and the decays.
 const SCAN_SMEM: usize = (3 * T * LD + T * PL + T * UL + RB * PL + RB * LD + 2 * T) * 4;
 /// Fewest tokens that take the chunked form (fewer: `delta_scan`): below
-/// two chunks the token-by-token scan was as fast or faster (H100, pp64
-/// 1.3% slower chunked, pp96 and pp128 within the spread, pp192 and
-/// pp256 2–5% faster; BENCHMARKS.md).
+/// two chunks the token-by-token scan was as fast or faster on the H100
+/// (docs/notes/2026-11-22-to-12-02-benchmark-log.md, "Chunked GatedDeltaNet for
+/// CUDA prefill").
 const MIN_TOKENS: usize = 2 * T;
 
 /// Whether a prefill chunk of `n` tokens runs the chunked recurrence.

@@ -52,8 +52,9 @@ macro_rules! cuda_args {
 /// Largest grid (in blocks) launched with programmatic stream serialization.
 const PDL_MAX_BLOCKS: u64 = 1056;
 /// Passes of at most this many tokens launch with programmatic stream
-/// serialization: on the H100 it gains decode 4–15% and cost a 512-token
-/// prefill 5.5% when every pass used it (BENCHMARKS.md). 16 covers a
+/// serialization: on the H100 it gained decode and cost prefill when every pass
+/// used it (docs/notes/2026-11-22-to-12-02-benchmark-log.md, "Programmatic
+/// dependent launch in decode only"). 16 covers a
 /// batched decode step of up to 16 sequences.
 pub(crate) const PDL_MAX_TOKENS: usize = 16;
 

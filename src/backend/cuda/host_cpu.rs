@@ -8,9 +8,9 @@
 //! the kernel that adds the CPU's sum (`add_units`) waits on the GPU
 //! until the step has written it. (When that thread
 //! computed the step itself, the GPU waited after each step for the
-//! combine and the next layer's launches to be captured: 45–60 µs a
-//! layer on the H200, BENCHMARKS "Where a streamed MoE layer's time
-//! goes".)
+//! combine and the next layer's launches to be captured:
+//! docs/notes/2026-11-22-to-12-02-benchmark-log.md, "Where a streamed MoE
+//! layer's time goes".)
 
 use super::buf::Pinned;
 use super::driver::{Event, Gpu};

@@ -52,11 +52,11 @@ const fn qt_smem(t: usize, cols: usize) -> usize {
 const QT_STATIC_SMEM: usize = 8 * QT_TILE * 4 * 4;
 
 /// Tokens of a `matvec_qt` tile (`QT_TILE` in kernels/matvec_q.cu): the
-/// tiles of a product run side by side in one grid. In one H100 lease,
-/// 8 streams of a resident decode (`bench -p 0 -n 64 -r 2 --parallel 8`,
-/// two rounds) ran 689 and 496 tok/s with tiles of 2, 541 and 508 with
-/// tiles of 4, 440 and 428 with one tile of 8; 4 streams 589–610 with
-/// tiles of 2 or 4 (BENCHMARKS.md, issue 13).
+/// tiles of a product run side by side in one grid. For 8 streams of a resident
+/// decode on the H100, tiles of 2 and of 4 beat one tile of 8, and 4 streams
+/// ran alike with tiles of 2 or 4
+/// (docs/notes/2026-11-22-to-12-02-benchmark-log.md, "Batched decode:
+/// `matvec_q` for tiles of tokens").
 const QT_TILE: usize = 2;
 
 /// Whether `matvec_q`'s arithmetic takes rows of weight format code

@@ -233,9 +233,10 @@ impl CudaBackend {
         let load_s = t0.elapsed().as_secs_f64();
         if !cache.resident() {
             // Every streamed MoE step waits for its routing on the host, so
-            // graph segments stay short: on the H200 decode ran 0–11%
-            // faster launching directly, prefill the same (BENCHMARKS
-            // "Where a streamed MoE layer's time goes").
+            // graph segments stay short: on the H200 decode ran as fast or
+            // faster launching directly, prefill the same
+            // (docs/notes/2026-11-22-to-12-02-benchmark-log.md, "Streaming
+            // without CUDA graphs").
             self.gpu.set_graphs(false)?;
         }
         let hybrid = req.hybrid.unwrap_or(match cache.copies_queue_only() {

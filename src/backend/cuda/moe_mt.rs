@@ -18,9 +18,10 @@ use std::sync::Arc;
 
 /// Tokens a step must have for these kernels. Fewer keep the f32 kernels
 /// (`moe_up_routed` and `moe_down_combine` when resident): with their two
-/// splits and the combine as three more launches a layer, these lost at
-/// 2 tokens (446 and 422 tok/s against 461 and 462, H100, resident,
-/// BENCHMARKS.md). Above 16 the prefill kernels (`moe_up_tc`,
+/// splits and the combine as three more launches a layer, these lost at 2
+/// tokens (docs/notes/2026-11-22-to-12-02-benchmark-log.md, "Routed experts of
+/// batched decode steps on tensor cores"). Above 16 the prefill kernels
+/// (`moe_up_tc`,
 /// `moe_down_tc`) take the step.
 const TOKENS: std::ops::RangeInclusive<usize> = 5..=super::driver::PDL_MAX_TOKENS;
 /// 16-row tiles of gate and of up a block of `moe_up_mt` takes

@@ -18,15 +18,12 @@ const DC_ROWS: usize = 32;
 /// Rows of a token per `moe_down_combine` block for `n` tokens: the most
 /// (4, 8, 16 or DC_ROWS) that still make two blocks per SM, or for one
 /// token one block per SM. With DC_ROWS for one token the 64 blocks of a
-/// 2048-row layer left half the H100's SMs idle and one stream's decode
-/// fell from 293 to 257 tok/s; with 4 for 8 tokens, 4,096 blocks did
-/// little each and the kernel took 69 µs (ncu) where 32 rows take 41. On
-/// the H200 (132 SMs), one token's 8 pairs in blocks of 4 rows (512
-/// blocks, 8 items for a block's 16 lane sets: half of them idle) took
-/// 13.9 µs, in blocks of 8 (256 blocks) 8.7, of 16 10.7, and resident
-/// decode went from 302–308 to 316–324 tok/s with 8; 4 streams with one
-/// block per SM were 2% slower (758 against 775 tok/s), so several
-/// tokens keep two (BENCHMARKS.md).
+/// 2048-row layer left half the H100's SMs idle; with 4 for 8 tokens, 4,096
+/// blocks did little each. On the H200 (132 SMs), one token's 8 pairs in blocks
+/// of 4 rows left half of a block's lane sets idle, and blocks of 8 were the
+/// fastest; 4 streams with one block per SM were slower, so several tokens keep
+/// two (docs/notes/2026-11-22-to-12-02-benchmark-log.md, "One token's
+/// `moe_down_combine` in blocks of 8 rows on the H200").
 fn dc_rows(gpu: &Gpu, n: usize, hidden: usize) -> usize {
     let blocks = match n {
         1 => gpu.sms,

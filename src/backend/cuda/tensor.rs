@@ -38,8 +38,9 @@ pub(crate) const MIN_TOKENS: usize = super::driver::PDL_MAX_TOKENS + 1;
 pub(crate) const STEP_MIN_ROWS: usize = 512;
 
 /// ... and of at least this many tokens: with fewer, most of the 16-token
-/// tile idles (H100, resident, one lease: 2 streams 258.8 tok/s without
-/// the tile, 236.0 with it; 4 streams 430.1 and 388.7; BENCHMARKS.md).
+/// tile idles, and 2 and 4 streams of a resident decode were slower with it on
+/// the H100 (docs/notes/2026-11-22-to-12-02-benchmark-log.md, "Batched token
+/// mixers and the logits stage").
 pub(crate) const STEP_MIN_TOKENS: usize = 5;
 
 /// Whether the tensor-core kernels take a matrix of weight format code
@@ -76,8 +77,9 @@ pub(crate) const fn smem_bytes(bn: usize) -> u32 {
 /// means up to 24, else 64. A group longer than its tile takes a second
 /// pass over its weights for the tokens left: with tiles of 16, a mean of
 /// 16 (Qwen3.6 shape, pp512: 256 experts) unpacks the weights of about 4
-/// groups in 10 twice (Poisson counts). Tiles of 32 there took Qwen3.6
-/// shape pp512 from 7898 to 8835–8896 tok/s (H100, BENCHMARKS.md).
+/// groups in 10 twice (Poisson counts). Tiles of 32 made the Qwen3.6 shape's
+/// pp512 faster on the H100 (docs/notes/2026-11-22-to-12-02-benchmark-log.md,
+/// "Product steps without rematerialized addresses; tiles of 32 tokens").
 pub(crate) fn expert_tile(pairs: usize, groups: usize) -> usize {
     match pairs {
         p if p <= 8 * groups => 16,
