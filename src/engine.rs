@@ -234,6 +234,8 @@ pub struct Model {
     pub(crate) store: Arc<ExpertStore>,
     config: ModelConfig,
     name: String,
+    /// What tells this model from another ([`Model::identity`]).
+    identity: String,
     /// Tokens per prefill chunk of a new session ([`Model::prefill_chunk`]).
     chunk: usize,
 }
@@ -245,6 +247,21 @@ pub const DEFAULT_CHUNK: usize = 512;
 const CHUNK_ACTIVATION_BYTES: usize = 1 << 30;
 /// The longest CUDA prefill chunk.
 const MAX_CUDA_CHUNK: usize = 4096;
+
+/// [`Model::identity`] of the model in `dir`.
+fn identity(dir: &Path, cfg: &ModelConfig) -> Result<String> {
+    let path = dir.join(crate::format::packed::MANIFEST_FILE);
+    let manifest = std::fs::read(&path).map_err(|e| Error::io(&path, e))?;
+    Ok(format!(
+        "{} (hidden {}, {} layers, {} experts, vocab {}, manifest crc32 {:08x})",
+        cfg.model_type,
+        cfg.hidden_size,
+        cfg.num_hidden_layers,
+        cfg.num_experts,
+        cfg.vocab_size,
+        crate::checksum::crc32(&manifest)
+    ))
+}
 
 /// Tokens per prefill chunk for `cfg` on `device`. CUDA: as long as the
 /// activations allow, up to 4096 — every expert a chunk needs is read (and
@@ -343,6 +360,7 @@ impl Model {
             cache,
             store,
             name: wf.manifest.model.clone(),
+            identity: identity(dir, &config)?,
             chunk: prefill_chunk(&config, device),
             config,
         })
@@ -365,6 +383,13 @@ impl Model {
     }
     pub fn name(&self) -> &str {
         &self.name
+    }
+    /// What tells this model from another of the same shape: its type and
+    /// shapes, and a CRC-32 of its manifest (`model_weights.json`, which
+    /// holds every dense tensor's place and, from convert, checksums).
+    /// Chat saves record it.
+    pub fn identity(&self) -> &str {
+        &self.identity
     }
     pub fn device_name(&self) -> &'static str {
         match &self.engine {
