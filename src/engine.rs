@@ -7,7 +7,8 @@ use crate::check;
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::experts::{CacheSize, CacheStats, ExpertStore, Hybrid, IoMode};
-use crate::format::packed::{Layout, WeightsFile, EXPERTS_DIR, LAYOUT_FILE};
+use crate::format::packed::{expert_file_name, Layout, WeightsFile, EXPERTS_DIR, LAYOUT_FILE, WEIGHTS_FILE};
+use crate::format::watch::FileWatch;
 use crate::model::{Net, SeqStep, State};
 use crate::notify::Notifier;
 use std::path::Path;
@@ -236,6 +237,8 @@ pub struct Model {
     name: String,
     /// What tells this model from another ([`Model::identity`]).
     identity: String,
+    /// The files it reads while it runs, checked before each evaluation.
+    files: FileWatch,
     /// Tokens per prefill chunk of a new session ([`Model::prefill_chunk`]).
     chunk: usize,
 }
@@ -301,6 +304,13 @@ impl Model {
             (_, mode) => mode,
         };
         let mut store = ExpertStore::open(dir, config.num_hidden_layers, io_mode, opts.io_threads)?;
+        let files = FileWatch::new(
+            std::iter::once(dir.join(WEIGHTS_FILE)).chain(
+                (0..config.num_hidden_layers)
+                    .filter(|&i| store.layout().layer(i).is_some())
+                    .map(|i| dir.join(EXPERTS_DIR).join(expert_file_name(i))),
+            ),
+        )?;
         if io_mode == IoMode::Direct && store.mode() != IoMode::Direct {
             opts.notify.say(&format!(
                 "warning: the filesystem refuses O_DIRECT; reading experts with {} instead",
@@ -361,6 +371,7 @@ impl Model {
             store,
             name: wf.manifest.model.clone(),
             identity: identity(dir, &config)?,
+            files,
             chunk: prefill_chunk(&config, device),
             config,
         })
@@ -553,6 +564,7 @@ impl Model {
     }
 
     pub(crate) fn forward(&self, st: &mut EngineState, tokens: &[u32], pos0: usize, all: bool) -> Result<Vec<f32>> {
+        self.files.check()?;
         match (&self.engine, st) {
             (Engine::Cpu(n), EngineState::Cpu(s)) => {
                 n.b.run_for(tokens.len(), || n.forward(s, &self.store, tokens, pos0, all))
@@ -564,6 +576,7 @@ impl Model {
 
     /// One forward pass over several sequences (`Net::forward_batch`).
     pub(crate) fn forward_batch(&self, steps: &mut [EngineStep<'_>]) -> Result<Vec<Vec<f32>>> {
+        self.files.check()?;
         match &self.engine {
             Engine::Cpu(n) => {
                 let tokens = steps.iter().map(|s| s.tokens.len()).sum();

@@ -8,6 +8,7 @@ pub mod outdir;
 pub mod packed;
 pub mod quant;
 pub mod safetensors;
+pub mod watch;
 
 use crate::error::{Error, Result};
 use half::{bf16, f16};
