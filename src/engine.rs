@@ -482,6 +482,15 @@ impl Model {
         with_net!(&self.engine, n => &n.timer)
     }
 
+    /// Check each layer's output for NaN (`--check-nan`): a step that
+    /// produces one fails with an error naming the layer. It copies the
+    /// residual stream to the host after every layer, so it is off by
+    /// default; without it, logits that are all NaN or −∞ are still an
+    /// error, without the layer.
+    pub fn set_check_nan(&self, on: bool) {
+        with_net!(&self.engine, n => &n.check_nan).store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// Turn the per-phase timing of `--timing` on or off (it synchronizes
     /// the device at phase boundaries, so it costs a little when on).
     pub fn set_timing(&self, on: bool) {
@@ -565,27 +574,55 @@ impl Model {
 
     pub(crate) fn forward(&self, st: &mut EngineState, tokens: &[u32], pos0: usize, all: bool) -> Result<Vec<f32>> {
         self.files.check()?;
-        match (&self.engine, st) {
+        let out = match (&self.engine, st) {
             (Engine::Cpu(n), EngineState::Cpu(s)) => {
                 n.b.run_for(tokens.len(), || n.forward(s, &self.store, tokens, pos0, all))
             }
             (Engine::Cuda(n), EngineState::Cuda(s)) => n.forward(s, &self.store, tokens, pos0, all),
             _ => Err(Error::Invalid("a session state of another device".into())),
-        }
+        }?;
+        let first = if all { pos0 } else { pos0 + tokens.len() - 1 };
+        check_logits(&out, self.n_vocab(), first)?;
+        Ok(out)
     }
 
     /// One forward pass over several sequences (`Net::forward_batch`).
     pub(crate) fn forward_batch(&self, steps: &mut [EngineStep<'_>]) -> Result<Vec<Vec<f32>>> {
         self.files.check()?;
-        match &self.engine {
+        let out = match &self.engine {
             Engine::Cpu(n) => {
                 let tokens = steps.iter().map(|s| s.tokens.len()).sum();
                 let mut seqs = seq_steps(steps)?;
                 n.b.run_for(tokens, || n.forward_batch(&mut seqs, &self.store))
             }
             Engine::Cuda(n) => n.forward_batch(&mut seq_steps(steps)?, &self.store),
+        }?;
+        for (s, logits) in steps.iter().zip(&out) {
+            let first = if s.all { s.pos0 } else { s.pos0 + s.tokens.len() - 1 };
+            check_logits(logits, self.n_vocab(), first)?;
+        }
+        Ok(out)
+    }
+}
+
+/// An error when a row of `logits` (`[rows, vocab]`, the first at position
+/// `first`) has no usable value: all NaN or −∞ (sampling could only pick a
+/// token at random, and the text would be noise).
+fn check_logits(logits: &[f32], vocab: usize, first: usize) -> Result<()> {
+    for (r, row) in logits.chunks(vocab.max(1)).enumerate() {
+        if row.iter().all(|v| v.is_nan() || *v == f32::NEG_INFINITY) {
+            let what = if row.iter().all(|v| v.is_nan()) {
+                "NaN"
+            } else {
+                "NaN or −∞"
+            };
+            return Err(Error::Numeric(format!(
+                "the logits at position {} are all {what}: the model's weights or its computation are broken (--check-nan names the first layer that outputs NaN; `moeflux inspect --verify` checks the files)",
+                first + r
+            )));
         }
     }
+    Ok(())
 }
 
 /// A backend's own variant of [`EngineState`].

@@ -2,6 +2,7 @@
 //! directory we write and run from, MLX affine quantization, and the
 //! converter.
 
+pub mod checksums;
 pub mod convert;
 pub mod gguf;
 pub mod outdir;
