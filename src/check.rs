@@ -9,6 +9,7 @@ use crate::error::{Error, Result};
 use crate::experts::check_layer_file;
 use crate::format::packed::{expert_file_name, Layout, WeightsFile, EXPERTS_DIR, LAYOUT_FILE, MANIFEST_FILE};
 use crate::model::Net;
+use crate::text::{GenerationDefaults, SamplingParams, Tokenizer};
 use std::path::Path;
 
 /// Whether `dir` is a checkpoint as downloaded (`config.json` and
@@ -50,6 +51,15 @@ pub fn not_a_source_checkpoint(dir: &Path) -> Result<()> {
 pub fn moe_layouts(cfg: &ModelConfig, layout: &Layout) -> Vec<Error> {
     let where_ = format!("{EXPERTS_DIR}/{LAYOUT_FILE}");
     let mut found = Vec::new();
+    if layout.num_layers != cfg.num_hidden_layers {
+        found.push(Error::format(
+            &where_,
+            format!(
+                "num_layers {} but config.json says num_hidden_layers {}",
+                layout.num_layers, cfg.num_hidden_layers
+            ),
+        ));
+    }
     if layout.num_experts != cfg.num_experts {
         found.push(Error::format(
             &where_,
@@ -78,9 +88,47 @@ pub fn moe_layouts(cfg: &ModelConfig, layout: &Layout) -> Vec<Error> {
     found
 }
 
+/// Every problem of the text files that `run` and `serve` read beside the
+/// weights (`tokenizer.json`, `tokenizer_config.json`,
+/// `generation_config.json`), with the functions they read them with.
+pub fn text_problems(dir: &Path) -> Vec<Error> {
+    let mut found = Vec::new();
+    if let Err(e) = sampling_defaults(dir) {
+        found.push(e);
+    }
+    if let Err(e) = Tokenizer::from_dir(dir) {
+        // An error in generation_config.json is reported once.
+        if !found.iter().any(|f| f.to_string() == e.to_string()) {
+            found.push(e);
+        }
+    }
+    found
+}
+
+/// The sampling parameters of `generation_config.json` (the defaults when
+/// it is absent), checked as sampling checks them.
+pub fn sampling_defaults(dir: &Path) -> Result<SamplingParams> {
+    let path = dir.join("generation_config.json");
+    let p = SamplingParams::from_defaults(&GenerationDefaults::from_dir(dir)?);
+    p.validate().map_err(|e| Error::format(&path, e.to_string()))?;
+    Ok(p)
+}
+
+/// Every problem of the packed model in `dir` that `Model::open`, or
+/// `run` and `serve` reading its text files, would stop at; empty when it
+/// opens.
+pub fn problems(dir: &Path) -> Vec<Error> {
+    if let Err(e) = not_a_source_checkpoint(dir) {
+        return vec![e];
+    }
+    let mut found = model_problems(dir);
+    found.extend(text_problems(dir));
+    found
+}
+
 /// Every problem of the packed model in `dir` that `Model::open` would
 /// stop at; empty when it opens.
-pub fn problems(dir: &Path) -> Vec<Error> {
+pub fn model_problems(dir: &Path) -> Vec<Error> {
     if let Err(e) = not_a_source_checkpoint(dir) {
         return vec![e];
     }

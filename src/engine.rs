@@ -7,7 +7,8 @@ use crate::check;
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::experts::{CacheSize, CacheStats, ExpertStore, Hybrid, IoMode};
-use crate::format::packed::{Layout, WeightsFile, EXPERTS_DIR, LAYOUT_FILE};
+use crate::format::packed::{expert_file_name, Layout, WeightsFile, EXPERTS_DIR, LAYOUT_FILE, WEIGHTS_FILE};
+use crate::format::watch::FileWatch;
 use crate::model::{Net, SeqStep, State};
 use crate::notify::Notifier;
 use std::path::Path;
@@ -235,6 +236,10 @@ pub struct Model {
     pub(crate) store: Arc<ExpertStore>,
     config: ModelConfig,
     name: String,
+    /// What tells this model from another ([`Model::identity`]).
+    identity: String,
+    /// The files it reads while it runs, checked before each evaluation.
+    files: FileWatch,
     /// Tokens per prefill chunk of a new session ([`Model::prefill_chunk`]).
     chunk: usize,
 }
@@ -246,6 +251,21 @@ pub const DEFAULT_CHUNK: usize = 512;
 const CHUNK_ACTIVATION_BYTES: usize = 1 << 30;
 /// The longest CUDA prefill chunk.
 const MAX_CUDA_CHUNK: usize = 4096;
+
+/// [`Model::identity`] of the model in `dir`.
+fn identity(dir: &Path, cfg: &ModelConfig) -> Result<String> {
+    let path = dir.join(crate::format::packed::MANIFEST_FILE);
+    let manifest = std::fs::read(&path).map_err(|e| Error::io(&path, e))?;
+    Ok(format!(
+        "{} (hidden {}, {} layers, {} experts, vocab {}, manifest crc32 {:08x})",
+        cfg.model_type,
+        cfg.hidden_size,
+        cfg.num_hidden_layers,
+        cfg.num_experts,
+        cfg.vocab_size,
+        crate::checksum::crc32(&manifest)
+    ))
+}
 
 /// Tokens per prefill chunk for `cfg` on `device`. CUDA: as long as the
 /// activations allow, up to 4096 — every expert a chunk needs is read (and
@@ -286,6 +306,13 @@ impl Model {
             (_, mode) => mode,
         };
         let mut store = ExpertStore::open(dir, config.num_hidden_layers, io_mode, opts.io_threads)?;
+        let files = FileWatch::new(
+            std::iter::once(dir.join(WEIGHTS_FILE)).chain(
+                (0..config.num_hidden_layers)
+                    .filter(|&i| store.layout().layer(i).is_some())
+                    .map(|i| dir.join(EXPERTS_DIR).join(expert_file_name(i))),
+            ),
+        )?;
         if io_mode == IoMode::Direct && store.mode() != IoMode::Direct {
             opts.notify.say(&format!(
                 "warning: the filesystem refuses O_DIRECT; reading experts with {} instead",
@@ -345,6 +372,8 @@ impl Model {
             cache,
             store,
             name: wf.manifest.model.clone(),
+            identity: identity(dir, &config)?,
+            files,
             chunk: prefill_chunk(&config, device),
             config,
         })
@@ -367,6 +396,13 @@ impl Model {
     }
     pub fn name(&self) -> &str {
         &self.name
+    }
+    /// What tells this model from another of the same shape: its type and
+    /// shapes, and a CRC-32 of its manifest (`model_weights.json`, which
+    /// holds every dense tensor's place and, from convert, checksums).
+    /// Chat saves record it.
+    pub fn identity(&self) -> &str {
+        &self.identity
     }
     pub fn device_name(&self) -> &'static str {
         match &self.engine {
@@ -446,6 +482,15 @@ impl Model {
 
     fn timer(&self) -> &crate::model::timing::PhaseTimer {
         with_net!(&self.engine, n => &n.timer)
+    }
+
+    /// Check each layer's output for NaN (`--check-nan`): a step that
+    /// produces one fails with an error naming the layer. It copies the
+    /// residual stream to the host after every layer, so it is off by
+    /// default; without it, logits that are all NaN or −∞ are still an
+    /// error, without the layer.
+    pub fn set_check_nan(&self, on: bool) {
+        with_net!(&self.engine, n => &n.check_nan).store(on, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Turn the per-phase timing of `--timing` on or off (it synchronizes
@@ -530,26 +575,56 @@ impl Model {
     }
 
     pub(crate) fn forward(&self, st: &mut EngineState, tokens: &[u32], pos0: usize, all: bool) -> Result<Vec<f32>> {
-        match (&self.engine, st) {
+        self.files.check()?;
+        let out = match (&self.engine, st) {
             (Engine::Cpu(n), EngineState::Cpu(s)) => {
                 n.b.run_for(tokens.len(), || n.forward(s, &self.store, tokens, pos0, all))
             }
             (Engine::Cuda(n), EngineState::Cuda(s)) => n.forward(s, &self.store, tokens, pos0, all),
             _ => Err(Error::Invalid("a session state of another device".into())),
-        }
+        }?;
+        let first = if all { pos0 } else { pos0 + tokens.len() - 1 };
+        check_logits(&out, self.n_vocab(), first)?;
+        Ok(out)
     }
 
     /// One forward pass over several sequences (`Net::forward_batch`).
     pub(crate) fn forward_batch(&self, steps: &mut [EngineStep<'_>]) -> Result<Vec<Vec<f32>>> {
-        match &self.engine {
+        self.files.check()?;
+        let out = match &self.engine {
             Engine::Cpu(n) => {
                 let tokens = steps.iter().map(|s| s.tokens.len()).sum();
                 let mut seqs = seq_steps(steps)?;
                 n.b.run_for(tokens, || n.forward_batch(&mut seqs, &self.store))
             }
             Engine::Cuda(n) => n.forward_batch(&mut seq_steps(steps)?, &self.store),
+        }?;
+        for (s, logits) in steps.iter().zip(&out) {
+            let first = if s.all { s.pos0 } else { s.pos0 + s.tokens.len() - 1 };
+            check_logits(logits, self.n_vocab(), first)?;
+        }
+        Ok(out)
+    }
+}
+
+/// An error when a row of `logits` (`[rows, vocab]`, the first at position
+/// `first`) has no usable value: all NaN or −∞ (sampling could only pick a
+/// token at random, and the text would be noise).
+fn check_logits(logits: &[f32], vocab: usize, first: usize) -> Result<()> {
+    for (r, row) in logits.chunks(vocab.max(1)).enumerate() {
+        if row.iter().all(|v| v.is_nan() || *v == f32::NEG_INFINITY) {
+            let what = if row.iter().all(|v| v.is_nan()) {
+                "NaN"
+            } else {
+                "NaN or −∞"
+            };
+            return Err(Error::Numeric(format!(
+                "the logits at position {} are all {what}: the model's weights or its computation are broken (--check-nan names the first layer that outputs NaN; `moeflux inspect --verify` checks the files)",
+                first + r
+            )));
         }
     }
+    Ok(())
 }
 
 /// A backend's own variant of [`EngineState`].

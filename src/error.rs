@@ -103,6 +103,11 @@ pub enum Error {
     #[error("server: {0}")]
     Server(String),
 
+    /// A step's numbers went bad: logits that are all NaN or −∞, or (with
+    /// `Model::set_check_nan`) a layer whose output holds a NaN.
+    #[error("numeric failure: {0}")]
+    Numeric(String),
+
     #[error("backend {backend}: {msg}")]
     Backend { backend: &'static str, msg: String },
 }

@@ -218,3 +218,149 @@ fn positions(stderr: &str) -> Vec<usize> {
         .filter_map(|l| l.strip_prefix("session: ")?.split_whitespace().next()?.parse().ok())
         .collect()
 }
+
+/// Regression: `/load /dev/zero` read until memory ran out. The header
+/// is checked first, the declared length bounded, and no more is read
+/// than a save of the model can hold.
+#[test]
+fn loads_read_a_bounded_number_of_bytes() {
+    let m = open_cpu(&packed("qwen3_moe"));
+    let e = chatsave::read_file(&m, Path::new("/dev/zero")).unwrap_err().to_string();
+    assert!(e.contains("/dev/zero") && e.contains("MFLXCHAT"), "{e}");
+    let tmp = tempfile::tempdir().unwrap();
+    let good = save_of(&m, 4);
+    // A conversation "length" of 2^40 bytes.
+    let mut huge = good.clone();
+    huge[12..20].copy_from_slice(&(1u64 << 40).to_le_bytes());
+    let p = tmp.path().join("huge.chat");
+    std::fs::write(&p, &huge).unwrap();
+    let e = chatsave::read_file(&m, &p).unwrap_err().to_string();
+    assert!(e.contains("over the limit"), "{e}");
+    // A valid header followed by an endless stream (a FIFO).
+    let fifo = tmp.path().join("endless.chat");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let head = good[..20].to_vec();
+    let writer = {
+        let fifo = fifo.clone();
+        std::thread::spawn(move || {
+            use std::io::Write;
+            let mut f = std::fs::OpenOptions::new().write(true).open(&fifo).unwrap();
+            f.write_all(&head).unwrap();
+            let zeros = vec![0u8; 1 << 16];
+            // Until the reader has had enough and closes its end.
+            while f.write_all(&zeros).is_ok() {}
+        })
+    };
+    let e = chatsave::read_file(&m, &fifo).unwrap_err().to_string();
+    assert!(e.contains("longer than a save of this model"), "{e}");
+    writer.join().unwrap();
+    // A good save still reads, and loads.
+    let p = tmp.path().join("good.chat");
+    std::fs::write(&p, &good).unwrap();
+    let buf = chatsave::read_file(&m, &p).unwrap();
+    let mut s = m.session().unwrap();
+    chatsave::load(&mut s, &buf, &p).unwrap();
+    assert_eq!(s.pos(), 4);
+}
+
+#[test]
+fn chat_load_of_dev_zero_is_an_error_and_the_chat_goes_on() {
+    let dst = packed("qwen3_moe");
+    let (_, stderr) = chat(&dst, "qwen3.jinja", 2, "hello\n/load /dev/zero\n/stats\n");
+    assert!(stderr.contains("/dev/zero") && stderr.contains("MFLXCHAT"), "{stderr}");
+    assert!(positions(&stderr)[0] > 0, "{stderr}");
+}
+
+/// A save made by one model is refused by another of the same shape,
+/// naming both; one made before saves recorded the model still loads.
+#[test]
+fn a_save_of_another_model_is_refused_naming_both() {
+    let a = open_cpu(&packed("qwen3_moe"));
+    let b = open_cpu(&packed_with("qwen3_moe", &["--bits", "8"]));
+    assert_ne!(a.identity(), b.identity());
+    let buf = save_of(&a, 5);
+    let (_, before) = busy_session(&b);
+    let mut s = busy_session(&b).0;
+    let e = chatsave::load(&mut s, &buf, Path::new("a.chat"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains(a.identity()) && e.contains(b.identity()), "{e}");
+    assert_eq!(observe(&s), before);
+    let anonymous = edit_json(&buf, |v| {
+        v.as_object_mut().unwrap().remove("identity");
+    });
+    chatsave::load(&mut s, &anonymous, Path::new("old.chat")).unwrap();
+    assert_eq!(s.pos(), 5);
+}
+
+/// No file beside the save but the save: a temporary name nobody can
+/// plant a link at, and nothing left when the write fails.
+#[test]
+fn saves_never_write_through_links_or_leave_temporary_files() {
+    let m = open_cpu(&packed("qwen3_moe"));
+    let buf = save_of(&m, 3);
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("saves");
+    std::fs::create_dir(&dir).unwrap();
+    let victim = tmp.path().join("victim");
+    std::fs::write(&victim, "precious").unwrap();
+    let path = dir.join("s.chat");
+    // Links at the names earlier versions wrote through.
+    std::os::unix::fs::symlink(&victim, dir.join(format!("s.chat.tmp{}", std::process::id()))).unwrap();
+    std::os::unix::fs::symlink(&victim, &path).unwrap();
+    chatsave::write_file(&path, &buf).unwrap();
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
+    assert!(!path.symlink_metadata().unwrap().file_type().is_symlink());
+    assert_eq!(std::fs::read(&path).unwrap(), buf);
+    std::fs::remove_file(dir.join(format!("s.chat.tmp{}", std::process::id()))).unwrap();
+    // A save that cannot be renamed into place (a directory is there).
+    std::fs::create_dir(dir.join("d.chat")).unwrap();
+    std::fs::write(dir.join("d.chat/x"), "").unwrap();
+    assert!(chatsave::write_file(&dir.join("d.chat"), &buf).is_err());
+    let names: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names.len(), 2, "{names:?}");
+}
+
+/// Regression: a `/save` that failed part-way (a full disk; here a file
+/// size limit, its signal ignored) left `FILE.tmp<pid>` behind.
+#[test]
+fn a_save_that_fails_part_way_leaves_nothing() {
+    use std::io::Write;
+    use std::process::Stdio;
+    let dst = packed("qwen3_moe");
+    let tmp = tempfile::tempdir().unwrap();
+    let save = tmp.path().join("s.chat");
+    let script = format!(
+        "trap '' XFSZ; ulimit -f 2; exec '{}' chat --device cpu -n 8 --model '{}' --chat-template '{}'",
+        env!("CARGO_BIN_EXE_moeflux"),
+        dst.display(),
+        fixture("text/templates/qwen3.jinja").display()
+    );
+    let mut child = std::process::Command::new("sh")
+        .args(["-c", &script])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let input = format!(
+        "hello there, a longer prompt to fill the state\n/save {}\n",
+        save.display()
+    );
+    child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("s.chat") && err.contains("too large") && !err.contains("panicked"),
+        "{err}"
+    );
+    let names: Vec<_> = std::fs::read_dir(tmp.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(names.is_empty(), "{names:?}\n{err}");
+}

@@ -8,6 +8,8 @@ mod common;
 mod flags;
 #[path = "cli/inspect.rs"]
 mod inspect;
+#[path = "cli/integrity.rs"]
+mod integrity;
 #[path = "cli/interrupt.rs"]
 mod interrupt;
 #[path = "cli/pipe.rs"]

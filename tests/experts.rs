@@ -399,3 +399,52 @@ fn a_batched_steps_reads_ahead_take_every_tokens_best_guesses() {
         assert!(err.contains("read ahead") && err.contains("rows of 8"), "{err}");
     }
 }
+
+/// Regression: a model file truncated under a running model ended the
+/// process (SIGBUS/SIGSEGV on the mapped pages). Every evaluation after
+/// the change is an error naming the file; nothing crashes.
+#[test]
+fn files_changed_under_a_running_model_are_an_error_naming_them() {
+    type Change = fn(&Path);
+    let truncate: Change = |p| {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(p)
+            .unwrap()
+            .set_len(0)
+            .unwrap();
+    };
+    let replace: Change = |p| {
+        let bytes = std::fs::read(p).unwrap();
+        let tmp = p.with_extension("new");
+        std::fs::write(&tmp, &bytes).unwrap();
+        std::fs::rename(&tmp, p).unwrap();
+    };
+    let cases: [(&str, IoMode, Change); 4] = [
+        ("packed_experts/layer_00.bin", IoMode::Mmap, truncate),
+        ("model_weights.bin", IoMode::Mmap, truncate),
+        ("packed_experts/layer_02.bin", IoMode::Pread, truncate),
+        ("model_weights.bin", IoMode::Pread, replace),
+    ];
+    for (file, io_mode, change) in cases {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("m");
+        convert("qwen3_moe", &dir, &[]);
+        let opts = moeflux::Options {
+            device: moeflux::Device::Cpu,
+            io_mode,
+            ..moeflux::Options::default()
+        };
+        let model = moeflux::Model::open(&dir, &opts).unwrap();
+        let mut s = model.session().unwrap();
+        s.eval_prompt(&[1, 2, 3], 0).unwrap();
+        change(&dir.join(file));
+        for _ in 0..2 {
+            let e = s.eval_token(4, 3).unwrap_err().to_string();
+            assert!(e.contains(file) && e.contains("changed"), "{file} ({io_mode}): {e}");
+        }
+        let mut fresh = model.session().unwrap();
+        let e = fresh.eval_prompt(&[1, 2], 0).unwrap_err().to_string();
+        assert!(e.contains(file), "{e}");
+    }
+}

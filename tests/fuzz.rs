@@ -1,9 +1,12 @@
 //! Every parser of untrusted bytes under a seeded mutation fuzzer (see
 //! `fuzz/mod.rs`): safetensors headers, `model_weights.json`,
 //! `layout.json`, `config.json`, `generation_config.json`, MFLX snapshots,
-//! chat saves and GGUF files. Required of each case: no panic, no case slower than
-//! the limit, no allocation sized by an unchecked length, and a failed
-//! load that changes nothing. CI runs `CI_CASES` per parser; the
+//! chat saves, GGUF files, HTTP request bodies, `tokenizer.json`,
+//! `tokenizer_config.json`, chat templates and the safetensors index.
+//! Required of each case: no panic, no case running past the limit (a
+//! watchdog thread ends a case that does), no allocation sized by an
+//! unchecked length, a failed load that changes nothing, and what is
+//! accepted usable. CI runs `CI_CASES` per parser; the
 //! `#[ignore]`d `*_long` tests (`cargo test --release --test fuzz --
 //! --ignored`) run the long counts recorded in RELIABILITY.md.
 
@@ -14,12 +17,15 @@ mod fuzz;
 use common::*;
 use fuzz::{mutate_json, mutate_raw, Report, Rng, Target};
 use moeflux::chatsave;
+use moeflux::format::convert::source::{parse_index, INDEX_FILE};
 use moeflux::format::gguf::{self, Array, BlockFormat, GgmlType, GgufWriter, Value as GgufValue};
 use moeflux::format::packed::{
     expert_file_name, Layout, Manifest, WeightsFile, EXPERTS_DIR, LAYOUT_FILE, MANIFEST_FILE,
 };
 use moeflux::format::{safetensors, Region};
-use moeflux::text::{GenerationDefaults, SamplingParams};
+use moeflux::server::fuzzing::RequestParser;
+use moeflux::server::Text;
+use moeflux::text::{ChatRequest, ChatTemplate, GenerationDefaults, SamplingParams, Tokenizer, TokenizerConfig};
 use moeflux::{Model, ModelConfig, Session};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
@@ -180,7 +186,30 @@ fn fuzz_manifest(cases: u64, seed: u64) -> Report {
         let Ok(wf) = WeightsFile::new("w.bin".into(), m, weights[i].clone(), mpath) else {
             return false;
         };
-        // Every lookup the model makes, with the shapes it asks for.
+        // Every lookup the accepted manifest lists serves, with its own shape.
+        for (name, e) in &wf.manifest.tensors {
+            if name.ends_with(".scales") || name.ends_with(".biases") {
+                continue;
+            }
+            if let (Some(base), [rows, c]) = (name.strip_suffix(".weight"), e.shape.as_slice()) {
+                let cols = match e.bits {
+                    Some(bits) if e.dtype == "U32" => c * 32 / bits as usize,
+                    _ => *c,
+                };
+                let v = wf
+                    .matrix(base, *rows, cols)
+                    .unwrap_or_else(|err| panic!("accepted `{name}` {e:?} does not serve its matrix: {err}"));
+                if v.rows > 0 && v.cols > 0 {
+                    let mut row = vec![0.0; v.cols];
+                    v.row_f32(v.rows - 1, &mut row);
+                }
+            } else {
+                assert!(e.dtype != "U32", "accepted packed `{name}` that no lookup reads");
+                wf.vector(name, e.shape.iter().product())
+                    .unwrap_or_else(|err| panic!("accepted `{name}` {e:?} does not serve its vector: {err}"));
+            }
+        }
+        // The lookups the model makes refuse or serve; they never panic.
         for (name, e) in &originals[i].tensors {
             if let Some(base) = name.strip_suffix(".weight").filter(|_| e.shape.len() == 2) {
                 let cols = match e.bits {
@@ -564,3 +593,359 @@ fn fuzz_gguf(cases: u64, seed: u64) -> Report {
     })
 }
 fuzz_tests!(gguf_file, gguf_file_long, fuzz_gguf, 1_000_000);
+
+// ---- HTTP request bodies ----------------------------------------------------
+
+/// The demo model's text files: tokenizer, template, defaults.
+fn demo_text() -> Text {
+    let dir = fixture("demo_kjv");
+    Text {
+        tokenizer: Tokenizer::from_dir(&dir).unwrap(),
+        template: ChatTemplate::from_dir(&dir).unwrap(),
+        defaults: moeflux::check::sampling_defaults(&dir).unwrap(),
+    }
+}
+
+fn request_seeds() -> Vec<Vec<u8>> {
+    let tool = json!({"type": "function", "function": {"name": "get_weather", "description": "Weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}});
+    [
+        json!({"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Who made the heaven?"}],
+            "max_tokens": 16, "temperature": 0.7, "top_p": 0.9, "top_k": 20, "min_p": 0.05, "seed": 3,
+            "stop": ["\n\n", "END"], "stream": true, "stream_options": {"include_usage": true},
+            "presence_penalty": 0.5, "frequency_penalty": 0.1, "logit_bias": {"5": -100}, "logprobs": true, "top_logprobs": 3}),
+        json!({"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}, {"type": "text", "text": "there"}]},
+            {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
+              "function": {"name": "get_weather", "arguments": "{\"city\": \"Ur\"}"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "sunny"}],
+            "tools": [tool], "tool_choice": "auto", "chat_template_kwargs": {"enable_thinking": false}}),
+        json!({"messages": [{"role": "user", "content": "list"}], "max_completion_tokens": 8,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema":
+              {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "array", "items": {"type": "string"}}}}}}}),
+        json!({"prompt": "And God said", "max_tokens": 4, "logprobs": 2, "echo": false, "stop": "."}),
+        json!({"prompt": [[1, 2, 3]], "max_tokens": 2, "response_format": {"type": "json_object"}}),
+    ]
+    .iter()
+    .map(|v| serde_json::to_vec(v).unwrap())
+    .collect()
+}
+
+fn fuzz_request_body(cases: u64, seed: u64) -> Report {
+    let parser = RequestParser::new(demo_text(), 2048);
+    let vocab = demo_text().tokenizer.vocab_size();
+    let seeds = request_seeds();
+    for (i, s) in seeds.iter().enumerate() {
+        let r = if i < 3 { parser.chat(s) } else { parser.completion(s) };
+        r.unwrap_or_else(|e| panic!("seed {i} refused: {e:?}"));
+    }
+    let t = target("HTTP request body", seeds, &json_or_raw);
+    fuzz::run(&t, cases, seed, &mut |_, b| {
+        let mut accepted = false;
+        for (endpoint, r) in [("chat", parser.chat(b)), ("completion", parser.completion(b))] {
+            match r {
+                Ok(ids) => {
+                    // What is accepted can be queued: token ids in the vocabulary.
+                    assert!(
+                        ids.iter().all(|&t| (t as usize) < vocab),
+                        "{endpoint}: id outside the vocabulary"
+                    );
+                    accepted = true;
+                }
+                Err((status, msg)) => {
+                    // Refused with a client error that says why (a 500
+                    // would be the server's fault; none is expected here).
+                    assert!((400..500).contains(&status), "{endpoint}: status {status}: {msg}");
+                    assert!(!msg.is_empty());
+                }
+            }
+        }
+        accepted
+    })
+}
+fuzz_tests!(http_request_body, http_request_body_long, fuzz_request_body, 200_000);
+
+// ---- tokenizer.json and tokenizer_config.json ----------------------------------
+
+const SAMPLE: &str = "In the beginning God created the heaven and the earth. <|im_end|>\n\u{fffd}é";
+
+/// Small `tokenizer.json` files of each kind of model, with normalizers,
+/// pre-tokenizers, post-processors, decoders and added tokens.
+fn tokenizer_seeds() -> Vec<Value> {
+    let added = json!([
+        {"id": 0, "content": "<s>", "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true},
+        {"id": 1, "content": "</s>", "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true}
+    ]);
+    let post = json!({"type": "TemplateProcessing",
+        "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+        "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+        "special_tokens": {"<s>": {"id": "<s>", "ids": [0], "tokens": ["<s>"]}}});
+    vec![
+        json!({"version": "1.0", "truncation": null, "padding": null, "added_tokens": added,
+            "normalizer": {"type": "Sequence", "normalizers": [{"type": "NFC"}, {"type": "Replace",
+                "pattern": {"String": " "}, "content": "\u{2581}"}]},
+            "pre_tokenizer": {"type": "Split", "pattern": {"Regex": "\\s+"}, "behavior": "Isolated", "invert": false},
+            "post_processor": post,
+            "decoder": {"type": "Sequence", "decoders": [{"type": "Replace", "pattern": {"String": "\u{2581}"}, "content": " "},
+                {"type": "ByteFallback"}, {"type": "Fuse"}]},
+            "model": {"type": "BPE", "dropout": null, "unk_token": "<unk>", "continuing_subword_prefix": null,
+                "end_of_word_suffix": null, "fuse_unk": true, "byte_fallback": true,
+                "vocab": {"<s>": 0, "</s>": 1, "<unk>": 2, "<0x41>": 3, "I": 4, "n": 5, "t": 6, "h": 7, "e": 8, "In": 9, "th": 10, "the": 11, "\u{2581}": 12},
+                "merges": ["I n", "t h", "th e"]}}),
+        json!({"version": "1.0", "added_tokens": added,
+            "normalizer": {"type": "Lowercase"},
+            "pre_tokenizer": {"type": "Whitespace"},
+            "decoder": {"type": "WordPiece", "prefix": "##", "cleanup": true},
+            "model": {"type": "WordLevel", "vocab": {"<s>": 0, "</s>": 1, "[UNK]": 2, "in": 3, "the": 4, "beginning": 5, "god": 6},
+                "unk_token": "[UNK]"}}),
+        json!({"version": "1.0", "added_tokens": added,
+            "normalizer": null,
+            "pre_tokenizer": {"type": "Metaspace", "replacement": "\u{2581}", "prepend_scheme": "always", "split": true},
+            "decoder": {"type": "Metaspace", "replacement": "\u{2581}", "prepend_scheme": "always", "split": true},
+            "model": {"type": "Unigram", "unk_id": 2, "byte_fallback": false,
+                "vocab": [["<s>", 0.0], ["</s>", 0.0], ["<unk>", 0.0], ["\u{2581}In", -1.0], ["\u{2581}the", -1.5], ["e", -3.0], ["\u{2581}", -2.0]]}}),
+        json!({"version": "1.0", "added_tokens": [],
+            "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": false},
+            "decoder": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": false},
+            "post_processor": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": false},
+            "model": {"type": "WordPiece", "unk_token": "[UNK]", "continuing_subword_prefix": "##", "max_input_chars_per_word": 100,
+                "vocab": {"[UNK]": 0, "In": 1, "##n": 2, "the": 3, "I": 4}}}),
+    ]
+}
+
+fn fuzz_tokenizer_json(cases: u64, seed: u64) -> Report {
+    let dir = fixture("demo_kjv");
+    let mut seeds: Vec<Vec<u8>> = tokenizer_seeds()
+        .iter()
+        .map(|v| serde_json::to_vec(v).unwrap())
+        .collect();
+    // The demo model's byte-level BPE (22 KB, 4,092 tokens) costs far more
+    // per case than the small ones: in the long runs only.
+    if cases > CI_CASES {
+        seeds.push(std::fs::read(dir.join("tokenizer.json")).unwrap());
+    }
+    for (i, s) in seeds.iter().enumerate() {
+        let cfg = TokenizerConfig::default();
+        Tokenizer::from_bytes(s, Path::new("seed"), cfg, None).unwrap_or_else(|e| panic!("seed {i}: {e}"));
+    }
+    let config = TokenizerConfig::from_dir(&dir).unwrap();
+    let t = target("tokenizer.json", seeds, &json_or_raw);
+    let path = Path::new("tokenizer.json");
+    fuzz::run(&t, cases, seed, &mut |_, b| {
+        let Ok(tok) = Tokenizer::from_bytes(b, path, config.clone(), None) else {
+            return false;
+        };
+        // What loads, tokenizes: ids inside its vocabulary, which decode.
+        if let Ok(ids) = tok.encode(SAMPLE, true) {
+            assert!(
+                ids.iter().all(|&t| (t as usize) < tok.vocab_size()),
+                "id outside the vocabulary"
+            );
+            let _ = tok.decode(&ids, false);
+        }
+        let _ = tok.token_bytes();
+        true
+    })
+}
+fuzz_tests!(tokenizer_json, tokenizer_json_long, fuzz_tokenizer_json, 100_000);
+
+fn fuzz_tokenizer_config(cases: u64, seed: u64) -> Report {
+    let mut seeds: Vec<Vec<u8>> = ["demo_kjv", "qwen3_moe", "deepseek_v3"]
+        .iter()
+        .filter_map(|f| std::fs::read(fixture(f).join("tokenizer_config.json")).ok())
+        .collect();
+    let template = std::fs::read_to_string(fixture("text/templates/qwen3.jinja")).unwrap();
+    seeds.push(
+        serde_json::to_vec(&json!({
+            "bos_token": {"content": "<s>", "__type": "AddedToken"}, "eos_token": "<|im_end|>",
+            "pad_token": null, "unk_token": "<unk>",
+            "chat_template": [{"name": "default", "template": template}, {"name": "tool_use", "template": "{{ tools | tojson }}"}]
+        }))
+        .unwrap(),
+    );
+    let tok = Tokenizer::from_dir(fixture("demo_kjv")).unwrap();
+    let t = target("tokenizer_config.json", seeds, &json_or_raw);
+    let path = Path::new("tokenizer_config.json");
+    fuzz::run(&t, cases, seed, &mut |_, b| {
+        let Ok(config) = TokenizerConfig::parse(b, path) else {
+            return false;
+        };
+        // Its special tokens name tokens or nothing; its template (as a
+        // model directory gives it) compiles and renders, or is refused
+        // with an error naming the file.
+        for t in [&config.bos_token, &config.eos_token].into_iter().flatten() {
+            if let Some(id) = tok.token_to_id(t) {
+                assert!((id as usize) < tok.vocab_size());
+            }
+        }
+        match ChatTemplate::from_config(&config) {
+            Ok(Some(template)) => {
+                if let Err(e) = template.render(&chat_request()) {
+                    assert!(e.to_string().contains("tokenizer_config.json"), "{e}");
+                }
+            }
+            Ok(None) => {}
+            Err(e) => assert!(e.to_string().contains("tokenizer_config.json"), "{e}"),
+        }
+        true
+    })
+}
+fuzz_tests!(
+    tokenizer_config_json,
+    tokenizer_config_json_long,
+    fuzz_tokenizer_config,
+    100_000
+);
+
+// ---- chat templates -------------------------------------------------------------
+
+fn chat_request() -> ChatRequest {
+    ChatRequest {
+        messages: vec![
+            json!({"role": "system", "content": "Be brief."}),
+            json!({"role": "user", "content": "Weather in Ur?"}),
+            json!({"role": "assistant", "content": "", "reasoning_content": "Look it up.",
+                "tool_calls": [{"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Ur"}}}]}),
+            json!({"role": "tool", "content": "sunny"}),
+        ],
+        tools: Some(vec![json!({"type": "function", "function": {"name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}})]),
+        add_generation_prompt: true,
+        extra: serde_json::Map::new(),
+    }
+}
+
+/// Jinja pieces spliced into a template: tags, loops, filters, strings.
+const JINJA: [&str; 16] = [
+    "{% for m in messages %}{{ m.content }}{% endfor %}",
+    "{% for i in range(100000) %}x{% endfor %}",
+    "{% set ns = namespace(s='ab') %}{% for i in range(8) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s }}",
+    "{{ messages | tojson }}",
+    "{{ '' ~ messages[0]['content'] * 100000 }}",
+    "{% if %}",
+    "{{",
+    "{% endfor %}",
+    "{{ raise_exception('no') }}",
+    "{% macro f(x) %}{{ f(x) }}{% endmacro %}{{ f(1) }}",
+    "{{ tools[0].function.name | upper }}",
+    "{% for m in messages | reverse %}{{ loop.index }}{% endfor %}",
+    "{{ messages[99999] }}",
+    "{{ 1 / 0 }}",
+    "{{ 'a' | replace('a', 'aa') }}",
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n{%- endif %}",
+];
+
+fn mutate_template(b: &[u8], rng: &mut Rng) -> Vec<u8> {
+    if rng.chance(2) {
+        return mutate_raw(b, rng);
+    }
+    let mut out = b.to_vec();
+    let at = rng.below(out.len() + 1);
+    out.splice(at..at, rng.pick(&JINJA).bytes());
+    out
+}
+
+fn fuzz_chat_template(cases: u64, seed: u64) -> Report {
+    let dir = fixture("text/templates");
+    let mut seeds: Vec<Vec<u8>> = ["qwen3.jinja", "qwen3_5.jinja", "deepseek_v3_1.jinja"]
+        .iter()
+        .map(|f| std::fs::read(dir.join(f)).unwrap())
+        .collect();
+    seeds.push(std::fs::read(fixture("demo_kjv").join("chat_template.jinja")).unwrap());
+    let mut t = target("chat template", seeds, &mutate_template);
+    // A template that runs to its step limit takes a while in debug builds.
+    t.time_limit = Duration::from_secs(10);
+    let special = vec![("bos_token", "<s>".to_string()), ("eos_token", "</s>".to_string())];
+    let req = chat_request();
+    fuzz::run(&t, cases, seed, &mut |_, b| {
+        let Ok(text) = std::str::from_utf8(b) else {
+            return false;
+        };
+        let Ok(template) = ChatTemplate::new(text, Path::new("chat_template.jinja"), special.clone()) else {
+            return false;
+        };
+        match template.render(&req) {
+            Ok(out) => {
+                // The output limit holds.
+                assert!(out.len() <= 64 << 20);
+                true
+            }
+            Err(e) => {
+                assert!(
+                    e.to_string().contains("chat_template.jinja"),
+                    "the error names the template: {e}"
+                );
+                false
+            }
+        }
+    })
+}
+fuzz_tests!(chat_template, chat_template_long, fuzz_chat_template, 100_000);
+
+// ---- the safetensors index ------------------------------------------------------
+
+fn fuzz_safetensors_index(cases: u64, seed: u64) -> Report {
+    let mut seeds: Vec<Vec<u8>> = ["qwen3_moe_mlx4", "qwen3_5_moe_mlx4", "qwen3_next"]
+        .iter()
+        .map(|f| std::fs::read(fixture(f).join(INDEX_FILE)).unwrap())
+        .collect();
+    seeds.push(
+        serde_json::to_vec(&json!({"metadata": {"total_size": 1234},
+            "weight_map": {"a.weight": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}))
+        .unwrap(),
+    );
+    let t = target("safetensors index", seeds, &json_or_raw);
+    fuzz::run(&t, cases, seed, &mut |_, b| {
+        let Ok(map) = parse_index(b, Path::new(INDEX_FILE)) else {
+            return false;
+        };
+        // Every shard it names is a plain file of the checkpoint's directory.
+        for f in map.values() {
+            let p = Path::new(f);
+            assert!(
+                p.components().count() == 1 && p.file_name().is_some_and(|n| n.len() == f.len()),
+                "`{f}` is not a plain file name"
+            );
+            assert_eq!(Path::new("/ckpt").join(p).parent(), Some(Path::new("/ckpt")));
+        }
+        true
+    })
+}
+fuzz_tests!(
+    safetensors_index,
+    safetensors_index_long,
+    fuzz_safetensors_index,
+    1_000_000
+);
+
+// ---- the watchdog ---------------------------------------------------------------
+
+/// A case that never returns is failed while it runs: the watchdog ends
+/// the process, naming the case and writing its input out. Run in a child
+/// test process (`hanging_case`), since it ends the process.
+#[test]
+fn the_watchdog_fails_a_case_that_hangs() {
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--ignored", "--exact", "hanging_case", "--nocapture"])
+        .env("MOEFLUX_FUZZ_HANG", "1")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(101), "{err}");
+    assert!(
+        err.contains("hang-check: case") && err.contains("still running after"),
+        "{err}"
+    );
+}
+
+#[test]
+#[ignore = "run by the_watchdog_fails_a_case_that_hangs"]
+fn hanging_case() {
+    if std::env::var_os("MOEFLUX_FUZZ_HANG").is_none() {
+        return;
+    }
+    let mut t = target("hang-check", vec![b"{}".to_vec()], &json_or_raw);
+    t.time_limit = Duration::from_millis(200);
+    fuzz::run(&t, 10, 1, &mut |_, _| loop {
+        std::thread::sleep(Duration::from_millis(10));
+    });
+}

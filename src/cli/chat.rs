@@ -361,7 +361,7 @@ impl Chat<'_> {
     /// Continue a saved conversation. A file that fails any check leaves
     /// the session and the conversation as they were.
     fn load(&mut self, path: &Path) -> anyhow::Result<()> {
-        let buf = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+        let buf = chatsave::read_file(self.model, path)?;
         let save = chatsave::load(&mut self.session, &buf, path)?;
         self.held = save.tokens;
         self.messages = save.messages;

@@ -3,6 +3,7 @@
 use clap::Args;
 use indicatif::HumanBytes;
 use moeflux::config::{AttnKind, FfnKind, ModelConfig};
+use moeflux::format::checksums::{self, Verified, ALGORITHM, CHECKSUMS_FILE};
 use moeflux::format::convert::Source;
 use moeflux::format::packed::{
     expert_file_name, LayerLayout, Layout, Manifest, EXPERTS_DIR, MANIFEST_FILE, WEIGHTS_FILE,
@@ -16,21 +17,30 @@ DIR is either a checkpoint as downloaded (config.json + *.safetensors, from
 Hugging Face or mlx_lm.convert) or a packed model made by `moeflux convert`.
 Only headers and JSON files are read, so this is quick even for large models.
 
+With --verify, every file of a packed model is read and checked against the
+checksums convert and synth recorded (checksums.json); the first file, and
+expert, that does not match is named.
+
 Examples:
   moeflux inspect ~/models/Qwen3-30B-A3B
-  moeflux inspect ~/packed/qwen3-30b";
+  moeflux inspect ~/packed/qwen3-30b
+  moeflux inspect --verify ~/packed/qwen3-30b";
 
 #[derive(Args)]
 #[command(after_help = ABOUT)]
 pub struct InspectArgs {
     /// A source checkpoint directory or a packed model directory.
     pub dir: PathBuf,
+    /// Read every file of a packed model and check it against the
+    /// checksums recorded when it was written.
+    #[arg(long)]
+    pub verify: bool,
 }
 
 pub fn run(a: InspectArgs) -> anyhow::Result<()> {
     let mut out = std::io::stdout().lock();
     if a.dir.join(MANIFEST_FILE).is_file() {
-        packed(&mut out, &a.dir)
+        packed(&mut out, &a.dir, a.verify)
     } else if a.dir.join("config.json").is_file() {
         source(&mut out, &a.dir)
     } else {
@@ -95,12 +105,29 @@ fn describe_config(out: &mut impl Write, c: &ModelConfig) -> std::io::Result<()>
 
 /// Describe a packed model, then list every problem that would keep it
 /// from opening (an error when there is one).
-fn packed(out: &mut impl Write, dir: &Path) -> anyhow::Result<()> {
-    let problems = moeflux::check::problems(dir);
+fn packed(out: &mut impl Write, dir: &Path, verify: bool) -> anyhow::Result<()> {
+    let mut problems = moeflux::check::problems(dir);
     if let Err(e) = describe_packed(out, dir) {
         // A description that fails for a reason not among the problems.
         if problems.is_empty() || super::is_broken_pipe(&e) {
             return Err(e);
+        }
+    }
+    if verify {
+        match checksums::verify(dir) {
+            Ok(Verified::NoChecksums) => row(
+                out,
+                "checksums",
+                format!(
+                    "none: the model has no {CHECKSUMS_FILE} (packed before moeflux recorded them); nothing verified"
+                ),
+            )?,
+            Ok(Verified::Ok { files, experts }) => row(
+                out,
+                "checksums",
+                format!("verified: {files} files, {experts} experts ({ALGORITHM})"),
+            )?,
+            Err(e) => problems.push(e),
         }
     }
     out.flush()?;

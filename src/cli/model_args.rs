@@ -100,6 +100,12 @@ pub struct ModelArgs {
     /// segments, so a traced run is a little slower).
     #[arg(long, hide = true)]
     pub trace_layers: bool,
+    /// Check each layer's output for NaN, naming the first layer that
+    /// produces one (a copy of the hidden state per layer, so slower).
+    /// Without it, a step whose logits are all NaN or -inf still stops
+    /// with an error.
+    #[arg(long)]
+    pub check_nan: bool,
     /// CUDA, for measuring: KiB of one piece of a staged expert copy.
     #[arg(long, hide = true, value_name = "KIB", default_value_t = 512)]
     pub copy_piece_kib: usize,
@@ -166,6 +172,7 @@ impl ModelArgs {
     pub fn open_model(&self) -> anyhow::Result<Model> {
         let dir = &self.model;
         let model = Model::open(dir, &self.options()).with_context(|| format!("opening {}", dir.display()))?;
+        model.set_check_nan(self.check_nan);
         for note in self.idle_flags(&model) {
             eprintln!("note: {note}");
         }

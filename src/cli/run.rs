@@ -7,8 +7,7 @@ use anyhow::Context;
 use clap::Args;
 use moeflux::generate::{CacheTraffic, Finish, GenerationStats, Generator, PhaseBreakdown, Request};
 use moeflux::text::{
-    model_eos_ids, ChatRequest, ChatTemplate, GenerationDefaults, Rng, SamplingParams, TextStream, Tokenizer,
-    TokenizerConfig,
+    model_eos_ids, ChatRequest, ChatTemplate, Rng, SamplingParams, TextStream, Tokenizer, TokenizerConfig,
 };
 use moeflux::Model;
 use std::borrow::Cow;
@@ -86,8 +85,7 @@ impl SamplingArgs {
         max_tokens: Option<usize>,
         default_max: Option<usize>,
     ) -> anyhow::Result<SamplingParams> {
-        let g = GenerationDefaults::from_dir(dir)?;
-        let mut p = SamplingParams::from_defaults(&g);
+        let mut p = moeflux::check::sampling_defaults(dir)?;
         let set = |dst: &mut f32, v: Option<f32>| {
             if let Some(v) = v {
                 *dst = v;

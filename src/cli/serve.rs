@@ -4,7 +4,7 @@ use super::model_args::ModelArgs;
 use anyhow::Context;
 use clap::Args;
 use moeflux::server::{Config, Server, Text, Timeouts};
-use moeflux::text::{GenerationDefaults, SamplingParams, Tokenizer};
+use moeflux::text::Tokenizer;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -129,7 +129,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
             dir.display()
         );
     }
-    let defaults = SamplingParams::from_defaults(&GenerationDefaults::from_dir(dir)?);
+    let defaults = moeflux::check::sampling_defaults(dir)?;
     let text = Text {
         tokenizer,
         template,

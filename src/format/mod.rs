@@ -2,12 +2,14 @@
 //! directory we write and run from, MLX affine quantization, and the
 //! converter.
 
+pub mod checksums;
 pub mod convert;
 pub mod gguf;
 pub mod outdir;
 pub mod packed;
 pub mod quant;
 pub mod safetensors;
+pub mod watch;
 
 use crate::error::{Error, Result};
 use half::{bf16, f16};

@@ -442,7 +442,39 @@ impl Manifest {
                         t.shape, t.bits, t.group_size
                     )));
                 }
+                self.validate_packed(name, t).map_err(bad)?;
             }
+        }
+        Ok(())
+    }
+
+    /// A packed entry `X.weight` (bits and group size checked) has the
+    /// `X.scales` and `X.biases` that [`WeightsFile::matrix`] reads with
+    /// it: float, of one dtype, `[rows, cols / group_size]` each.
+    fn validate_packed(&self, name: &str, t: &TensorEntry) -> std::result::Result<(), String> {
+        let base = name
+            .strip_suffix(".weight")
+            .ok_or_else(|| format!("tensor `{name}`: a packed U32 matrix must be named `X.weight`"))?;
+        let (bits, gs) = (t.bits.unwrap_or(0) as usize, t.group_size.unwrap_or(0));
+        let rows = t.shape[0];
+        let cols = t.shape[1].checked_mul(32).map(|c| c / bits.max(1));
+        let groups = cols
+            .filter(|&c| gs > 0 && c.is_multiple_of(gs))
+            .map(|c| c / gs)
+            .ok_or_else(|| format!("tensor `{name}`: `group_size` {gs} does not divide its columns"))?;
+        let s = self.tensors.get(&format!("{base}.scales"));
+        let b = self.tensors.get(&format!("{base}.biases"));
+        let (Some(s), Some(b)) = (s, b) else {
+            return Err(format!(
+                "tensor `{name}` is packed, but `{base}.scales` or `{base}.biases` is missing"
+            ));
+        };
+        let float = |d: &str| matches!(d, "BF16" | "F16" | "F32");
+        if s.shape != [rows, groups] || b.shape != s.shape || b.dtype != s.dtype || !float(&s.dtype) {
+            return Err(format!(
+                "tensor `{name}`: `{base}.scales` and `{base}.biases` must be float, of one dtype and shape [{rows}, {groups}] (found {} {:?} and {} {:?})",
+                s.dtype, s.shape, b.dtype, b.shape
+            ));
         }
         Ok(())
     }

@@ -122,6 +122,9 @@ pub struct Net<B: Backend> {
     attn_scale: f32,
     pub timer: PhaseTimer,
     pub trace: RouteTrace,
+    /// Check the residual stream for NaN after the embedding and each
+    /// layer (`--check-nan`; a download per layer, so off by default).
+    pub check_nan: std::sync::atomic::AtomicBool,
 }
 
 impl<B: Backend> Net<B> {
@@ -189,6 +192,7 @@ impl<B: Backend> Net<B> {
             attn_scale,
             timer: PhaseTimer::default(),
             trace: RouteTrace::default(),
+            check_nan: std::sync::atomic::AtomicBool::new(false),
             cfg: cfg.clone(),
             b,
         })
@@ -336,6 +340,10 @@ impl<B: Backend> Net<B> {
         };
         let mut x = b.alloc(n * hid)?; // [n, hidden], the residual stream
         b.embed(&self.embed, &tokens, &mut x)?;
+        let check_nan = self.check_nan.load(std::sync::atomic::Ordering::Relaxed);
+        if check_nan {
+            self.nan_check(&x, n, "the embedding (embed_tokens)")?;
+        }
         let eps = cfg.rms_norm_eps;
         let mut xn = b.alloc(n * hid)?; // [n, hidden], the normed input of the next mixer or FFN
         let mut y = b.alloc(n * hid)?;
@@ -378,8 +386,26 @@ impl<B: Backend> Net<B> {
                 })?,
                 None => b.add(&mut x, &y, n * hid)?,
             }
+            if check_nan {
+                self.nan_check(&x, n, &format!("the output of layer {i}"))?;
+            }
         }
         self.timer.measure(b, Phase::LmHead, || self.lm_head(&x, &segs, seqs))
+    }
+
+    /// An error naming `what` when the `[n, hidden]` buffer `x` holds a NaN.
+    fn nan_check(&self, x: &B::Buf, n: usize, what: &str) -> Result<()> {
+        let hid = self.cfg.hidden_size;
+        let mut host = vec![0f32; n * hid];
+        self.b.download(x, 0, &mut host)?;
+        match host.iter().position(|v| v.is_nan()) {
+            None => Ok(()),
+            Some(at) => Err(Error::Numeric(format!(
+                "NaN in {what} (token {} of the step, element {}): the model's weights or its computation are broken; `moeflux inspect --verify` checks the files",
+                at / hid,
+                at % hid
+            ))),
+        }
     }
 
     /// The final norm and the LM head over the rows whose logits are

@@ -61,9 +61,9 @@ async fn respond(shared: &AppState, req: Request) -> ApiResult<Response> {
 
 /// A chat request made ready to queue: everything that costs more than a
 /// moment, done off the HTTP workers.
-struct Prepared {
+pub(super) struct Prepared {
     text: String,
-    ids: Vec<u32>,
+    pub(super) ids: Vec<u32>,
     job: JobSpec,
     opts: openai::Options,
     parser: Option<Parser>,
@@ -72,7 +72,12 @@ struct Prepared {
 }
 
 fn prepare(shared: &Shared, body: &[u8]) -> ApiResult<Prepared> {
-    let ready = shared.ready()?;
+    prepare_ready(shared.ready()?, body)
+}
+
+/// A chat request's body parsed, its messages rendered with the template
+/// and tokenized, its grammar compiled: everything before the model runs.
+pub(super) fn prepare_ready(ready: &Ready, body: &[u8]) -> ApiResult<Prepared> {
     let body = Body::parse(body)?;
     let opts = openai::options(&body, &ready.text.defaults)?;
     let tools = tools::parse(&body)?;

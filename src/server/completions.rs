@@ -25,21 +25,7 @@ async fn respond(shared: &AppState, req: Request) -> ApiResult<Response> {
     let log = reqlog::of(&parts);
     shared.ready()?;
     let body = shared.read_body(&parts.headers, body).await?;
-    let (opts, ids, job, text) = shared
-        .prepare(move |s| {
-            let ready = s.ready()?;
-            let body = Body::parse(&body)?;
-            let opts = openai::options(&body, &ready.text.defaults)?;
-            let (ids, text) = prompt(ready, &body)?;
-            let job = JobSpec {
-                sampling: opts.sampling.clone(),
-                checkpoint_at: None,
-                constraint: structured::response_format(ready, &body)?,
-                logprobs: opts.logprobs,
-            };
-            Ok((opts, ids, job, text))
-        })
-        .await?;
+    let (opts, ids, job, text) = shared.prepare(move |s| prepare(s.ready()?, &body)).await?;
     let ready = shared.ready()?;
     log.set_prompt(ids.len(), &text);
     let mut running = shared.start_job(ready, "prompt", ids, job, log)?;
@@ -65,6 +51,21 @@ async fn respond(shared: &AppState, req: Request) -> ApiResult<Response> {
     out["usage"] = openai::usage(&g.stats);
     out["timings"] = openai::timings(&g.stats);
     Ok(Json(out).into_response())
+}
+
+/// A completion request's body made ready to queue: its options, prompt
+/// ids, job and prompt text (everything before the model runs).
+pub(super) fn prepare(ready: &Ready, body: &[u8]) -> ApiResult<(openai::Options, Vec<u32>, JobSpec, String)> {
+    let body = Body::parse(body)?;
+    let opts = openai::options(&body, &ready.text.defaults)?;
+    let (ids, text) = prompt(ready, &body)?;
+    let job = JobSpec {
+        sampling: opts.sampling.clone(),
+        checkpoint_at: None,
+        constraint: structured::response_format(ready, &body)?,
+        logprobs: opts.logprobs,
+    };
+    Ok((opts, ids, job, text))
 }
 
 /// `prompt`: a string or token ids, or a list holding one of them; with

@@ -36,6 +36,51 @@ mod structured;
 mod tokenize;
 mod tools;
 
+/// The request parsing of the handlers, without sockets or a model, for
+/// the fuzz tests (`tests/fuzz.rs`).
+#[doc(hidden)]
+pub mod fuzzing {
+    use super::{chat, completions, Ready, Text};
+    use std::sync::OnceLock;
+
+    /// What a handler does with a body before the model runs.
+    pub struct RequestParser {
+        ready: Ready,
+    }
+
+    /// A refused request: its status and message.
+    pub type Refused = (u16, String);
+
+    impl RequestParser {
+        /// Parse requests for a model of `text` and a context of `n_ctx`.
+        pub fn new(text: Text, n_ctx: usize) -> RequestParser {
+            let max_prompt_bytes = super::max_prompt_bytes(&text.tokenizer, n_ctx);
+            RequestParser {
+                ready: Ready {
+                    text,
+                    n_ctx,
+                    max_prompt_bytes,
+                    grammars: OnceLock::new(),
+                },
+            }
+        }
+
+        /// A `/v1/chat/completions` body: the prompt's token ids.
+        pub fn chat(&self, body: &[u8]) -> Result<Vec<u32>, Refused> {
+            chat::prepare_ready(&self.ready, body)
+                .map(|p| p.ids)
+                .map_err(|e| (e.status.as_u16(), e.message))
+        }
+
+        /// A `/v1/completions` body: the prompt's token ids.
+        pub fn completion(&self, body: &[u8]) -> Result<Vec<u32>, Refused> {
+            completions::prepare(&self.ready, body)
+                .map(|(_, ids, _, _)| ids)
+                .map_err(|e| (e.status.as_u16(), e.message))
+        }
+    }
+}
+
 pub use api_error::ApiError;
 pub use http::Timeouts;
 

@@ -203,6 +203,7 @@ impl Plan {
         let tmp = TempDir::beside(out, &mut notes)?;
         let (bytes, files) = self.write_into(tmp.path(), progress, cancel)?;
         check_cancel(cancel)?;
+        crate::format::checksums::write(tmp.path(), cancel)?;
         tmp.install(out, force)?;
         Ok(Summary {
             dir: out.to_path_buf(),
@@ -235,7 +236,8 @@ impl Plan {
         };
         write_small(&edir.join(LAYOUT_FILE), &to_json(&layout)?)?;
         let files = self.write_text_files(dir)?;
-        Ok((bytes, 4 + files + self.moe_layers.len()))
+        // With checksums.json, written after.
+        Ok((bytes, 5 + files + self.moe_layers.len()))
     }
 
     /// `synth.json`: how the model was made (its routing above all, which

@@ -56,14 +56,30 @@ impl TokenizerConfig {
                 ..TokenizerConfig::default()
             });
         };
-        Ok(TokenizerConfig {
-            bos_token: token_field(&map, "bos_token"),
-            eos_token: token_field(&map, "eos_token"),
-            unk_token: token_field(&map, "unk_token"),
-            pad_token: token_field(&map, "pad_token"),
+        Ok(TokenizerConfig::from_map(&map, path))
+    }
+
+    /// Parse the bytes of a `tokenizer_config.json` read from `path`.
+    pub fn parse(bytes: &[u8], path: &Path) -> Result<TokenizerConfig> {
+        match serde_json::from_slice::<Value>(bytes) {
+            Ok(Value::Object(map)) => Ok(TokenizerConfig::from_map(&map, path.to_path_buf())),
+            Ok(_) => Err(Error::format(path, "expected a JSON object")),
+            Err(err) => Err(Error::Json {
+                path: path.to_path_buf(),
+                err,
+            }),
+        }
+    }
+
+    fn from_map(map: &Map<String, Value>, path: PathBuf) -> TokenizerConfig {
+        TokenizerConfig {
+            bos_token: token_field(map, "bos_token"),
+            eos_token: token_field(map, "eos_token"),
+            unk_token: token_field(map, "unk_token"),
+            pad_token: token_field(map, "pad_token"),
             chat_template: map.get("chat_template").filter(|v| !v.is_null()).cloned(),
             path,
-        })
+        }
     }
 
     /// The special tokens a chat template sees as variables, as transformers

@@ -73,13 +73,20 @@ impl ChatTemplate {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(Error::io(&jinja, e)),
         }
+        ChatTemplate::from_config(&config)
+    }
+
+    /// The template `tokenizer_config.json` holds (a string, or a list of
+    /// `{name, template}`), `Ok(None)` when it has none.
+    pub fn from_config(config: &TokenizerConfig) -> Result<Option<ChatTemplate>> {
+        let special = config.special_tokens();
         let path = config.path.clone();
-        match config.chat_template {
+        match &config.chat_template {
             None => Ok(None),
-            Some(Value::String(text)) => ChatTemplate::new(&text, &path, special).map(Some),
+            Some(Value::String(text)) => ChatTemplate::new(text, &path, special).map(Some),
             Some(Value::Array(list)) => {
                 let mut named = Vec::new();
-                for item in &list {
+                for item in list {
                     let name = item.get("name").and_then(Value::as_str);
                     let text = item.get("template").and_then(Value::as_str);
                     match (name, text) {

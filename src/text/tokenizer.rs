@@ -50,18 +50,44 @@ impl Tokenizer {
         let dir = dir.as_ref();
         let path = dir.join("tokenizer.json");
         let bytes = std::fs::read(&path).map_err(|e| Error::io(&path, e))?;
-        let inner = tokenizers::Tokenizer::from_bytes(&bytes)
-            .map_err(|e| Error::format(&path, format!("not a usable tokenizer.json: {e}")))?;
         let config = TokenizerConfig::from_dir(dir)?;
+        Tokenizer::from_bytes(&bytes, &path, config, model_eos_ids(dir)?)
+    }
+
+    /// A tokenizer from the bytes of a `tokenizer.json` read from `path`
+    /// (named in errors), its `tokenizer_config.json`, and the EOS ids of
+    /// the model's other files (else the config's `eos_token`).
+    pub fn from_bytes(
+        bytes: &[u8],
+        path: &Path,
+        config: TokenizerConfig,
+        eos_ids: Option<Vec<u32>>,
+    ) -> Result<Tokenizer> {
+        // The tokenizers crate panics on some malformed files (a decoder
+        // whose fields do not parse); that is refused like any other error.
+        let parsed = std::panic::catch_unwind(|| tokenizers::Tokenizer::from_bytes(bytes)).map_err(|_| {
+            Error::format(
+                path,
+                "not a usable tokenizer.json: the tokenizer library failed to read it",
+            )
+        })?;
+        let inner = parsed.map_err(|e| Error::format(path, format!("not a usable tokenizer.json: {e}")))?;
+        // Ids need not be dense (a WordLevel vocabulary may skip some): the
+        // ids the tokenizer can produce are below the largest one + 1.
+        let largest = inner
+            .get_vocab(true)
+            .into_values()
+            .max()
+            .map_or(0, |id| id as usize + 1);
         let mut tok = Tokenizer {
-            vocab_size: inner.get_vocab_size(true),
+            vocab_size: inner.get_vocab_size(true).max(largest),
             inner: Arc::new(inner),
-            path,
+            path: path.to_path_buf(),
             bos_token: config.bos_token,
             eos_token: config.eos_token,
             eos_ids: Vec::new(),
         };
-        tok.eos_ids = match model_eos_ids(dir)? {
+        tok.eos_ids = match eos_ids {
             Some(ids) => ids,
             None => tok.eos_token.iter().filter_map(|t| tok.token_to_id(t)).collect(),
         };
@@ -73,18 +99,29 @@ impl Tokenizer {
     /// special tokens and is encoded with `false`, as transformers does.
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {
         let enc = self
-            .inner
-            .encode(text, add_special_tokens)
+            .guard("encode", || self.inner.encode(text, add_special_tokens))?
             .map_err(|e| Error::format(&self.path, format!("encode failed: {e}")))?;
         Ok(enc.get_ids().to_vec())
+    }
+
+    /// `f` (a call into the tokenizers crate), with a panic of it (some
+    /// malformed files load and then panic at use, e.g. a post-processor
+    /// naming a token that is not there) turned into an error naming the
+    /// file.
+    fn guard<T>(&self, what: &str, f: impl FnOnce() -> T) -> Result<T> {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).map_err(|_| {
+            Error::format(
+                &self.path,
+                format!("{what} failed: the tokenizer library panicked on this tokenizer.json"),
+            )
+        })
     }
 
     /// [`Tokenizer::encode`], with the byte offset in `text` where each
     /// token's text ends (0 for a token the tokenizer adds).
     pub fn encode_with_ends(&self, text: &str, add_special_tokens: bool) -> Result<(Vec<u32>, Vec<usize>)> {
         let enc = self
-            .inner
-            .encode(text, add_special_tokens)
+            .guard("encode", || self.inner.encode(text, add_special_tokens))?
             .map_err(|e| Error::format(&self.path, format!("encode failed: {e}")))?;
         let ends = enc.get_offsets().iter().map(|&(_, end)| end).collect();
         Ok((enc.get_ids().to_vec(), ends))
@@ -98,8 +135,7 @@ impl Tokenizer {
                 vocab: self.vocab_size,
             });
         }
-        self.inner
-            .decode(ids, skip_special)
+        self.guard("decode", || self.inner.decode(ids, skip_special))?
             .map_err(|e| Error::format(&self.path, format!("decode failed: {e}")))
     }
 

@@ -101,3 +101,59 @@ fn run_and_bench_on_a_source_checkpoint_say_to_convert_it() {
         assert!(!err.contains("No such file"), "{err}");
     }
 }
+
+/// `inspect` refuses, naming the file, what `run` refuses: each edit of a
+/// healthy model, one at a time.
+#[test]
+fn what_run_refuses_inspect_refuses() {
+    let tmp = tempfile::tempdir().unwrap();
+    let m = tmp.path().join("m");
+    packed_model(&m);
+    let edit = |file: &str, f: &dyn Fn(&mut serde_json::Value)| {
+        let p = m.join(file);
+        let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap();
+        f(&mut v);
+        std::fs::write(&p, v.to_string()).unwrap();
+    };
+    let run_fails = || {
+        let out = moeflux()
+            .args(["run", "--device", "cpu", "-n", "1", "-p", "hi", "--model"])
+            .arg(&m)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "run accepted the model");
+    };
+    let save = |file: &str| std::fs::read(m.join(file)).unwrap();
+    let cases: [(&str, &dyn Fn(), &str); 4] = [
+        (
+            "config.json",
+            &|| edit("config.json", &|v| v["num_hidden_layers"] = 2.into()),
+            "num_hidden_layers",
+        ),
+        (
+            "generation_config.json",
+            &|| edit("generation_config.json", &|v| v["temperature"] = (-5).into()),
+            "temperature",
+        ),
+        (
+            "tokenizer.json",
+            &|| std::fs::write(m.join("tokenizer.json"), "{\"model\": 3}").unwrap(),
+            "tokenizer.json",
+        ),
+        (
+            "tokenizer.json",
+            &|| std::fs::remove_file(m.join("tokenizer.json")).unwrap(),
+            "tokenizer.json",
+        ),
+    ];
+    for (file, break_it, want) in cases {
+        let before = save(file);
+        break_it();
+        run_fails();
+        let (ok, out, err) = inspect(&m);
+        assert!(!ok, "inspect passed after breaking {file}:\n{out}\n{err}");
+        assert!(err.contains(want) && err.contains("problem"), "{file}: {err}");
+        std::fs::write(m.join(file), before).unwrap();
+        assert!(inspect(&m).0, "{file} restored");
+    }
+}

@@ -128,15 +128,78 @@ fn dead_pid() -> u32 {
 }
 
 /// Plant a stale temporary directory of a dead process and one of a live
-/// process (this test) beside `dst`; returns them.
+/// process (this test) beside `dst`, both marked as moeflux's own;
+/// returns them.
 fn plant(dst: &Path) -> (PathBuf, PathBuf) {
     let dead = PathBuf::from(format!("{}.tmp-{}", dst.display(), dead_pid()));
     let live = PathBuf::from(format!("{}.tmp-{}", dst.display(), std::process::id()));
     for d in [&dead, &live] {
         std::fs::create_dir_all(d.join("packed_experts")).unwrap();
         std::fs::write(d.join("packed_experts/layer_00.bin"), vec![0u8; 4096]).unwrap();
+        std::fs::write(d.join(moeflux::format::outdir::MARKER), "").unwrap();
     }
     (dead, live)
+}
+
+fn convert_fixture(dst: &Path, force: bool) -> String {
+    let mut cmd = moeflux();
+    cmd.arg("convert").arg(fixture("qwen3_moe")).arg(dst);
+    if force {
+        cmd.arg("--force");
+    }
+    let out = cmd.output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{err}");
+    err
+}
+
+#[test]
+fn only_marked_temporary_directories_are_removed_and_files_are_left_alone() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dst = tmp.path().join("m");
+    let pid = dead_pid();
+    // A user's own directory and file that happen to have such names.
+    let mine = PathBuf::from(format!("{}.tmp-{pid}", dst.display()));
+    std::fs::create_dir(&mine).unwrap();
+    std::fs::write(mine.join("notes.txt"), "mine").unwrap();
+    let file = PathBuf::from(format!("{}.old-{pid}", dst.display()));
+    std::fs::write(&file, "also mine").unwrap();
+    let err = convert_fixture(&dst, false);
+    assert_eq!(std::fs::read_to_string(mine.join("notes.txt")).unwrap(), "mine");
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "also mine");
+    assert!(
+        err.contains("left alone") && err.contains(&mine.display().to_string()),
+        "{err}"
+    );
+    assert!(dst.join("model_weights.bin").is_file());
+    assert!(!dst.join(moeflux::format::outdir::MARKER).exists());
+}
+
+#[test]
+fn a_replaced_model_left_by_a_killed_swap_is_restored_or_removed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dst = tmp.path().join("m");
+    convert_fixture(&dst, false);
+    let marker = moeflux::format::outdir::MARKER;
+    // Killed between the two renames: DST is gone, DST.old-<pid> holds it.
+    let old = PathBuf::from(format!("{}.old-{}", dst.display(), dead_pid()));
+    std::fs::rename(&dst, &old).unwrap();
+    std::fs::write(old.join(marker), "").unwrap();
+    // The next run puts it back before it replaces it (--force).
+    let err = convert_fixture(&dst, true);
+    assert!(
+        err.contains("restored") && err.contains(&old.display().to_string()),
+        "{err}"
+    );
+    assert!(!old.exists() && dst.join("model_weights.bin").is_file() && !dst.join(marker).exists());
+    // Killed after the new model was in place: the old one is removed.
+    let old = PathBuf::from(format!("{}.old-{}", dst.display(), dead_pid()));
+    std::fs::create_dir(&old).unwrap();
+    std::fs::write(old.join(marker), "").unwrap();
+    let err = convert_fixture(&dst, true);
+    assert!(!old.exists(), "{err}");
+    let names = entries(tmp.path(), "m.");
+    assert!(names.is_empty(), "{names:?}");
 }
 
 #[test]

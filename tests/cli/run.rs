@@ -10,7 +10,7 @@ use std::os::fd::{FromRawFd, OwnedFd};
 use std::path::Path;
 
 /// A tiny random-weight model as `synth` writes it (with its tokenizer).
-fn synth_model(dir: &Path) {
+pub fn synth_model(dir: &Path) {
     let mut cfg = preset("qwen3-30b-a3b").unwrap();
     for (k, v) in [
         ("hidden_size", 128),

@@ -3,13 +3,18 @@
 //! integers; for JSON, huge / negative / fractional numbers, NaN and
 //! Infinity, wrong types, deep nesting, missing keys), a runner that
 //! catches panics, times each case and watches the largest allocation,
-//! and a counting allocator.
+//! and a counting allocator. A watchdog thread fails a case that runs past
+//! its time limit while it runs (an infinite loop ends the test binary
+//! with the input written out, rather than hanging it).
 #![allow(dead_code)]
 
 use serde_json::Value;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// SplitMix64: small, seedable, good enough to pick mutations.
@@ -344,27 +349,109 @@ pub struct Target<'a> {
     pub time_limit: Duration,
 }
 
+/// Where a failing input is written: `target/tmp/fuzz-failures/`.
+fn failure_file(name: &str, seed: u64, case: u64, input: &[u8]) -> PathBuf {
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("fuzz-failures");
+    let _ = std::fs::create_dir_all(&dir);
+    let safe: String = name
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect();
+    let file = dir.join(format!("{safe}-{seed}-{case}.bin"));
+    let _ = std::fs::write(&file, input);
+    file
+}
+
+/// The case running now, as the watchdog sees it.
+struct Running {
+    case: u64,
+    which: usize,
+    started: Instant,
+    input: Arc<Vec<u8>>,
+}
+
+/// A thread that ends the process (exit status 101, as a failed test)
+/// when a case runs past `limit`, after writing its input out. A case
+/// that never returns cannot be failed from inside its own thread; this
+/// is the only way to fail it rather than hang.
+struct Watchdog {
+    current: Arc<Mutex<Option<Running>>>,
+    done: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Watchdog {
+    fn start(name: &str, seed: u64, limit: Duration) -> Watchdog {
+        let current: Arc<Mutex<Option<Running>>> = Arc::new(Mutex::new(None));
+        let done = Arc::new(AtomicBool::new(false));
+        let tick = (limit / 20).clamp(Duration::from_millis(5), Duration::from_millis(50));
+        let (c, d, name) = (current.clone(), done.clone(), name.to_string());
+        let thread = std::thread::spawn(move || {
+            while !d.load(Ordering::Relaxed) {
+                std::thread::sleep(tick);
+                let guard = c.lock().unwrap_or_else(|e| e.into_inner());
+                let Some(r) = guard.as_ref() else { continue };
+                let took = r.started.elapsed();
+                if took > limit {
+                    let file = failure_file(&name, seed, r.case, &r.input);
+                    eprintln!(
+                        "{name}: case {} (seed {seed}, from seed input {}): still running after {took:?} (limit {limit:?}); input in {}",
+                        r.case,
+                        r.which,
+                        file.display()
+                    );
+                    std::process::exit(101);
+                }
+            }
+        });
+        Watchdog {
+            current,
+            done,
+            thread: Some(thread),
+        }
+    }
+
+    fn watch(&self, r: Option<Running>) {
+        *self.current.lock().unwrap_or_else(|e| e.into_inner()) = r;
+    }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        self.done.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
 /// Run `cases` mutated inputs through `parse(seed index, bytes)`, which
 /// returns whether the input was accepted and panics (or asserts) on
-/// anything that must not happen. A panic, a case over the time or
-/// allocation limit fails the run, with the input written out to replay.
+/// anything that must not happen. A panic or a case over the allocation
+/// limit fails the run, with the input written out to replay; a case over
+/// the time limit is failed by the watchdog while it runs.
 pub fn run(t: &Target<'_>, cases: u64, seed: u64, parse: &mut dyn FnMut(usize, &[u8]) -> bool) -> Report {
     let mut r = Report::default();
     let start = Instant::now();
+    let dog = Watchdog::start(t.name, seed, t.time_limit);
     for case in 0..cases {
         let mut rng = Rng::new(seed ^ case.wrapping_mul(0xA24B_AED4_963E_E407));
         let which = rng.below(t.seeds.len());
-        let input = (t.mutate)(&t.seeds[which], &mut rng);
+        let input = Arc::new((t.mutate)(&t.seeds[which], &mut rng));
+        dog.watch(Some(Running {
+            case,
+            which,
+            started: Instant::now(),
+            input: input.clone(),
+        }));
         take_peak();
         let t0 = Instant::now();
         let out = catch_unwind(AssertUnwindSafe(|| parse(which, &input)));
         let took = t0.elapsed();
         let peak = take_peak();
+        dog.watch(None);
         let fail = |what: String| -> ! {
-            let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("fuzz-failures");
-            let _ = std::fs::create_dir_all(&dir);
-            let file = dir.join(format!("{}-{seed}-{case}.bin", t.name));
-            let _ = std::fs::write(&file, &input);
+            let file = failure_file(t.name, seed, case, &input);
             panic!(
                 "{}: case {case} (seed {seed}, from seed input {which}): {what}; input in {}",
                 t.name,
@@ -382,9 +469,6 @@ pub fn run(t: &Target<'_>, cases: u64, seed: u64, parse: &mut dyn FnMut(usize, &
                 fail(format!("panicked: {msg}"))
             }
         }
-        if took > t.time_limit {
-            fail(format!("took {took:?}"));
-        }
         if peak > t.alloc_limit {
             fail(format!("allocated {peak} bytes at once (limit {})", t.alloc_limit));
         }
@@ -392,6 +476,7 @@ pub fn run(t: &Target<'_>, cases: u64, seed: u64, parse: &mut dyn FnMut(usize, &
         r.largest_alloc = r.largest_alloc.max(peak);
         r.cases += 1;
     }
+    drop(dog);
     r.elapsed = start.elapsed();
     println!(
         "fuzz {}: {} cases ({} accepted) in {:.1} s, slowest case {:.2} ms, largest allocation {} bytes",

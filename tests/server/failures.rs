@@ -52,6 +52,36 @@ fn a_model_that_cannot_read_its_experts_is_a_500() {
     }
 }
 
+/// Regression: a model file truncated under the server (default mmap
+/// reads on the CPU) ended it with SIGBUS, no log line. Now each request
+/// is a 500 naming the file, and the server stays up.
+#[test]
+fn model_files_truncated_under_the_server_are_an_error_naming_them() {
+    for (file, io) in [("model_weights.bin", "mmap"), ("packed_experts/layer_01.bin", "mmap")] {
+        let dir = tempfile::tempdir().unwrap();
+        let model = dir.path().join("model");
+        copy_dir(&demo_model(), &model);
+        let s = Server::start_on(&model, &["--host", "127.0.0.1"], &["--device", "cpu", "--io", io]);
+        let body = json!({"prompt": "And", "max_tokens": 2});
+        assert_eq!(s.post("/v1/completions", &body).status, 200);
+        let path = model.join(file);
+        assert!(path.is_file(), "{}", path.display());
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(0)
+            .unwrap();
+        for _ in 0..2 {
+            let r = s.post("/v1/completions", &body);
+            assert_eq!(r.status, 500, "{file}: {}", r.body);
+            let msg = r.json()["error"]["message"].as_str().unwrap_or_default().to_string();
+            assert!(msg.contains(file) && msg.contains("changed"), "{msg}");
+            assert_eq!(s.get("/health").status, 200);
+        }
+    }
+}
+
 fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
     std::fs::create_dir_all(to).unwrap();
     for e in std::fs::read_dir(from).unwrap().flatten() {

@@ -189,6 +189,7 @@ pub fn convert(src: &Path, dst: &Path, opts: &ConvertOptions) -> Result<ConvertR
     let tmp = TempDir::beside(dst, &mut notes)?;
     let (w, verified) = write_model(&source, &plan, tmp.path(), opts)?;
     check_cancel(opts.cancel)?;
+    crate::format::checksums::write(tmp.path(), opts.cancel)?;
     tmp.install(dst, opts.force)?;
     Ok(ConvertReport {
         tensors: w.tensors,

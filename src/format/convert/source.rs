@@ -231,29 +231,45 @@ impl Source {
     }
 }
 
+/// The weight map of a `model.safetensors.index.json` read from `path`
+/// (named in errors): tensor name → shard file, each a plain file name of
+/// the checkpoint's directory.
+pub fn parse_index(bytes: &[u8], path: &Path) -> Result<BTreeMap<String, String>> {
+    let index: Value = serde_json::from_slice(bytes).map_err(|err| Error::Json {
+        path: path.to_path_buf(),
+        err,
+    })?;
+    let wm = index
+        .get("weight_map")
+        .and_then(|w| w.as_object())
+        .ok_or_else(|| Error::format(path, "no `weight_map` object"))?;
+    let mut map = BTreeMap::new();
+    for (k, v) in wm {
+        let f = v
+            .as_str()
+            .ok_or_else(|| Error::format(path, format!("`weight_map.{k}` is not a file name")))?;
+        let plain = matches!(
+            Path::new(f).components().collect::<Vec<_>>().as_slice(),
+            [std::path::Component::Normal(n)] if n.len() == f.len()
+        );
+        if !plain || f.contains('\\') {
+            return Err(Error::format(
+                path,
+                format!("`weight_map.{k}`: `{f}` is not a plain file name"),
+            ));
+        }
+        map.insert(k.clone(), f.to_string());
+    }
+    Ok(map)
+}
+
 /// The shard files, and the index's weight map when there is one.
 #[allow(clippy::type_complexity)]
 fn shard_files(dir: &Path) -> Result<(Vec<PathBuf>, Option<BTreeMap<String, String>>)> {
     let ipath = dir.join(INDEX_FILE);
     if ipath.is_file() {
-        let index: Value = read_json(&ipath)?;
-        let wm = index
-            .get("weight_map")
-            .and_then(|w| w.as_object())
-            .ok_or_else(|| Error::format(&ipath, "no `weight_map` object"))?;
-        let mut map = BTreeMap::new();
-        for (k, v) in wm {
-            let f = v
-                .as_str()
-                .ok_or_else(|| Error::format(&ipath, format!("`weight_map.{k}` is not a file name")))?;
-            if f.contains('/') || f.contains('\\') || f == ".." {
-                return Err(Error::format(
-                    &ipath,
-                    format!("`weight_map.{k}`: `{f}` is not a plain file name"),
-                ));
-            }
-            map.insert(k.clone(), f.to_string());
-        }
+        let bytes = std::fs::read(&ipath).map_err(|e| Error::io(&ipath, e))?;
+        let map = parse_index(&bytes, &ipath)?;
         let files: BTreeSet<&String> = map.values().collect();
         let mut out = Vec::with_capacity(files.len());
         for f in files {
