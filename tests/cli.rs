@@ -6,10 +6,14 @@ mod common;
 
 #[path = "cli/flags.rs"]
 mod flags;
+#[path = "cli/hub.rs"]
+mod hub;
 #[path = "cli/inspect.rs"]
 mod inspect;
 #[path = "cli/interrupt.rs"]
 mod interrupt;
+#[path = "hub/mock.rs"]
+mod mock;
 #[path = "cli/pipe.rs"]
 mod pipe;
 #[path = "cli/run.rs"]

@@ -74,7 +74,9 @@ fn a_broken_download_resumes_where_it_stopped() {
     assert!(e.contains(WEIGHTS), "{e}");
     let blobs = tmp.path().join("hub/models--test--demo-kjv/blobs");
     assert!(!blobs.join(&blob).exists(), "no half file under the final name");
-    let part = std::fs::metadata(blobs.join(format!("{blob}.incomplete"))).unwrap().len();
+    let part = std::fs::metadata(blobs.join(format!("{blob}.incomplete")))
+        .unwrap()
+        .len();
     assert_eq!(part, half);
     let p = pull(&o, DEMO).unwrap();
     assert_eq!(std::fs::read(p.path.join(WEIGHTS)).unwrap(), data);
@@ -132,15 +134,24 @@ fn refusals_say_what_to_do() {
     let o = options(&hub, tmp.path());
     let e = pull(&o, GATED).unwrap_err().to_string();
     assert!(e.contains("access denied (HTTP 403)"), "{e}");
-    assert!(e.contains(&format!("{}/{GATED}", hub.url)) && e.contains("HF_TOKEN"), "{e}");
+    assert!(
+        e.contains(&format!("{}/{GATED}", hub.url)) && e.contains("HF_TOKEN"),
+        "{e}"
+    );
     let e = pull(&o, "test/nothing-here").unwrap_err().to_string();
-    assert!(e.contains("test/nothing-here") && e.contains("not found on the Hub"), "{e}");
+    assert!(
+        e.contains("test/nothing-here") && e.contains("not found on the Hub"),
+        "{e}"
+    );
     let e = hub::pull(&o, &RepoRef::parse(DEMO).unwrap(), "v9", &mut |_| {})
         .unwrap_err()
         .to_string();
     assert!(e.contains("revision v9: not found on the Hub"), "{e}");
     let e = pull(&o, &format!("{GGUF}:Q2_K")).unwrap_err().to_string();
-    assert!(e.contains("no GGUF file matching `Q2_K`") && e.contains("tiny-Q8_0"), "{e}");
+    assert!(
+        e.contains("no GGUF file matching `Q2_K`") && e.contains("tiny-Q8_0"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -207,5 +218,9 @@ fn a_cache_written_by_python_is_reused() {
     }
     let p = pull(&o, DEMO).unwrap();
     assert_eq!(p.downloaded, 0);
-    assert!(hub.requests().iter().all(|r| r.starts_with("/api/")), "{:?}", hub.requests());
+    assert!(
+        hub.requests().iter().all(|r| r.starts_with("/api/")),
+        "{:?}",
+        hub.requests()
+    );
 }

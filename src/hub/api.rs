@@ -182,7 +182,9 @@ impl Client {
             ("RepoNotFound", _) if self.opts.token.is_none() => Error::HubNotFound(format!(
                 "{repo} (if it is private, give a token: HF_TOKEN or `huggingface-cli login`)"
             )),
-            ("RepoNotFound" | "RevisionNotFound" | "EntryNotFound", _) | (_, 404) => Error::HubNotFound(what.to_string()),
+            ("RepoNotFound" | "RevisionNotFound" | "EntryNotFound", _) | (_, 404) => {
+                Error::HubNotFound(what.to_string())
+            }
             (_, 401 | 403) => denied(),
             _ => Error::Hub(format!("{what}: HTTP {status} from {}", self.opts.endpoint)),
         }

@@ -72,7 +72,9 @@ impl RepoCache {
     /// The size of `file` in the snapshot of `commit`, following its link
     /// (`None`: absent or a dangling link).
     pub fn size(&self, commit: &str, file: &str) -> Option<u64> {
-        std::fs::metadata(self.snapshot(commit).join(file)).ok().map(|m| m.len())
+        std::fs::metadata(self.snapshot(commit).join(file))
+            .ok()
+            .map(|m| m.len())
     }
 
     /// Every file of the snapshot of `commit` with its size, paths relative

@@ -142,7 +142,8 @@ fn receive(
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             Err(e) => return Err(Failure::Network(Error::Hub(format!("{}: {e}", f.path)))),
         };
-        file.write_all(&buf[..n]).map_err(|e| Failure::Fatal(disk_error(part, e)))?;
+        file.write_all(&buf[..n])
+            .map_err(|e| Failure::Fatal(disk_error(part, e)))?;
         if f.sha256.is_some() {
             hasher.update(&buf[..n]);
         }

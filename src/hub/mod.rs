@@ -27,7 +27,7 @@ mod select;
 pub use api::RemoteFile;
 pub use local::{list, packed_path, remove, remove_weights, CachedModel};
 pub use options::{HubOptions, DEFAULT_ENDPOINT};
-pub use pull::{cached, pull, Pulled};
+pub use pull::{cached, commit, pull, Pulled};
 pub use repo::RepoRef;
 pub use select::Format;
 

@@ -186,3 +186,18 @@ fn ensure(src: &Source, cache: &RepoCache, f: &RemoteFile, on: &mut dyn FnMut(Ev
     let path = cache.link(src.commit, &f.path, &f.blob)?;
     Ok((path, got))
 }
+
+/// The commit `revision` of `repo` names: asked of the Hub (and recorded
+/// in `refs/`), or offline, the one recorded last.
+pub fn commit(opts: &HubOptions, repo: &str, revision: &str) -> Result<String> {
+    let cache = RepoCache::new(&opts.cache_dir, repo);
+    if opts.offline {
+        return cache.resolve(revision).ok_or_else(|| Error::HubOffline {
+            repo: repo.to_string(),
+            msg: format!("revision `{revision}` is not in the cache ({})", cache.dir.display()),
+        });
+    }
+    let info = Client::new(opts).info(repo, revision)?;
+    cache.write_ref(revision, &info.commit)?;
+    Ok(info.commit)
+}

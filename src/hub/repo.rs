@@ -25,7 +25,9 @@ impl RepoRef {
         }
         let selector = match selector {
             Some(q) if q.is_empty() || q.contains('/') => {
-                return Err(Error::Invalid(format!("`{s}`: the quantization after `:` is empty or holds `/`")))
+                return Err(Error::Invalid(format!(
+                    "`{s}`: the quantization after `:` is empty or holds `/`"
+                )))
             }
             q => q.map(str::to_string),
         };
@@ -72,7 +74,8 @@ fn is_repo_id(s: &str) -> bool {
             && p != ".."
             && !p.starts_with(['-', '.', '~'])
             && p.len() <= 96
-            && p.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+            && p.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
     };
     part(org) && part(name)
 }

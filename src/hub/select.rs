@@ -69,11 +69,18 @@ pub fn choose(repo: &str, paths: &[&str], selector: Option<&str>) -> Result<Choi
         return Ok(Choice::Safetensors { meta, index, weights });
     }
     if groups.is_empty() {
-        let what = if selector.is_some() { "GGUF" } else { "safetensors or GGUF" };
+        let what = if selector.is_some() {
+            "GGUF"
+        } else {
+            "safetensors or GGUF"
+        };
         return Err(Error::Invalid(format!("{repo} has no {what} weights")));
     }
     let names = || {
-        let labels: Vec<String> = groups.values().map(|f| format!("`{}`", f.first().map_or("", |x| label(x)))).collect();
+        let labels: Vec<String> = groups
+            .values()
+            .map(|f| format!("`{}`", f.first().map_or("", |x| label(x))))
+            .collect();
         labels.join(", ")
     };
     let key = match selector {
@@ -118,7 +125,9 @@ pub fn index_shards(text: &str) -> Result<Vec<String>> {
     out.sort();
     out.dedup();
     if out.iter().any(|f| f.contains('/') || !f.ends_with(".safetensors")) {
-        return Err(Error::Hub(format!("{INDEX}: a shard that is not a plain .safetensors name")));
+        return Err(Error::Hub(format!(
+            "{INDEX}: a shard that is not a plain .safetensors name"
+        )));
     }
     Ok(out)
 }
@@ -191,10 +200,7 @@ fn base(k: &str) -> &str {
 /// in a folder named `q`.
 fn matches(k: &str, q: &str) -> bool {
     let name = base(k);
-    let ends = name == q
-        || name
-            .strip_suffix(q)
-            .is_some_and(|head| head.ends_with(['-', '.', '_']));
+    let ends = name == q || name.strip_suffix(q).is_some_and(|head| head.ends_with(['-', '.', '_']));
     ends || k.split('/').rev().skip(1).any(|d| d == q)
 }
 
@@ -252,7 +258,8 @@ mod tests {
         assert_eq!(meta, ["config.json", INDEX, "tokenizer.json", "chat_template.jinja"]);
         assert_eq!(index.as_deref(), Some(INDEX));
         assert!(weights.is_empty());
-        let shards = index_shards(r#"{"weight_map": {"a": "m-2.safetensors", "b": "m-1.safetensors", "c": "m-1.safetensors"}}"#);
+        let shards =
+            index_shards(r#"{"weight_map": {"a": "m-2.safetensors", "b": "m-1.safetensors", "c": "m-1.safetensors"}}"#);
         assert_eq!(shards.unwrap(), ["m-1.safetensors", "m-2.safetensors"]);
         assert!(index_shards(r#"{"weight_map": {"a": "../x.safetensors"}}"#).is_err());
     }

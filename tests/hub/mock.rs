@@ -167,7 +167,10 @@ fn hex(b: &[u8]) -> String {
 }
 
 fn respond(w: &mut TcpStream, status: &str, headers: &[(&str, String)], body: &[u8]) {
-    let mut h = format!("HTTP/1.1 {status}\r\nConnection: close\r\nContent-Length: {}\r\n", body.len());
+    let mut h = format!(
+        "HTTP/1.1 {status}\r\nConnection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    );
     for (k, v) in headers {
         h += &format!("{k}: {v}\r\n");
     }
@@ -211,7 +214,11 @@ fn serve(mut conn: TcpStream, state: &Mutex<State>) {
     let not_found = |w: &mut TcpStream, code: &str| {
         respond(
             w,
-            if code == "RepoNotFound" { "401 Unauthorized" } else { "404 Not Found" },
+            if code == "RepoNotFound" {
+                "401 Unauthorized"
+            } else {
+                "404 Not Found"
+            },
             &[("X-Error-Code", code.into())],
             b"{\"error\":\"not found\"}",
         )
@@ -224,7 +231,12 @@ fn serve(mut conn: TcpStream, state: &Mutex<State>) {
             return not_found(&mut conn, "RepoNotFound");
         };
         if r.gated {
-            return respond(&mut conn, "403 Forbidden", &[("X-Error-Code", "GatedRepo".into())], b"{}");
+            return respond(
+                &mut conn,
+                "403 Forbidden",
+                &[("X-Error-Code", "GatedRepo".into())],
+                b"{}",
+            );
         }
         if rev != "main" && rev != r.commit {
             return not_found(&mut conn, "RevisionNotFound");
@@ -273,7 +285,10 @@ fn serve(mut conn: TcpStream, state: &Mutex<State>) {
         let (status, mut headers) = if from > 0 {
             (
                 "206 Partial Content",
-                vec![("Content-Range", format!("bytes {from}-{}/{}", data.len() - 1, data.len()))],
+                vec![(
+                    "Content-Range",
+                    format!("bytes {from}-{}/{}", data.len() - 1, data.len()),
+                )],
             )
         } else {
             ("200 OK", Vec::new())
