@@ -97,10 +97,10 @@ fn unknown_model_type_in_packed_dir_is_named() {
     let cpath = dir.join("config.json");
     let text = std::fs::read_to_string(&cpath)
         .unwrap()
-        .replace("\"qwen3_moe\"", "\"mixtral\"");
+        .replace("\"qwen3_moe\"", "\"no_such_moe\"");
     std::fs::write(&cpath, text).unwrap();
     let e = open_err(&dir);
-    assert!(e.contains("mixtral") && e.contains("supported"), "{e}");
+    assert!(e.contains("no_such_moe") && e.contains("supported"), "{e}");
 }
 
 #[test]

@@ -77,10 +77,10 @@ fn an_unknown_model_type_is_a_problem() {
     let c = m.join("config.json");
     let text = std::fs::read_to_string(&c)
         .unwrap()
-        .replace("\"qwen3_moe\"", "\"mixtral\"");
+        .replace("\"qwen3_moe\"", "\"no_such_moe\"");
     std::fs::write(&c, text).unwrap();
     let (ok, _, err) = inspect(&m);
-    assert!(!ok && err.contains("mixtral") && err.contains("problem"), "{err}");
+    assert!(!ok && err.contains("no_such_moe") && err.contains("problem"), "{err}");
 }
 
 #[test]
