@@ -107,6 +107,22 @@ pub enum Error {
     /// `Model::set_check_nan`) a layer whose output holds a NaN.
     #[error("numeric failure: {0}")]
     Numeric(String),
+    /// The Hub refused a gated or private repo (HTTP 401/403).
+    #[error("{repo}: access denied (HTTP {status}): the model is gated or private; accept its terms at {url} and give a token (HF_TOKEN, or `huggingface-cli login`)")]
+    HubDenied { repo: String, status: u16, url: String },
+
+    /// A repo, revision or file the Hub does not have.
+    #[error("{0}: not found on the Hub")]
+    HubNotFound(String),
+
+    /// Offline (`HF_HUB_OFFLINE`) and the cache lacks what is needed.
+    #[error("{repo}: {msg}, and the Hub may not be asked (HF_HUB_OFFLINE is set): pull it once online")]
+    HubOffline { repo: String, msg: String },
+
+    /// A download that failed: the network, the server, or a file that
+    /// does not match the Hub's size or sha256.
+    #[error("hub: {0}")]
+    Hub(String),
 
     #[error("backend {backend}: {msg}")]
     Backend { backend: &'static str, msg: String },

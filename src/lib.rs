@@ -12,6 +12,7 @@ pub mod error;
 pub mod format;
 pub mod generate;
 pub mod heap;
+pub mod hub;
 
 pub use config::{Arch, ModelConfig};
 pub use error::{Error, Result};

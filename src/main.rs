@@ -33,20 +33,51 @@ enum Command {
     Bench(cli::bench::BenchArgs),
     /// Serve the model over an OpenAI-compatible HTTP API.
     Serve(cli::serve::ServeArgs),
+    /// Download a model from the Hugging Face Hub (and convert a checkpoint).
+    Pull(cli::pull::PullArgs),
+    /// List the models in the local Hub cache, or remove one.
+    List(cli::pull::ListArgs),
 }
+
+/// How `--model ORG/NAME` is made ready: converted, the download removed.
+const PREPARE: cli::pull::Prepare = cli::pull::Prepare {
+    convert: true,
+    keep_source: false,
+    bits: None,
+};
 
 fn main() {
     moeflux::heap::retain_freed_memory();
-    let cli = Cli::parse();
+    cli::llama::copy_env();
+    let cli = Cli::parse_from(cli::llama::rewrite(std::env::args_os()));
     let r = match cli.command {
-        Command::Run(a) => cli::run::run(a),
-        Command::Chat(a) => cli::chat::run(a),
+        Command::Run(mut a) => a.model.resolve(PREPARE).and_then(|()| cli::run::run(a)),
+        Command::Chat(mut a) => a.model.resolve(PREPARE).and_then(|()| cli::chat::run(a)),
         Command::Convert(a) => cli::convert::run(a),
-        Command::Inspect(a) => cli::inspect::run(a),
-        Command::Logits(a) => cli::logits::run(a),
+        Command::Inspect(mut a) => {
+            let source = cli::pull::Prepare {
+                convert: false,
+                ..PREPARE
+            };
+            cli::pull::resolve_model(&a.dir, source).and_then(|dir| {
+                a.dir = dir;
+                cli::inspect::run(a)
+            })
+        }
+        Command::Logits(mut a) => a.model.resolve(PREPARE).and_then(|()| cli::logits::run(a)),
         Command::Synth(a) => cli::synth::run(a),
-        Command::Bench(a) => cli::bench::run(a),
-        Command::Serve(a) => cli::serve::run(a),
+        Command::Bench(mut a) => a.model.resolve(PREPARE).and_then(|()| cli::bench::run(a)),
+        Command::Serve(mut a) => {
+            let named = a.model.model.to_string_lossy().into_owned();
+            a.model.resolve(PREPARE).and_then(|()| {
+                if a.alias.is_none() && a.model.model.as_os_str() != named.as_str() {
+                    a.alias = Some(named);
+                }
+                cli::serve::run(a)
+            })
+        }
+        Command::Pull(a) => cli::pull::run(a),
+        Command::List(a) => cli::pull::list(a),
     };
     if let Err(e) = r {
         if cli::is_broken_pipe(&e) {

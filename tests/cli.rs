@@ -6,12 +6,16 @@ mod common;
 
 #[path = "cli/flags.rs"]
 mod flags;
+#[path = "cli/hub.rs"]
+mod hub;
 #[path = "cli/inspect.rs"]
 mod inspect;
 #[path = "cli/integrity.rs"]
 mod integrity;
 #[path = "cli/interrupt.rs"]
 mod interrupt;
+#[path = "hub/mock.rs"]
+mod mock;
 #[path = "cli/pipe.rs"]
 mod pipe;
 #[path = "cli/run.rs"]

@@ -24,12 +24,26 @@ use std::time::Instant;
 pub struct BenchArgs {
     #[command(flatten)]
     pub model: ModelArgs,
-    /// Prompt tokens per prefill run (0 skips the pp row).
-    #[arg(short = 'p', long, default_value_t = 512)]
-    pub prompt: usize,
-    /// Generated tokens per decode run (0 skips the tg row).
-    #[arg(short = 'n', long, default_value_t = 128)]
-    pub gen: usize,
+    /// Prompt tokens per prefill run (0 skips the pp row); a list
+    /// (`512,1024`) gives a row each, as llama-bench.
+    #[arg(
+        short = 'p',
+        long,
+        default_value = "512",
+        value_delimiter = ',',
+        value_name = "N[,N…]"
+    )]
+    pub prompt: Vec<usize>,
+    /// Generated tokens per decode run (0 skips the tg row); a list gives
+    /// a row each.
+    #[arg(
+        short = 'n',
+        long,
+        default_value = "128",
+        value_delimiter = ',',
+        value_name = "N[,N…]"
+    )]
+    pub gen: Vec<usize>,
     /// Repetitions of each row (1 to 1000).
     #[arg(short = 'r', long, default_value_t = 5, value_parser = clap::value_parser!(u16).range(1..=1000))]
     pub reps: u16,
@@ -52,9 +66,10 @@ pub struct BenchArgs {
     #[arg(long)]
     pub chunk: Option<usize>,
     /// Tokens of context evaluated (untimed) before each decode run, so
-    /// that tg is measured at that depth (as after a prompt of that length).
-    #[arg(short = 'd', long, default_value_t = 0)]
-    pub depth: usize,
+    /// that tg is measured at that depth (as after a prompt of that
+    /// length); a list gives a tg row for each.
+    #[arg(short = 'd', long, default_value = "0", value_delimiter = ',', value_name = "N[,N…]")]
+    pub depth: Vec<usize>,
     /// Sequences evaluated together, in one forward pass per step
     /// (`Model::eval_batch`): pp runs this many prompts at once (each step
     /// takes chunk ÷ N tokens of each), tg this many streams of one token
@@ -239,13 +254,13 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     let mut rows = Vec::new();
 
     let streams = a.parallel as usize;
-    let measure = |name: String, n_tok: usize, pp: bool| -> anyhow::Result<Row> {
+    let measure = |name: String, n_tok: usize, pp: bool, tg_depth: usize| -> anyhow::Result<Row> {
         let mut tps = Vec::new();
         let mut traffic = StatsSnapshot::default();
         let mut cache: Option<CacheStats> = None;
         let mut secs = 0.0;
         let mut storage = Some(0u64);
-        let depth = if pp { 0 } else { a.depth };
+        let depth = if pp { 0 } else { tg_depth };
         // Tokens of a run: all streams'.
         let run_tok = n_tok * streams;
         for r in 0..a.warmup {
@@ -309,20 +324,22 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             storage,
         })
     };
-    if a.prompt > 0 {
-        let name = if chunk < a.prompt {
-            format!("pp{} (chunk {chunk})", a.prompt)
+    for &p in a.prompt.iter().filter(|&&p| p > 0) {
+        let name = if chunk < p {
+            format!("pp{p} (chunk {chunk})")
         } else {
-            format!("pp{}", a.prompt)
+            format!("pp{p}")
         };
-        rows.push(measure(name, a.prompt, true)?);
+        rows.push(measure(name, p, true, 0)?);
     }
-    if a.gen > 0 {
-        let name = match a.depth {
-            0 => format!("tg{}", a.gen),
-            d => format!("tg{} @ d{d}", a.gen),
-        };
-        rows.push(measure(name, a.gen, false)?);
+    for &depth in &a.depth {
+        for &n in a.gen.iter().filter(|&&n| n > 0) {
+            let name = match depth {
+                0 => format!("tg{n}"),
+                d => format!("tg{n} @ d{d}"),
+            };
+            rows.push(measure(name, n, false, depth)?);
+        }
     }
     let bw = model.on_compute_threads(read_bandwidth);
     let threads = model.cpu_threads().map_or(rayon::current_num_threads(), |p| p.threads);

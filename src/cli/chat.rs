@@ -27,8 +27,9 @@ pub struct ChatArgs {
     /// A system message that starts the conversation.
     #[arg(long)]
     pub system: Option<String>,
-    /// A Jinja chat template file instead of the model's own.
-    #[arg(long, value_name = "FILE")]
+    /// A Jinja chat template file instead of the model's own, or a
+    /// built-in one by name: chatml.
+    #[arg(long, value_name = "FILE|NAME", visible_alias = "chat-template-file")]
     pub chat_template: Option<PathBuf>,
     /// Do not show a reasoning model's thinking (<think>…</think>).
     #[arg(long)]

@@ -14,8 +14,10 @@ use std::path::PathBuf;
 
 #[derive(Args, Debug, Clone)]
 pub struct ModelArgs {
-    /// Packed model directory (made by `moeflux convert` or `moeflux synth`).
-    #[arg(long)]
+    /// Packed model directory (made by `moeflux convert` or `moeflux synth`),
+    /// or a Hugging Face model, ORG/NAME[:QUANT], pulled first when it is
+    /// not a local path (see `moeflux pull`).
+    #[arg(short = 'm', long, visible_alias = "hf-repo", env = "MOEFLUX_ARG_MODEL")]
     pub model: PathBuf,
     /// Device: auto (CUDA when a GPU is present, else the CPU), cpu, cuda
     /// or cuda:N.
@@ -33,7 +35,14 @@ pub struct ModelArgs {
     /// CPU threads that compute: the CPU backend's, or on CUDA those that
     /// compute misses with --hybrid (0: one per CPU this process may use;
     /// at most that many).
-    #[arg(long, default_value_t = 0, value_name = "N", value_parser = threads)]
+    #[arg(
+        short = 't',
+        long,
+        default_value_t = 0,
+        value_name = "N",
+        value_parser = threads,
+        env = "MOEFLUX_ARG_THREADS"
+    )]
     pub threads: usize,
     /// f32 activations in every matrix product. Without it, quantized
     /// products on the CPU round the activations to 16-bit integers per
@@ -109,6 +118,21 @@ pub struct ModelArgs {
     /// CUDA, for measuring: KiB of one piece of a staged expert copy.
     #[arg(long, hide = true, value_name = "KIB", default_value_t = 512)]
     pub copy_piece_kib: usize,
+    /// llama.cpp's flags that mean something else here: refused with
+    /// what to use instead.
+    #[arg(long = "n-gpu-layers", visible_alias = "gpu-layers", hide = true, value_name = "N",
+          allow_hyphen_values = true, value_parser = super::llama::gpu_layers)]
+    pub n_gpu_layers: Option<String>,
+    #[arg(long = "override-tensor", hide = true, value_name = "PATTERN", value_parser = super::llama::override_tensor)]
+    pub override_tensor: Option<String>,
+    #[arg(long = "n-cpu-moe", hide = true, value_name = "N", value_parser = super::llama::cpu_moe)]
+    pub n_cpu_moe: Option<String>,
+    #[arg(long = "cpu-moe", hide = true, num_args = 0..=1, default_missing_value = "",
+          value_parser = super::llama::cpu_moe)]
+    pub cpu_moe: Option<String>,
+    /// llama.cpp's `--jinja`: templates are always Jinja here.
+    #[arg(long, hide = true)]
+    pub jinja: bool,
 }
 
 /// `--threads`: from 0 (one per CPU) to the CPUs this process may use
@@ -140,6 +164,13 @@ fn cache_size(s: &str) -> Result<CacheSize, String> {
 }
 
 impl ModelArgs {
+    /// `--model ORG/NAME[:QUANT]` that is not a local path: pulled and
+    /// made ready, then the local path replaces it.
+    pub fn resolve(&mut self, prep: super::pull::Prepare) -> anyhow::Result<()> {
+        self.model = super::pull::resolve_model(&self.model, prep)?;
+        Ok(())
+    }
+
     pub fn options(&self) -> Options {
         Options {
             device: self.device,

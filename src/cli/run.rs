@@ -26,10 +26,23 @@ impl ModelArgs {
         Ok((model, tok))
     }
 
-    /// `--chat-template FILE`, else the model's own template.
+    /// `--chat-template FILE|NAME`, else the model's own template.
     pub fn template(&self, file: Option<&Path>) -> anyhow::Result<ChatTemplate> {
         if let Some(path) = file {
-            let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+            let builtin = path
+                .to_str()
+                .filter(|_| !path.exists())
+                .and_then(super::llama::builtin_template);
+            let text = match builtin {
+                Some(t) => t.to_string(),
+                None => std::fs::read_to_string(path).with_context(|| {
+                    format!(
+                        "reading {} (--chat-template takes a file or a built-in name: {})",
+                        path.display(),
+                        super::llama::BUILTIN_TEMPLATES
+                    )
+                })?,
+            };
             let special = TokenizerConfig::from_dir(&self.model)?.special_tokens();
             return Ok(ChatTemplate::new(&text, path, special)?);
         }
@@ -47,7 +60,7 @@ impl ModelArgs {
 #[derive(Args)]
 pub struct SamplingArgs {
     /// 0 picks the most likely token (greedy).
-    #[arg(long)]
+    #[arg(long, visible_alias = "temp")]
     pub temperature: Option<f32>,
     /// Keep the K most likely tokens (0: all).
     #[arg(long)]
@@ -68,7 +81,7 @@ pub struct SamplingArgs {
     #[arg(long)]
     pub frequency_penalty: Option<f32>,
     /// Seed of the sampler (random when not given; the summary prints it).
-    #[arg(long)]
+    #[arg(short = 's', long)]
     pub seed: Option<u64>,
     /// Stop when the text produces this string (not printed). Repeatable.
     #[arg(long = "stop", value_name = "TEXT")]
@@ -140,8 +153,14 @@ pub struct RunArgs {
     /// A system message (with --chat).
     #[arg(long, requires = "chat")]
     pub system: Option<String>,
-    /// A Jinja chat template file instead of the model's own (with --chat).
-    #[arg(long, value_name = "FILE", requires = "chat")]
+    /// A Jinja chat template file instead of the model's own, or a
+    /// built-in one by name: chatml (with --chat).
+    #[arg(
+        long,
+        value_name = "FILE|NAME",
+        requires = "chat",
+        visible_alias = "chat-template-file"
+    )]
     pub chat_template: Option<PathBuf>,
     /// Add a per-phase time breakdown to the summary.
     #[arg(long)]

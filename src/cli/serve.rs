@@ -13,10 +13,10 @@ pub struct ServeArgs {
     #[command(flatten)]
     pub model: ModelArgs,
     /// Address to listen on (0.0.0.0: every interface).
-    #[arg(long, default_value = "127.0.0.1")]
+    #[arg(long, default_value = "127.0.0.1", env = "MOEFLUX_ARG_HOST")]
     pub host: String,
     /// Port to listen on (0: any free one; the ready line names it).
-    #[arg(long, default_value_t = 8080)]
+    #[arg(long, default_value_t = 8080, env = "MOEFLUX_ARG_PORT")]
     pub port: u16,
     /// Require `Authorization: Bearer KEY` on every endpoint but /health
     /// and / (a key given here shows in `ps`: prefer --api-key-file or the
@@ -57,19 +57,32 @@ pub struct ServeArgs {
     /// Generations that run at once, each in its own slot (session); all
     /// of them advance together, one forward pass per step (continuous
     /// batching: the weights and each expert are read once per step).
-    #[arg(long, default_value_t = 1, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
+    #[arg(long, default_value_t = 1, value_name = "N", value_parser = clap::value_parser!(u16).range(1..),
+          env = "MOEFLUX_ARG_N_PARALLEL")]
     pub parallel: u16,
     /// Requests that may wait for a free slot; more are refused with 503.
     #[arg(long, default_value_t = 64, value_name = "N")]
     pub queue: usize,
     /// Context per request, prompt and answer (default: the model's).
-    #[arg(long, value_name = "N")]
+    #[arg(
+        short = 'c',
+        long,
+        visible_alias = "ctx-size",
+        value_name = "N",
+        env = "MOEFLUX_ARG_CTX_SIZE"
+    )]
     pub ctx: Option<usize>,
     /// The model's name in the API (default: the model directory's name).
-    #[arg(long, value_name = "NAME")]
+    #[arg(long, value_name = "NAME", env = "MOEFLUX_ARG_ALIAS")]
     pub alias: Option<String>,
-    /// A Jinja chat template file instead of the model's own.
-    #[arg(long, value_name = "FILE")]
+    /// A Jinja chat template file instead of the model's own, or a
+    /// built-in one by name: chatml.
+    #[arg(
+        long,
+        value_name = "FILE|NAME",
+        visible_alias = "chat-template-file",
+        env = "MOEFLUX_ARG_CHAT_TEMPLATE"
+    )]
     pub chat_template: Option<PathBuf>,
     /// Seconds of silence after which a stream sends an SSE comment.
     #[arg(long, default_value_t = 5.0, value_name = "SECONDS")]
