@@ -134,7 +134,8 @@ fn fetch(
     match pulled.format {
         Format::Gguf => {
             eprintln!(
-                "note: {} is a GGUF file: it is opened in place where GGUF is supported",
+                "note: {} is a GGUF file: convert it with `moeflux convert {} DIR` (add --requantize 4 for K-quants), then pass DIR to --model",
+                pulled.path.display(),
                 pulled.path.display()
             );
             Ok(pulled.path)
