@@ -24,12 +24,17 @@ fn top_k(v: &[f32], k: usize) -> Vec<usize> {
     best
 }
 
-/// softmax over all experts → top-k → renormalize if asked.
-fn softmax_topk(logits: &[f32], k: usize, norm: bool) -> (Vec<u32>, Vec<f32>) {
+/// The softmax of a router's logits, in f32.
+fn softmax(logits: &[f32]) -> Vec<f32> {
     let m = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
     let e: Vec<f32> = logits.iter().map(|x| (x - m).exp()).collect();
     let sum: f32 = e.iter().sum();
-    let p: Vec<f32> = e.iter().map(|x| x / sum).collect();
+    e.iter().map(|x| x / sum).collect()
+}
+
+/// softmax over all experts → top-k → renormalize if asked.
+fn softmax_topk(logits: &[f32], k: usize, norm: bool) -> (Vec<u32>, Vec<f32>) {
+    let p = softmax(logits);
     let idx = top_k(&p, k);
     let mut w: Vec<f32> = idx.iter().map(|&i| p[i]).collect();
     if norm {
@@ -79,27 +84,20 @@ fn noaux_tc(
 /// best `topk_group` kept (others masked to 0, as transformers does);
 /// top-k; weights the probabilities times `scale`.
 fn softmax_groups(logits: &[f32], k: usize, n_group: usize, topk_group: usize, scale: f32) -> (Vec<u32>, Vec<f32>) {
-    let (idx, mut w) = {
-        let m = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
-        let e: Vec<f32> = logits.iter().map(|x| (x - m).exp()).collect();
-        let sum: f32 = e.iter().sum();
-        let p: Vec<f32> = e.iter().map(|x| x / sum).collect();
-        let per = p.len() / n_group;
-        let group_scores: Vec<f32> = p
-            .chunks_exact(per)
-            .map(|g| g.iter().cloned().fold(f32::NEG_INFINITY, f32::max))
-            .collect();
-        let keep = top_k(&group_scores, topk_group);
-        let masked: Vec<f32> = p
-            .iter()
-            .enumerate()
-            .map(|(i, &x)| if keep.contains(&(i / per)) { x } else { 0.0 })
-            .collect();
-        let idx = top_k(&masked, k);
-        let w: Vec<f32> = idx.iter().map(|&i| p[i]).collect();
-        (idx, w)
-    };
-    w.iter_mut().for_each(|x| *x *= scale);
+    let p = softmax(logits);
+    let per = p.len() / n_group;
+    let group_scores: Vec<f32> = p
+        .chunks_exact(per)
+        .map(|g| g.iter().cloned().fold(f32::NEG_INFINITY, f32::max))
+        .collect();
+    let keep = top_k(&group_scores, topk_group);
+    let masked: Vec<f32> = p
+        .iter()
+        .enumerate()
+        .map(|(i, &x)| if keep.contains(&(i / per)) { x } else { 0.0 })
+        .collect();
+    let idx = top_k(&masked, k);
+    let w: Vec<f32> = idx.iter().map(|&i| p[i] * scale).collect();
     (idx.into_iter().map(|i| i as u32).collect(), w)
 }
 
