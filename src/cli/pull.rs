@@ -21,8 +21,11 @@ files, the shards the index lists), into the cache huggingface_hub shares
 (HF_HUB_CACHE, else HF_HOME/hub, else ~/.cache/huggingface/hub): a model
 it downloaded is not downloaded again. A broken download is resumed;
 every file is checked against the Hub's size and sha256. A safetensors
-checkpoint is then converted into the packed layout (MOEFLUX_MODELS, else
-~/.cache/moeflux/models) and its weights removed unless --keep-source.
+checkpoint or a GGUF file is then converted into the packed layout
+(MOEFLUX_MODELS, else ~/.cache/moeflux/models) and its weights removed
+unless --keep-source; a GGUF keeps Q8_0, Q4_0, Q4_1 and float tensors
+bit for bit, and other block formats (K-quants) need --bits 4 or 8 to be
+requantized.
 The last line on stdout is the path to give --model (ORG/NAME works too).
 
 Environment: HF_TOKEN (else the file `huggingface-cli login` writes) for
@@ -132,14 +135,8 @@ fn fetch(
         );
     }
     match pulled.format {
-        Format::Gguf => {
-            eprintln!(
-                "note: {} is a GGUF file: convert it with `moeflux convert {} DIR` (add --requantize 4 for K-quants), then pass DIR to --model",
-                pulled.path.display(),
-                pulled.path.display()
-            );
-            Ok(pulled.path)
-        }
+        Format::Gguf if !prep.convert => Ok(pulled.path),
+        Format::Gguf => convert_pulled(&opts, &pulled, prep, cancel),
         Format::Safetensors if !prep.convert => Ok(pulled.path),
         Format::Safetensors => convert_pulled(&opts, &pulled, prep, cancel),
     }
@@ -153,18 +150,32 @@ fn convert_pulled(
     prep: Prepare,
     cancel: Option<&'static std::sync::atomic::AtomicBool>,
 ) -> anyhow::Result<PathBuf> {
-    let dst = hub::packed_path(opts, &pulled.repo, &pulled.commit);
+    let mut dst = hub::packed_path(opts, &pulled.repo, &pulled.commit);
+    // A GGUF repo holds several quantizations: each converts apart.
+    let gguf = pulled.format == Format::Gguf;
+    if gguf {
+        let stem = pulled.path.file_stem().map(|s| s.to_string_lossy().into_owned());
+        dst.set_file_name(format!("{}-{}", pulled.commit, stem.unwrap_or_default()));
+        if dst.join(MANIFEST_FILE).is_file() {
+            eprintln!("{}: converted already, {}", pulled.repo, dst.display());
+            return Ok(dst);
+        }
+    }
     if let Some(parent) = dst.parent() {
         std::fs::create_dir_all(parent)?;
     }
     eprintln!("converting {} → {}", pulled.repo, dst.display());
     let copts = ConvertOptions {
-        bits: prep.bits,
+        bits: prep.bits.filter(|_| !gguf),
+        // GGUF: --bits asks for block formats the packed format cannot
+        // hold exactly to be requantized (else they are refused by name).
+        requantize: prep.bits.filter(|_| gguf),
         progress: bar(),
         cancel,
         ..ConvertOptions::default()
     };
-    let r = convert(&pulled.snapshot, &dst, &copts)?;
+    let src = if gguf { &pulled.path } else { &pulled.snapshot };
+    let r = convert(src, &dst, &copts)?;
     copts.progress.finish_and_clear();
     for n in &r.notes {
         eprintln!("note: {n}");

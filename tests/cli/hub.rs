@@ -106,8 +106,25 @@ fn pull_prints_the_path_and_refuses_clearly() {
         .unwrap();
     let (out, err) = text(&o);
     assert!(o.status.success(), "{err}");
+    // The GGUF is converted (Q8_0 kept exactly) and the packed model runs.
     let path = out.lines().last().unwrap();
-    assert!(path.ends_with("tiny-Q8_0.gguf") && Path::new(path).is_file(), "{out}");
+    assert!(
+        path.ends_with("tiny-Q8_0") && Path::new(path).join("model_weights.json").is_file(),
+        "{out}"
+    );
+    let o = hub_cmd(
+        &hub,
+        tmp.path(),
+        &["run", "--device", "cpu", "-n", "2", "-p", "Hi", "--model", path],
+    )
+    .output()
+    .unwrap();
+    assert!(o.status.success(), "{}", text(&o).1);
+    // A second pull finds the conversion.
+    let o = hub_cmd(&hub, tmp.path(), &["pull", &format!("{GGUF}:Q8_0")])
+        .output()
+        .unwrap();
+    assert!(text(&o).1.contains("converted already"), "{}", text(&o).1);
     let o = hub_cmd(&hub, tmp.path(), &["pull", GATED]).output().unwrap();
     let (_, err) = text(&o);
     assert!(!o.status.success(), "{err}");

@@ -92,6 +92,15 @@ impl MockHub {
             data: b"# demo\n".to_vec(),
             lfs: false,
         });
+        // Q8_0 is a real model (tests/fixtures/gguf_models): pull converts it.
+        let real_gguf = || File {
+            path: "tiny-Q8_0.gguf".into(),
+            data: std::fs::read(
+                Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gguf_models/qwen3_moe_q8_0/model.gguf"),
+            )
+            .unwrap(),
+            lfs: true,
+        };
         let gguf = |q: &str, n: usize| File {
             path: format!("tiny-{q}.gguf"),
             data: (0..n).map(|i| (i * 31 % 251) as u8).collect(),
@@ -107,7 +116,7 @@ impl MockHub {
             Repo {
                 id: GGUF.into(),
                 commit: GGUF_COMMIT.into(),
-                files: vec![gguf("Q4_K_M", 300_000), gguf("Q8_0", 500_000)],
+                files: vec![gguf("Q4_K_M", 300_000), real_gguf()],
                 gated: false,
             },
             Repo {
@@ -138,6 +147,12 @@ impl MockHub {
         self.state.lock().unwrap().faults = f;
     }
     /// Body bytes sent of `path` so far.
+    /// Bytes of file `path` of repo `id`.
+    pub fn file_len(&self, id: &str, path: &str) -> u64 {
+        let s = self.state.lock().unwrap();
+        let repo = s.repos.iter().find(|r| r.id == id).unwrap();
+        repo.files.iter().find(|f| f.path == path).unwrap().data.len() as u64
+    }
     pub fn served(&self, path: &str) -> u64 {
         self.state.lock().unwrap().served.get(path).copied().unwrap_or(0)
     }
