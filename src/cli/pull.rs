@@ -114,6 +114,16 @@ fn fetch(
 ) -> anyhow::Result<PathBuf> {
     let model = RepoRef::parse(spec)?;
     let opts = HubOptions::from_env();
+    if let Some(sel) = &model.selector {
+        // A GGUF quantization converted at this commit needs nothing more.
+        if let Some(packed) = hub::commit(&opts, &model.repo, revision)
+            .ok()
+            .and_then(|c| converted_gguf(&opts, &model.repo, &c, sel))
+        {
+            eprintln!("{model}: converted already, {}", packed.display());
+            return Ok(packed);
+        }
+    }
     if model.selector.is_none() {
         // A conversion of this commit needs nothing more.
         let commit = hub::commit(&opts, &model.repo, revision);
@@ -139,6 +149,28 @@ fn fetch(
         Format::Gguf => convert_pulled(&opts, &pulled, prep, cancel),
         Format::Safetensors if !prep.convert => Ok(pulled.path),
         Format::Safetensors => convert_pulled(&opts, &pulled, prep, cancel),
+    }
+}
+
+/// The one conversion of `repo` at `commit` of a GGUF file whose name
+/// holds `selector` (`<commit>-<file stem>`, as `convert_pulled` names it).
+fn converted_gguf(opts: &HubOptions, repo: &str, commit: &str, selector: &str) -> Option<PathBuf> {
+    let dir = hub::packed_path(opts, repo, commit);
+    let prefix = format!("{commit}-");
+    let sel = selector.to_ascii_lowercase();
+    let found: Vec<PathBuf> = std::fs::read_dir(dir.parent()?)
+        .ok()?
+        .filter_map(|e| e.ok())
+        .filter(|e| {
+            let name = e.file_name().to_string_lossy().to_ascii_lowercase();
+            name.starts_with(&prefix) && name.contains(&sel)
+        })
+        .map(|e| e.path())
+        .filter(|p| p.join(MANIFEST_FILE).is_file())
+        .collect();
+    match found.as_slice() {
+        [one] => Some(one.clone()),
+        _ => None,
     }
 }
 

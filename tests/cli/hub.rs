@@ -120,11 +120,13 @@ fn pull_prints_the_path_and_refuses_clearly() {
     .output()
     .unwrap();
     assert!(o.status.success(), "{}", text(&o).1);
-    // A second pull finds the conversion.
+    // A second pull finds the conversion and downloads nothing.
+    hub.clear_counts();
     let o = hub_cmd(&hub, tmp.path(), &["pull", &format!("{GGUF}:Q8_0")])
         .output()
         .unwrap();
     assert!(text(&o).1.contains("converted already"), "{}", text(&o).1);
+    assert_eq!(hub.served("tiny-Q8_0.gguf"), 0);
     let o = hub_cmd(&hub, tmp.path(), &["pull", GATED]).output().unwrap();
     let (_, err) = text(&o);
     assert!(!o.status.success(), "{err}");
