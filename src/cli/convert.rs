@@ -70,7 +70,7 @@ pub struct ConvertArgs {
 }
 
 /// A bar over the source bytes on stderr when it is a terminal, else none.
-fn progress_bar() -> ProgressBar {
+pub(crate) fn progress_bar() -> ProgressBar {
     if !std::io::stderr().is_terminal() {
         return ProgressBar::hidden();
     }

@@ -3,11 +3,11 @@
 //! safetensors checkpoint converted into the packed layout.
 
 use clap::Args;
-use indicatif::{HumanBytes, ProgressBar, ProgressDrawTarget, ProgressStyle};
+use indicatif::HumanBytes;
 use moeflux::format::convert::{convert, ConvertOptions};
 use moeflux::format::packed::MANIFEST_FILE;
 use moeflux::hub::{self, Event, Format, HubOptions, RepoRef};
-use std::io::{IsTerminal, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 const ABOUT: &str = "\
@@ -202,7 +202,7 @@ fn convert_pulled(
         // GGUF: --bits asks for block formats the packed format cannot
         // hold exactly to be requantized (else they are refused by name).
         requantize: prep.bits.filter(|_| gguf),
-        progress: bar(),
+        progress: super::convert::progress_bar(),
         cancel,
         ..ConvertOptions::default()
     };
@@ -230,23 +230,9 @@ fn convert_pulled(
     Ok(dst)
 }
 
-/// A bar over bytes on stderr when it is a terminal, else hidden.
-fn bar() -> ProgressBar {
-    if !std::io::stderr().is_terminal() {
-        return ProgressBar::hidden();
-    }
-    let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
-    let style = ProgressStyle::with_template(
-        "{spinner} [{elapsed_precise}] {wide_bar} {bytes}/{total_bytes} {bytes_per_sec} ETA {eta} {msg}",
-    )
-    .unwrap_or_else(|_| ProgressStyle::default_bar());
-    bar.set_style(style);
-    bar
-}
-
 /// `hub::pull` with one bar for the whole download.
 fn pull_with_bar(opts: &HubOptions, model: &RepoRef, revision: &str) -> anyhow::Result<hub::Pulled> {
-    let bar = bar();
+    let bar = super::convert::progress_bar();
     let quiet = bar.is_hidden();
     let r = hub::pull(opts, model, revision, &mut |e| match e {
         Event::Start { files, total, present } => {
