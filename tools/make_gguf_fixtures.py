@@ -132,7 +132,11 @@ CHATML = (
 )
 
 
-def vocab(pre, name):
+def add_vocab(w, pre):
+    """tests/fixtures/qwen3_moe's tokenizer into writer `w` as llama.cpp's
+    convert_hf_to_gguf.py writes a GPT-2-style BPE vocabulary (tokens,
+    token types, merges, special ids, chat template), with
+    `tokenizer.ggml.pre` `pre`; returns the original tokenizer.json."""
     src = os.path.join(ROOT, "tests", "fixtures", "qwen3_moe")
     tok = json.load(open(os.path.join(src, "tokenizer.json")))
     cfg = json.load(open(os.path.join(src, "config.json")))
@@ -154,8 +158,6 @@ def vocab(pre, name):
             tokens.append(f"[PAD{i}]")
             types.append(gguf.TokenType.UNUSED)
     merges = [m if isinstance(m, str) else " ".join(m) for m in tok["model"]["merges"]]
-
-    w = gguf.GGUFWriter(os.path.join(OUT, name), "qwen3moe")
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre(pre)
     w.add_token_list(tokens)
@@ -166,6 +168,12 @@ def vocab(pre, name):
     w.add_bos_token_id(cfg["bos_token_id"])
     w.add_add_bos_token(False)
     w.add_chat_template(CHATML)
+    return tok
+
+
+def vocab(pre, name):
+    w = gguf.GGUFWriter(os.path.join(OUT, name), "qwen3moe")
+    tok = add_vocab(w, pre)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

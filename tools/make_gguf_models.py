@@ -87,7 +87,7 @@ def write(name: str, dense_type, expert_type):
     w.add_expert_used_count(cfg["num_experts_per_tok"])
     w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
     w.add_expert_weights_norm(cfg["norm_topk_prob"])
-    add_vocab(w)
+    mg.add_vocab(w, "gpt-2")
 
     deq = {}  # HF name -> what gguf-py dequantizes from the file
 
@@ -135,40 +135,6 @@ def write(name: str, dense_type, expert_type):
         f"on gguf-py's dequantization of model.gguf (matrices {dense_type.name}, experts {expert_type.name})",
     )
     print(f"  [{name}] greedy {ref['greedy']}  {os.path.getsize(d / 'model.gguf') / 1e6:.2f} MB")
-
-
-def add_vocab(w):
-    """tests/fixtures/qwen3_moe's tokenizer as convert_hf_to_gguf.py writes
-    a GPT-2-style BPE vocabulary (make_gguf_fixtures.vocab's rules)."""
-    tok = json.loads((SRC / "tokenizer.json").read_text())
-    cfg = json.loads((SRC / "config.json").read_text())
-    gen = json.loads((SRC / "generation_config.json").read_text())
-    by_id = {i: t for t, i in tok["model"]["vocab"].items()}
-    added = {a["id"]: a for a in tok["added_tokens"]}
-    tokens, types = [], []
-    for i in range(cfg["vocab_size"]):
-        if i in added:
-            tokens.append(added[i]["content"])
-            special = added[i]["special"] or (tokens[-1].startswith("<|") and tokens[-1].endswith("|>"))
-            types.append(gguf.TokenType.CONTROL if special else gguf.TokenType.USER_DEFINED)
-        elif i in by_id:
-            tokens.append(by_id[i])
-            types.append(gguf.TokenType.NORMAL)
-        else:
-            tokens.append(f"[PAD{i}]")
-            types.append(gguf.TokenType.UNUSED)
-    merges = [m if isinstance(m, str) else " ".join(m) for m in tok["model"]["merges"]]
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("gpt-2")
-    w.add_token_list(tokens)
-    w.add_token_types([int(t) for t in types])
-    w.add_token_merges(merges)
-    eos = gen["eos_token_id"]
-    w.add_eos_token_id(eos[0] if isinstance(eos, list) else eos)
-    w.add_pad_token_id(gen.get("pad_token_id", cfg["bos_token_id"]))
-    w.add_bos_token_id(cfg["bos_token_id"])
-    w.add_add_bos_token(False)
-    w.add_chat_template(mg.CHATML)
 
 
 def main():
