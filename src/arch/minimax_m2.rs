@@ -8,7 +8,7 @@
 
 use super::{skip_nothing, Family};
 use crate::config::fields::Fields;
-use crate::config::{Arch, AttnKind, FfnKind, LayerSpec, ModelConfig, QkNorm, Routing};
+use crate::config::{Arch, FfnKind, ModelConfig, QkNorm, Routing};
 use crate::error::{Error, Result};
 
 pub const FAMILY: Family = Family {
@@ -66,11 +66,6 @@ fn configure(f: &Fields, cfg: &mut ModelConfig) -> Result<()> {
         norm_topk_prob: true,
     };
     cfg.moe.router_bias = true;
-    cfg.layers = (0..cfg.num_hidden_layers)
-        .map(|_| LayerSpec {
-            attn: AttnKind::Full,
-            ffn: FfnKind::Moe,
-        })
-        .collect();
+    cfg.layers = super::gqa_layers(vec![FfnKind::Moe; cfg.num_hidden_layers]);
     Ok(())
 }

@@ -6,7 +6,7 @@
 
 use super::{skip_nothing, Family};
 use crate::config::fields::Fields;
-use crate::config::{Arch, AttnKind, FfnKind, LayerSpec, ModelConfig, Routing};
+use crate::config::{Arch, FfnKind, ModelConfig, Routing};
 use crate::error::{Error, Result};
 
 pub const FAMILY: Family = Family {
@@ -28,12 +28,7 @@ fn configure(f: &Fields, cfg: &mut ModelConfig) -> Result<()> {
     refuse_sliding_window(f, cfg)?;
     cfg.moe_intermediate_size = f.usize("intermediate_size")?;
     cfg.routing = Routing::Softmax { norm_topk_prob: true };
-    cfg.layers = (0..cfg.num_hidden_layers)
-        .map(|_| LayerSpec {
-            attn: AttnKind::Full,
-            ffn: FfnKind::Moe,
-        })
-        .collect();
+    cfg.layers = super::gqa_layers(vec![FfnKind::Moe; cfg.num_hidden_layers]);
     Ok(())
 }
 

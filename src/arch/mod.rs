@@ -21,7 +21,7 @@ mod table;
 pub use table::{table, Entry, Mat, Tensor, TensorKind, Vector};
 
 use crate::config::fields::Fields;
-use crate::config::{Arch, ModelConfig};
+use crate::config::{Arch, AttnKind, FfnKind, LayerSpec, ModelConfig};
 use crate::error::{Error, Result};
 
 /// An architecture family: what `config.json`'s `model_type` selects.
@@ -65,6 +65,28 @@ pub(crate) fn refuse_attention_bias(f: &Fields) -> Result<()> {
         ));
     }
     Ok(())
+}
+
+/// Qwen-style configs refuse `use_sliding_window`: moeflux attends to the
+/// whole context.
+pub(crate) fn refuse_use_sliding_window(f: &Fields, model_type: &str) -> Result<()> {
+    if f.bool_or("use_sliding_window", false)? {
+        return Err(Error::config(
+            "use_sliding_window",
+            format!("sliding-window attention is not supported for {model_type}"),
+        ));
+    }
+    Ok(())
+}
+
+/// Every layer GQA attention, its FFN as `ffn` gives.
+pub(crate) fn gqa_layers(ffn: Vec<FfnKind>) -> Vec<LayerSpec> {
+    ffn.into_iter()
+        .map(|ffn| LayerSpec {
+            attn: AttnKind::Full,
+            ffn,
+        })
+        .collect()
 }
 
 /// Every family, in the order the docs list them.

@@ -4,8 +4,8 @@
 
 use super::{skip_nothing, Family};
 use crate::config::fields::{qwen_moe_layers, Fields};
-use crate::config::{Arch, AttnKind, LayerSpec, ModelConfig, Routing};
-use crate::error::{Error, Result};
+use crate::config::{Arch, ModelConfig, Routing};
+use crate::error::Result;
 
 pub const FAMILY: Family = Family {
     arch: Arch::Qwen2Moe,
@@ -17,12 +17,7 @@ pub const FAMILY: Family = Family {
 };
 
 fn configure(f: &Fields, cfg: &mut ModelConfig) -> Result<()> {
-    if f.bool_or("use_sliding_window", false)? {
-        return Err(Error::config(
-            "use_sliding_window",
-            "sliding-window attention is not supported for qwen2_moe",
-        ));
-    }
+    super::refuse_use_sliding_window(f, "qwen2_moe")?;
     // Qwen2's q, k and v projections always have biases, o_proj never.
     cfg.attn.qkv_bias = f.bool_or("qkv_bias", true)?;
     cfg.routing = Routing::Softmax {
@@ -30,12 +25,6 @@ fn configure(f: &Fields, cfg: &mut ModelConfig) -> Result<()> {
     };
     cfg.shared_expert_intermediate_size = f.usize_or("shared_expert_intermediate_size", 0)?;
     cfg.moe.shared_gated = true;
-    cfg.layers = qwen_moe_layers(f, cfg.num_hidden_layers)?
-        .into_iter()
-        .map(|ffn| LayerSpec {
-            attn: AttnKind::Full,
-            ffn,
-        })
-        .collect();
+    cfg.layers = super::gqa_layers(qwen_moe_layers(f, cfg.num_hidden_layers)?);
     Ok(())
 }

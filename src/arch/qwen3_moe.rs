@@ -4,8 +4,8 @@
 
 use super::{skip_nothing, Family};
 use crate::config::fields::{qwen_moe_layers, Fields};
-use crate::config::{Arch, AttnKind, LayerSpec, ModelConfig, QkNorm, Routing};
-use crate::error::{Error, Result};
+use crate::config::{Arch, ModelConfig, QkNorm, Routing};
+use crate::error::Result;
 
 pub const FAMILY: Family = Family {
     arch: Arch::Qwen3Moe,
@@ -17,23 +17,12 @@ pub const FAMILY: Family = Family {
 };
 
 fn configure(f: &Fields, cfg: &mut ModelConfig) -> Result<()> {
-    if f.bool_or("use_sliding_window", false)? {
-        return Err(Error::config(
-            "use_sliding_window",
-            "sliding-window attention is not supported for qwen3_moe",
-        ));
-    }
+    super::refuse_use_sliding_window(f, "qwen3_moe")?;
     super::refuse_attention_bias(f)?;
     cfg.attn.qk_norm = QkNorm::PerHead;
     cfg.routing = Routing::Softmax {
         norm_topk_prob: f.bool_or("norm_topk_prob", false)?,
     };
-    cfg.layers = qwen_moe_layers(f, cfg.num_hidden_layers)?
-        .into_iter()
-        .map(|ffn| LayerSpec {
-            attn: AttnKind::Full,
-            ffn,
-        })
-        .collect();
+    cfg.layers = super::gqa_layers(qwen_moe_layers(f, cfg.num_hidden_layers)?);
     Ok(())
 }
