@@ -76,32 +76,14 @@ extern "C" __global__ void moe_route(const float* logits, const float* bias, u32
             v[i] = rank_key(p[i]);
         }
         __syncthreads();
-        if (mode == 2 && n_group > 1) {
+        if (mode == 2) {
+            // Each group scored by its largest probability.
             const int per = E / n_group;
             for (int g = threadIdx.x; g < n_group; g += blockDim.x) {
                 float a = NEG_INF;
                 for (int i = 0; i < per; i++) a = fmaxf(a, v[g * per + i]);
                 gsc[g] = a;
             }
-            __syncthreads();
-            if (threadIdx.x == 0) {
-                for (int g = 0; g < n_group; g++) keep[g] = 0;
-                for (int r = 0; r < topk_group; r++) {
-                    int bi = -1;
-                    float best = NEG_INF;
-                    for (int g = 0; g < n_group; g++) {
-                        if (!keep[g] && (bi < 0 || gsc[g] > best)) {
-                            best = gsc[g];
-                            bi = g;
-                        }
-                    }
-                    if (bi >= 0) keep[bi] = 1;
-                }
-            }
-            __syncthreads();
-            for (int i = threadIdx.x; i < E; i += blockDim.x)
-                if (!keep[i / per]) v[i] = 0.0f;
-            __syncthreads();
         }
     } else {
         for (int i = threadIdx.x; i < E; i += blockDim.x) {
@@ -110,6 +92,7 @@ extern "C" __global__ void moe_route(const float* logits, const float* bias, u32
             v[i] = rank_key(sc + (bias ? bias[i] : 0.0f));
         }
         __syncthreads();
+        // Each group scored by the sum of its top 2.
         const int per = E / n_group;
         for (int g = threadIdx.x; g < n_group; g += blockDim.x) {
             float a = NEG_INF, b = NEG_INF;
@@ -124,7 +107,12 @@ extern "C" __global__ void moe_route(const float* logits, const float* bias, u32
             }
             gsc[g] = per > 1 ? a + b : a;
         }
-        __syncthreads();
+    }
+    __syncthreads();
+    // Modes 1 and 2: keep the best `topk_group` groups; the others'
+    // experts count as 0.
+    if (mode != 0 && n_group > 1) {
+        const int per = E / n_group;
         if (threadIdx.x == 0) {
             for (int g = 0; g < n_group; g++) keep[g] = 0;
             for (int r = 0; r < topk_group; r++) {
