@@ -3,10 +3,11 @@
 
 use crate::backend::cpu::CpuBackend;
 use crate::backend::cuda::{self, CacheReport, CacheRequest, CudaBackend, CudaOptions};
+use crate::backend::{KvType, KvTypes};
 use crate::check;
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
-use crate::experts::{CacheSize, CacheStats, ExpertStore, Hybrid, IoMode};
+use crate::experts::{CacheSize, CacheStats, ExpertStore, Hybrid, IoMode, MemoryPlan, PlanInput};
 use crate::format::packed::{expert_file_name, Layout, WeightsFile, EXPERTS_DIR, LAYOUT_FILE, WEIGHTS_FILE};
 use crate::format::watch::FileWatch;
 use crate::model::{Net, SeqStep, State};
@@ -94,6 +95,27 @@ pub struct Options {
     /// Where the messages of opening go (the device chosen, kernels
     /// compiled, the expert cache, fallbacks); dropped by default.
     pub notify: Notifier,
+    /// Positions each session holds (`-c`); `None`: the model's
+    /// `max_position_embeddings`, cut where the memory plan needs
+    /// ([`crate::experts::PlanInput`]).
+    pub ctx: Option<usize>,
+    /// Sessions the memory plan holds a context for (`serve --parallel`).
+    pub sequences: usize,
+    /// The KV caches' element types (`--cache-type-k`, `--cache-type-v`);
+    /// `None`: f32 with `exact`, else f16.
+    pub cache_type_k: Option<KvType>,
+    pub cache_type_v: Option<KvType>,
+}
+
+impl Options {
+    /// The KV caches' element types these options ask for.
+    pub fn kv_types(&self) -> KvTypes {
+        let default = if self.exact { KvType::F32 } else { KvType::F16 };
+        KvTypes {
+            k: self.cache_type_k.unwrap_or(default),
+            v: self.cache_type_v.unwrap_or(default),
+        }
+    }
 }
 
 impl Default for Options {
@@ -110,6 +132,10 @@ impl Default for Options {
             hybrid: None,
             cuda: CudaOptions::default(),
             notify: Notifier::default(),
+            ctx: None,
+            sequences: 1,
+            cache_type_k: None,
+            cache_type_v: None,
         }
     }
 }
@@ -174,7 +200,7 @@ fn open_cuda(
     wf: &WeightsFile,
     store: &Arc<ExpertStore>,
     opts: &Options,
-) -> Result<(Net<CudaBackend>, CacheReport)> {
+) -> Result<(Net<CudaBackend>, CacheReport, MemoryPlan)> {
     let codes = crate::backend::cuda::format_codes(&wf.manifest, store.layout());
     let cuda = CudaOptions {
         tensor_cores: opts.cuda.tensor_cores && !opts.exact,
@@ -183,10 +209,32 @@ fn open_cuda(
     let b = CudaBackend::for_formats(ordinal, &codes, &cuda, &opts.notify)?;
     opts.notify
         .say(&format!("device: cuda:{ordinal} ({})", b.device_name()));
-    let net = Net::load(b, config, wf)?;
+    let mut net = Net::load(b, config, wf)?;
+    net.set_kv_types(opts.kv_types())?;
     let moe: Vec<usize> = (0..config.layers.len())
         .filter(|&i| config.layers[i].ffn == crate::config::FfnKind::Moe)
         .collect();
+    let min_slots = config.num_experts_per_tok * if opts.prefetch { 2 } else { 1 };
+    let mut largest = 0;
+    for &l in &moe {
+        largest = largest.max(store.layer_layout(l)?.expert_size);
+    }
+    let plan = PlanInput {
+        free: net.b.free_memory()?,
+        margin: DEVICE_MARGIN_BYTES,
+        activations: chunk_activation_bytes(config, prefill_chunk(config, Device::Cuda(ordinal))) as u64,
+        kv_per_token: net.kv_bytes_per_token() as u64,
+        sequences: opts.sequences,
+        model_ctx: config.max_position_embeddings,
+        asked: opts.ctx,
+        min_experts: if moe.is_empty() {
+            0
+        } else {
+            min_slots as u64 * cuda::slot_bytes(largest)
+        },
+    }
+    .plan()?;
+    opts.notify.say(&plan.describe());
     let req = CacheRequest {
         size: opts.expert_cache,
         prefetch: opts.prefetch,
@@ -196,7 +244,8 @@ fn open_cuda(
         // also let the previous token's experts be copied: slower on the
         // H100; docs/notes/2026-11-22-to-12-02-benchmark-log.md, "The
         // streaming core: slot table, hybrid misses, skewed routing".)
-        min_slots: config.num_experts_per_tok * if opts.prefetch { 2 } else { 1 },
+        min_slots,
+        room: plan.expert_room,
         hybrid: opts.hybrid,
         host_threads: opts.threads,
         exact: opts.exact,
@@ -225,7 +274,26 @@ fn open_cuda(
             opts.notify.say(&m.describe());
         }
     }
-    Ok((net, r))
+    Ok((net, r, plan))
+}
+
+/// The CPU's context: the model's, or `-c`; without `-c`, cut so that the
+/// caches of every sequence take at most half of the memory the process
+/// may still take (they are only touched as they are written, so nothing
+/// else is reserved).
+fn cpu_plan(net: &Net<CpuBackend>, config: &ModelConfig, opts: &Options) -> Result<MemoryPlan> {
+    let free = crate::experts::Memory::read().map_or(u64::MAX, |m| m.available);
+    PlanInput {
+        free,
+        margin: 0,
+        activations: 0,
+        kv_per_token: net.kv_bytes_per_token() as u64,
+        sequences: opts.sequences,
+        model_ctx: config.max_position_embeddings,
+        asked: opts.ctx,
+        min_experts: 0,
+    }
+    .plan()
 }
 
 /// A loaded model. Sessions borrow it; several may share one.
@@ -242,6 +310,9 @@ pub struct Model {
     files: FileWatch,
     /// Tokens per prefill chunk of a new session ([`Model::prefill_chunk`]).
     chunk: usize,
+    /// The context and KV caches settled at open.
+    plan: MemoryPlan,
+    kv: KvTypes,
 }
 
 /// Tokens evaluated together by `eval_prompt` on the CPU (and the least
@@ -249,6 +320,9 @@ pub struct Model {
 pub const DEFAULT_CHUNK: usize = 512;
 /// Activation memory a CUDA prefill chunk may take.
 const CHUNK_ACTIVATION_BYTES: usize = 1 << 30;
+/// Device memory kept free outside the plan (the driver's, cuBLAS-free
+/// kernels' scratch, fragmentation).
+const DEVICE_MARGIN_BYTES: u64 = 1 << 30;
 /// The longest CUDA prefill chunk.
 const MAX_CUDA_CHUNK: usize = 4096;
 
@@ -273,13 +347,22 @@ fn identity(dir: &Path, cfg: &ModelConfig) -> Result<String> {
 /// faster on the H100, streamed and resident
 /// (docs/notes/2026-11-22-to-12-02-benchmark-log.md, "Prefill chunk length on
 /// CUDA"). The CPU keeps 512.
+/// f32 bytes per token of a CUDA prefill chunk: the routed pairs' [hidden]
+/// and [2·inter] rows, and about sixteen [hidden] buffers of the layer.
+fn activation_bytes_per_token(cfg: &ModelConfig) -> usize {
+    let (h, k, inter) = (cfg.hidden_size, cfg.num_experts_per_tok, cfg.moe_intermediate_size);
+    4 * (k * (h + 2 * inter) + 16 * h)
+}
+
+/// The activations of a prefill chunk of `chunk` tokens.
+fn chunk_activation_bytes(cfg: &ModelConfig, chunk: usize) -> usize {
+    chunk * activation_bytes_per_token(cfg)
+}
+
 fn prefill_chunk(cfg: &ModelConfig, device: Device) -> usize {
     match device {
         Device::Cuda(_) => {
-            let (h, k, inter) = (cfg.hidden_size, cfg.num_experts_per_tok, cfg.moe_intermediate_size);
-            // f32 bytes per token: the routed pairs' [hidden] and [2·inter]
-            // rows, and about sixteen [hidden] buffers of the layer.
-            let per_token = 4 * (k * (h + 2 * inter) + 16 * h);
+            let per_token = activation_bytes_per_token(cfg);
             let fit = (CHUNK_ACTIVATION_BYTES / per_token.max(1)).clamp(DEFAULT_CHUNK, MAX_CUDA_CHUNK);
             // A power of two at most `fit`.
             1 << fit.ilog2()
@@ -349,15 +432,21 @@ impl Model {
         // Shared with the CUDA expert cache's staging thread.
         let store = Arc::new(store);
         let mut cache = None;
-        let cpu = || -> Result<Engine> {
+        let cpu = || -> Result<(Engine, MemoryPlan)> {
             let b = CpuBackend::with_options(opts.threads, opts.exact)?;
-            Ok(Engine::Cpu(Box::new(Net::load(b, &config, &wf)?)))
+            let mut net = Net::load(b, &config, &wf)?;
+            net.set_kv_types(opts.kv_types())?;
+            let plan = cpu_plan(&net, &config, opts)?;
+            if plan.capped {
+                opts.notify.say(&plan.describe());
+            }
+            Ok((Engine::Cpu(Box::new(net)), plan))
         };
-        let engine = match device {
+        let (engine, plan) = match device {
             Device::Cuda(i) => match open_cuda(i, &config, &wf, &store, opts) {
-                Ok((net, r)) => {
+                Ok((net, r, plan)) => {
                     cache = Some(r);
-                    Engine::Cuda(Box::new(net))
+                    (Engine::Cuda(Box::new(net)), plan)
                 }
                 Err(e) if opts.device == Device::Auto => {
                     opts.notify.say(&format!("device: cpu (CUDA device {i} failed: {e})"));
@@ -375,6 +464,8 @@ impl Model {
             identity: identity(dir, &config)?,
             files,
             chunk: prefill_chunk(&config, device),
+            plan,
+            kv: opts.kv_types(),
             config,
         })
     }
@@ -391,8 +482,34 @@ impl Model {
     pub fn n_vocab(&self) -> usize {
         self.config.vocab_size
     }
+    /// Positions a session holds: `-c`, or the model's context as the
+    /// memory plan allows.
     pub fn n_ctx(&self) -> usize {
-        self.config.max_position_embeddings
+        self.plan.ctx
+    }
+    /// The memory plan settled at open (on the CPU: the context, and the
+    /// caches' bytes once they are written).
+    pub fn memory_plan(&self) -> MemoryPlan {
+        self.plan
+    }
+    /// The KV caches' element types.
+    pub fn kv_types(&self) -> KvTypes {
+        self.kv
+    }
+    /// KV cache bytes of one position, over all layers.
+    pub fn kv_bytes_per_token(&self) -> usize {
+        with_net!(&self.engine, n => n.kv_bytes_per_token())
+    }
+    /// KV cache bytes of one position in one attention layer (0 for a
+    /// model without one).
+    pub fn kv_bytes_per_token_layer(&self) -> usize {
+        let layers = self
+            .config
+            .layers
+            .iter()
+            .filter(|l| l.attn != crate::config::AttnKind::Linear)
+            .count();
+        self.kv_bytes_per_token().checked_div(layers).unwrap_or(0)
     }
     pub fn name(&self) -> &str {
         &self.name

@@ -6,8 +6,6 @@
 use crate::engine::{EngineCheckpoint, EngineState, EngineStep, Model};
 use crate::error::{Error, Result};
 
-/// Positions the caches are first sized for; they grow on demand.
-const INITIAL_CAPACITY: usize = 256;
 pub use crate::engine::DEFAULT_CHUNK;
 pub const DEFAULT_MAX_CHECKPOINTS: usize = 4;
 
@@ -47,7 +45,7 @@ impl Model {
     pub fn session(&self) -> Result<Session<'_>> {
         Ok(Session {
             model: self,
-            state: self.new_state(INITIAL_CAPACITY)?,
+            state: self.new_state(self.n_ctx())?,
             pos: 0,
             tokens: Some(Vec::new()),
             checkpoints: Vec::new(),
@@ -221,7 +219,7 @@ impl<'m> Session<'m> {
 
     /// Everything back to empty, checkpoints dropped.
     pub fn clear(&mut self) -> Result<()> {
-        self.state = self.model.new_state(INITIAL_CAPACITY)?;
+        self.state = self.model.new_state(self.model.n_ctx())?;
         self.pos = 0;
         self.tokens = Some(Vec::new());
         self.checkpoints.clear();

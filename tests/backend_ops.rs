@@ -23,7 +23,7 @@ use fused::{check_add_rms_norm, check_linear_many, check_swiglu_linear};
 use moeflux::backend::cpu::CpuBackend;
 use moeflux::backend::cuda::{CudaBackend, CudaOptions};
 use moeflux::backend::{
-    AttnArgs, Backend, DeltaArgs, DeltaState, DeltaWeights, MlaArgs, MoeArgs, MoeInputs, RopeArgs, Strided,
+    AttnArgs, Backend, DeltaArgs, DeltaState, DeltaWeights, KvType, MlaArgs, MoeArgs, MoeInputs, RopeArgs, Strided,
 };
 use moeflux::config::Routing;
 use moeflux::format::Dtype;
@@ -39,6 +39,62 @@ fn run<B: Backend>(b: &B, buf: &B::Buf, len: usize) -> Vec<f32> {
 
 fn up<B: Backend>(b: &B, data: &[f32]) -> B::Buf {
     b.upload(data).expect("upload")
+}
+
+/// The values a cache of type `t` holds for `data` (rows of `width`): the
+/// row encoding of `backend/kv.rs`, decoded.
+fn held(t: KvType, data: &[f32], width: usize) -> Vec<f32> {
+    let mut bytes = vec![0u8; data.len() / width * t.row_bytes(width)];
+    t.encode(data, width, &mut bytes);
+    let mut out = vec![0.0f32; data.len()];
+    t.decode(&bytes, width, &mut out);
+    out
+}
+
+/// A cache of type `t` holding `data` (rows of `width`), and its values.
+fn cache<B: Backend>(b: &B, t: KvType, data: &[f32], width: usize) -> (B::Cache, Vec<f32>) {
+    let mut c = b.alloc_cache(t, data.len() / width, width).expect("alloc_cache");
+    b.cache_upload(&mut c, 0, width, data).expect("cache_upload");
+    (c, held(t, data, width))
+}
+
+/// The first `rows` rows of a cache of `width`, decoded.
+fn cache_rows<B: Backend>(b: &B, c: &B::Cache, rows: usize, width: usize) -> Vec<f32> {
+    let mut out = vec![0.0f32; rows * width];
+    b.cache_download(c, 0, &mut out).expect("cache_download");
+    out
+}
+
+/// Every cache type stores rows where it is told, rounded as the row
+/// encoding rounds them (the same bits on every backend), and reads them
+/// back; rows past the end are refused.
+pub fn check_kv_cache<B: Backend>(b: &B) {
+    let mut rng = Rng::new(5);
+    for width in [64, 96, 256] {
+        let rows = 7;
+        let data = rng.vec(rows * width, 3.0);
+        for t in KvType::ALL {
+            let mut c = b.alloc_cache(t, rows + 3, width).expect("alloc_cache");
+            let src = up(b, &data);
+            // Rows 2.. of the input at rows 3.. of the cache, then rows 0..2 at 0.
+            b.cache_store(&src, 2, rows - 2, &mut c, 3).expect("cache_store");
+            b.cache_store(&src, 0, 2, &mut c, 0).expect("cache_store");
+            let mut got = vec![0.0f32; (rows - 2) * width];
+            b.cache_download(&c, 3, &mut got).expect("cache_download");
+            let want = held(t, &data[2 * width..], width);
+            assert_eq!(got, want, "{t} cache of rows of {width}: rows 3..");
+            let head = cache_rows(b, &c, 2, width);
+            assert_eq!(head, held(t, &data[..2 * width], width), "{t}: rows 0..2");
+            assert!(
+                b.cache_store(&src, 0, 4, &mut c, rows).is_err(),
+                "{t}: a store past the end is refused"
+            );
+        }
+    }
+    assert!(
+        b.alloc_cache(KvType::Q8_0, 4, 40).is_err(),
+        "q8_0 rows that are not whole blocks are refused"
+    );
 }
 
 /// Quantized (2/4/8-bit, bf16 and f16 scales, several group sizes) and
@@ -282,6 +338,7 @@ pub fn attn_args(n: usize, pos0: usize, (h, hkv): (usize, usize), (hd, vd): (usi
     }
 }
 
+/// Short contexts, and deep ones whose keys CUDA splits over blocks.
 pub fn check_attention<B: Backend>(b: &B) {
     let mut rng = Rng::new(6);
     for (n, pos0, h, hkv, hd, vd) in [
@@ -289,21 +346,28 @@ pub fn check_attention<B: Backend>(b: &B) {
         (1, 9, 8, 2, 64, 64),
         (5, 3, 6, 2, 32, 48),
         (4, 0, 4, 1, 16, 16),
+        (1, 3000, 16, 2, 256, 256),
+        (3, 1500, 8, 2, 64, 64),
     ] {
         let cap = pos0 + n + 2;
         let q = rng.vec(n * h * hd, 2.0);
         let k = rng.vec(cap * hkv * hd, 2.0);
         let v = rng.vec(cap * hkv * vd, 1.0);
         let a = attn_args(n, pos0, (h, hkv), (hd, vd));
-        let mut out = b.alloc(n * h * vd).expect("alloc");
-        b.attention(&up(b, &q), &up(b, &k), &up(b, &v), a, &mut out)
-            .expect("attention");
-        close(
-            &format!("attention {a:?}"),
-            &run(b, &out, n * h * vd),
-            &reference::attention(&q, &k, &v, a),
-            2e-6,
-        );
+        for t in KvType::ALL {
+            if t == KvType::Q8_0 && (hd % 32 != 0 || vd % 32 != 0) {
+                continue;
+            }
+            let ((kc, kh), (vc, vh)) = (cache(b, t, &k, hkv * hd), cache(b, t, &v, hkv * vd));
+            let mut out = b.alloc(n * h * vd).expect("alloc");
+            b.attention(&up(b, &q), &kc, &vc, a, &mut out).expect("attention");
+            close(
+                &format!("attention over a {t} cache {a:?}"),
+                &run(b, &out, n * h * vd),
+                &reference::attention(&q, &kh, &vh, a),
+                2e-6,
+            );
+        }
     }
 }
 
@@ -313,6 +377,7 @@ pub fn check_mla<B: Backend>(b: &B) {
         (1, 0, 2, 16, 8, 16, 32),
         (1, 6, 4, 32, 16, 24, 64),
         (4, 2, 3, 16, 8, 32, 48),
+        (3, 5, 2, 16, 32, 16, 64),
     ] {
         let cap = pos0 + n + 1;
         let q = rng.vec(n * h * (dn + dr), 1.0);
@@ -329,11 +394,22 @@ pub fn check_mla<B: Backend>(b: &B) {
             kv_lora_rank: r,
             scale: ((dn + dr) as f32).powf(-0.5),
         };
-        let mut out = b.alloc(n * h * dv).expect("alloc");
-        b.mla_attention(&up(b, &q), &up(b, &latent), &up(b, &k_pe), &up(b, &kv_b), a, &mut out)
-            .expect("mla_attention");
-        let want = reference::mla_attention(&q, &latent, &k_pe, &kv_b, a);
-        close(&format!("mla_attention {a:?}"), &run(b, &out, n * h * dv), &want, 5e-6);
+        for t in KvType::ALL {
+            if t == KvType::Q8_0 && (r % 32 != 0 || dr % 32 != 0) {
+                continue;
+            }
+            let ((lc, lh), (pc, ph)) = (cache(b, t, &latent, r), cache(b, t, &k_pe, dr));
+            let mut out = b.alloc(n * h * dv).expect("alloc");
+            b.mla_attention(&up(b, &q), &lc, &pc, &up(b, &kv_b), a, &mut out)
+                .expect("mla_attention");
+            let want = reference::mla_attention(&q, &lh, &ph, &kv_b, a);
+            close(
+                &format!("mla_attention over a {t} cache {a:?}"),
+                &run(b, &out, n * h * dv),
+                &want,
+                5e-6,
+            );
+        }
     }
 }
 
@@ -691,6 +767,7 @@ fn checks<B: Backend>() -> Vec<(&'static str, Check<B>)> {
         ("norms", check_norms::<B>),
         ("elementwise", check_elementwise::<B>),
         ("rope", check_rope::<B>),
+        ("kv_cache", check_kv_cache::<B>),
         ("attention", check_attention::<B>),
         ("mla_attention", check_mla::<B>),
         ("gated_delta", check_gated_delta::<B>),

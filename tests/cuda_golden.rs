@@ -11,6 +11,7 @@ mod common;
 
 use common::*;
 use moeflux::backend::cuda::{probe, CudaOptions};
+use moeflux::backend::KvType;
 use moeflux::experts::{CacheSize, Hybrid};
 use moeflux::{Device, Model, Options};
 
@@ -62,12 +63,17 @@ fn open_fast(dir: &std::path::Path) -> Model {
 }
 
 /// The fast path with an expert cache and a split of its own.
+/// Its KV caches are f32: a rounded cache (f16, the default) moves a
+/// tiny model's routing at a near-tie now and then, whatever the products
+/// (tests/kv_types.rs and the `kv_*` trials hold the cache types).
 fn open_fast_with(dir: &std::path::Path, cache: CacheSize, hybrid: Hybrid) -> Model {
     let opts = Options {
         device: Device::Cuda(0),
         expert_cache: cache,
         hybrid: Some(hybrid),
         cuda: cuda_options(),
+        cache_type_k: Some(KvType::F32),
+        cache_type_v: Some(KvType::F32),
         ..Options::default()
     };
     Model::open(dir, &opts).expect("open converted model on CUDA")
@@ -423,6 +429,9 @@ fn main() {
             all.push(trials::cuda(stringify!($name), || check($fixture, $flags)));
             all.push(trials::cuda(concat!("fast_", stringify!($name)), || {
                 check_fast($fixture, $flags)
+            }));
+            all.push(trials::cuda(concat!("kv_", stringify!($name)), || {
+                common::kv::check_kv_types($fixture, $flags, Device::Cuda(0))
             }));
         };
     }

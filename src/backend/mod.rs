@@ -7,13 +7,15 @@
 
 pub mod cpu;
 pub mod cuda;
+pub mod kv;
 pub mod seqs;
 
 use crate::config::Routing;
 use crate::error::{Error, Result};
 use crate::experts::ExpertStore;
 use crate::format::MatrixView;
-pub use seqs::{AttnSeqs, Rotary, Seg, StatePair};
+pub use kv::{KvType, KvTypes};
+pub use seqs::{AttnSeqs, CachePair, Rotary, Seg, StatePair};
 use std::sync::Arc;
 
 /// A strided copy of `rows` rows of `width` elements:
@@ -64,7 +66,7 @@ pub struct RopeArgs {
 /// Causal GQA attention of `n` new queries at positions `pos0..pos0+n`
 /// over a cache holding positions `0..pos0+n`.
 /// q `[n, n_heads, head_dim]`; caches `[capacity, n_kv_heads, head_dim]`
-/// (`v_dim` for V); out `[n, n_heads, v_dim]`.
+/// (`v_dim` for V) in their own element types; out `[n, n_heads, v_dim]`.
 #[derive(Debug, Clone, Copy)]
 pub struct AttnArgs {
     pub n: usize,
@@ -203,6 +205,9 @@ pub fn download_each(
 pub trait Backend: Send + Sync + Sized + 'static {
     /// An f32 buffer in the backend's memory.
     type Buf: Send + Sync;
+    /// A KV cache: rows of `width` values in a [`KvType`] (the row
+    /// encoding of `kv.rs`, or the backend's own).
+    type Cache: Send + Sync;
     /// A resident weight matrix.
     type Matrix: Send + Sync;
 
@@ -228,6 +233,26 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// of a pass). A backend may fetch them in one transfer.
     fn download_parts(&self, buf: &Self::Buf, parts: &[(usize, usize)]) -> Result<Vec<Vec<f32>>> {
         download_each(parts, |off, out| self.download(buf, off, out))
+    }
+    /// A cache of `rows` rows of `width` values of type `t` (contents
+    /// undefined until stored).
+    fn alloc_cache(&self, t: KvType, rows: usize, width: usize) -> Result<Self::Cache>;
+    /// Rows `[row0, row0 + n)` of `cache` = rows `[src_row, src_row + n)`
+    /// of `src` `[*, width]`, rounded to the cache's type.
+    fn cache_store(
+        &self,
+        src: &Self::Buf,
+        src_row: usize,
+        n: usize,
+        cache: &mut Self::Cache,
+        row0: usize,
+    ) -> Result<()>;
+    /// The values of rows `[row0, row0 + out.len() / width)`, decoded.
+    fn cache_download(&self, cache: &Self::Cache, row0: usize, out: &mut [f32]) -> Result<()>;
+    /// Rows from `row0` on = `data` (whole rows), rounded to the type.
+    fn cache_upload(&self, cache: &mut Self::Cache, row0: usize, width: usize, data: &[f32]) -> Result<()> {
+        let src = self.upload(data)?;
+        self.cache_store(&src, 0, data.len() / width.max(1), cache, row0)
     }
     /// Make a weight matrix resident.
     fn matrix(&self, m: &MatrixView) -> Result<Self::Matrix>;
@@ -325,12 +350,19 @@ pub trait Backend: Send + Sync + Sized + 'static {
     fn copy(&self, src: &Self::Buf, dst: &mut Self::Buf, s: Strided) -> Result<()>;
 
     fn rope(&self, x: &mut Self::Buf, inv_freq: &Self::Buf, a: RopeArgs) -> Result<()>;
-    fn attention(&self, q: &Self::Buf, k: &Self::Buf, v: &Self::Buf, a: AttnArgs, out: &mut Self::Buf) -> Result<()>;
+    fn attention(
+        &self,
+        q: &Self::Buf,
+        k: &Self::Cache,
+        v: &Self::Cache,
+        a: AttnArgs,
+        out: &mut Self::Buf,
+    ) -> Result<()>;
     fn mla_attention(
         &self,
         q: &Self::Buf,
-        latent: &Self::Buf,
-        k_pe: &Self::Buf,
+        latent: &Self::Cache,
+        k_pe: &Self::Cache,
         kv_b: &Self::Buf,
         a: MlaArgs,
         out: &mut Self::Buf,
@@ -355,7 +387,7 @@ pub trait Backend: Send + Sync + Sized + 'static {
     fn attention_seqs(
         &self,
         x: AttnSeqs<'_, Self>,
-        caches: &mut [StatePair<'_, Self>],
+        caches: &mut [CachePair<'_, Self>],
         segs: &[Seg],
         out: &mut Self::Buf,
     ) -> Result<()> {

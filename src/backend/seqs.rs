@@ -19,9 +19,13 @@ pub struct Seg {
     pub pos0: usize,
 }
 
-/// A layer state's two buffers: K and V caches, GatedDeltaNet's conv and
-/// recurrent states, or MLA's latent and rotated-key caches.
+/// A recurrent layer's two state buffers: GatedDeltaNet's conv and
+/// recurrent states.
 pub type StatePair<'s, B> = (&'s mut <B as Backend>::Buf, &'s mut <B as Backend>::Buf);
+
+/// An attention layer's two caches: K and V, or MLA's latent and rotated
+/// key.
+pub type CachePair<'s, B> = (&'s mut <B as Backend>::Cache, &'s mut <B as Backend>::Cache);
 
 /// The rotation [`Backend::attention_seqs`] gives q and k: channels
 /// `[rot_off, rot_off + rot_dim)` of every head, as [`RopeArgs`] says.
@@ -132,16 +136,12 @@ pub fn per_seq<B: Backend, S, const N: usize>(
 pub fn attention_each<B: Backend>(
     b: &B,
     x: AttnSeqs<'_, B>,
-    caches: &mut [StatePair<'_, B>],
+    caches: &mut [CachePair<'_, B>],
     segs: &[Seg],
     out: &mut B::Buf,
 ) -> Result<()> {
     let a = x.attn;
-    let (qw, kw, vw) = (
-        a.n_heads * a.head_dim,
-        a.n_kv_heads * a.head_dim,
-        a.n_kv_heads * a.v_dim,
-    );
+    let (qw, kw) = (a.n_heads * a.head_dim, a.n_kv_heads * a.head_dim);
     // v is only read: each sequence's rows go straight to its cache.
     per_seq(
         b,
@@ -153,8 +153,8 @@ pub fn attention_each<B: Backend>(
         |s, [q, k], (kc, vc), o| {
             b.rope(q, x.inv_freq, x.rope.args(s.n, a.n_heads, a.head_dim, s.pos0))?;
             b.rope(k, x.inv_freq, x.rope.args(s.n, a.n_kv_heads, a.head_dim, s.pos0))?;
-            b.copy(k, kc, Strided::contiguous(s.n * kw, 0, s.pos0 * kw))?;
-            b.copy(x.v, vc, Strided::contiguous(s.n * vw, s.off * vw, s.pos0 * vw))?;
+            b.cache_store(k, 0, s.n, kc, s.pos0)?;
+            b.cache_store(x.v, s.off, s.n, vc, s.pos0)?;
             let args = AttnArgs {
                 n: s.n,
                 pos0: s.pos0,

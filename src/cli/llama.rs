@@ -7,7 +7,7 @@ use std::ffi::OsString;
 
 /// llama.cpp's single-dash long flags and the flag each becomes. clap
 /// would read `-np 4` as `-n p`.
-const SINGLE_DASH: [(&str, &str); 7] = [
+const SINGLE_DASH: [(&str, &str); 9] = [
     ("-hf", "--model"),
     ("-hfr", "--model"),
     ("-np", "--parallel"),
@@ -15,6 +15,8 @@ const SINGLE_DASH: [(&str, &str); 7] = [
     ("-ot", "--override-tensor"),
     ("-ncmoe", "--n-cpu-moe"),
     ("-cmoe", "--cpu-moe"),
+    ("-ctk", "--cache-type-k"),
+    ("-ctv", "--cache-type-v"),
 ];
 
 /// The arguments with llama.cpp's single-dash long flags spelled as ours

@@ -6,6 +6,7 @@
 use anyhow::Context;
 use clap::Args;
 use moeflux::backend::cuda::CudaOptions;
+use moeflux::backend::KvType;
 use moeflux::experts::IoMode;
 use moeflux::experts::{CacheSize, Hybrid};
 use moeflux::notify::Notifier;
@@ -118,6 +119,30 @@ pub struct ModelArgs {
     /// CUDA, for measuring: KiB of one piece of a staged expert copy.
     #[arg(long, hide = true, value_name = "KIB", default_value_t = 512)]
     pub copy_piece_kib: usize,
+    /// Tokens each sequence holds, prompt and answer (serve: each of the
+    /// --parallel slots) [default: the model's max_position_embeddings,
+    /// cut so that the KV caches take at most half of the memory left
+    /// after the dense weights].
+    #[arg(
+        short = 'c',
+        long = "ctx-size",
+        visible_alias = "ctx",
+        value_name = "N",
+        env = "MOEFLUX_ARG_CTX_SIZE"
+    )]
+    pub ctx: Option<usize>,
+    /// Element type of the K cache (and of MLA's latent cache): f16, bf16,
+    /// q8_0 or f32 [default: f16; f32 with --exact].
+    #[arg(long = "cache-type-k", visible_alias = "ctk", value_name = "TYPE")]
+    pub cache_type_k: Option<KvType>,
+    /// Element type of the V cache: f16, bf16, q8_0 or f32 [default: f16;
+    /// f32 with --exact].
+    #[arg(long = "cache-type-v", visible_alias = "ctv", value_name = "TYPE")]
+    pub cache_type_v: Option<KvType>,
+    /// Sequences the memory plan holds a context for (set by `serve
+    /// --parallel` and `bench --parallel`).
+    #[arg(skip = 1usize)]
+    pub sequences: usize,
     /// llama.cpp's flags that mean something else here: refused with
     /// what to use instead.
     #[arg(long = "n-gpu-layers", visible_alias = "gpu-layers", hide = true, value_name = "N",
@@ -194,6 +219,10 @@ impl ModelArgs {
             },
             // What opening has to say (device, kernels, expert cache) goes to stderr.
             notify: Notifier::new(|m| eprintln!("{m}")),
+            ctx: self.ctx,
+            sequences: self.sequences.max(1),
+            cache_type_k: self.cache_type_k,
+            cache_type_v: self.cache_type_v,
             ..Options::default()
         }
     }

@@ -63,15 +63,6 @@ pub struct ServeArgs {
     /// Requests that may wait for a free slot; more are refused with 503.
     #[arg(long, default_value_t = 64, value_name = "N")]
     pub queue: usize,
-    /// Context per request, prompt and answer (default: the model's).
-    #[arg(
-        short = 'c',
-        long,
-        visible_alias = "ctx-size",
-        value_name = "N",
-        env = "MOEFLUX_ARG_CTX_SIZE"
-    )]
-    pub ctx: Option<usize>,
     /// The model's name in the API (default: the model directory's name).
     #[arg(long, value_name = "NAME", env = "MOEFLUX_ARG_ALIAS")]
     pub alias: Option<String>,
@@ -89,7 +80,9 @@ pub struct ServeArgs {
     pub keep_alive: f64,
 }
 
-pub fn run(a: ServeArgs) -> anyhow::Result<()> {
+pub fn run(mut a: ServeArgs) -> anyhow::Result<()> {
+    // Each slot holds a context of -c tokens: the memory plan holds them all.
+    a.model.sequences = a.parallel.into();
     let dir = &a.model.model;
     let model_id = a.alias.clone().unwrap_or_else(|| {
         let name = dir
@@ -108,7 +101,6 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         api_key: api_key(&a)?,
         parallel: a.parallel.into(),
         queue: a.queue,
-        ctx: a.ctx,
         keep_alive: seconds("--keep-alive", a.keep_alive)?,
         max_body: usize::try_from(a.max_body)?,
         timeouts,

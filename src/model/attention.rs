@@ -2,7 +2,7 @@
 //! per-head output gate and partial RoPE of Qwen3.5 / Qwen3-Next.
 
 use super::{load_mat, load_vec, Ctx};
-use crate::backend::{AttnArgs, AttnSeqs, Backend, Rotary, StatePair, Strided};
+use crate::backend::{AttnArgs, AttnSeqs, Backend, CachePair, Rotary, Strided};
 use crate::config::{ModelConfig, QkNorm};
 use crate::error::Result;
 use crate::format::packed::WeightsFile;
@@ -88,7 +88,7 @@ impl<B: Backend> GqaWeights<B> {
 
     /// x `[n, hidden]` (normed) → out `[n, hidden]`; appends each
     /// sequence's K/V to its caches `[capacity, Hkv, hd]` at its `pos0`.
-    pub fn forward(&self, c: &Ctx<B>, x: &B::Buf, caches: &mut [StatePair<'_, B>], out: &mut B::Buf) -> Result<()> {
+    pub fn forward(&self, c: &Ctx<B>, x: &B::Buf, caches: &mut [CachePair<'_, B>], out: &mut B::Buf) -> Result<()> {
         let (b, cfg, n) = (c.b, c.cfg, c.n);
         let (h, kv, hd) = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim);
         // q (gated: per head `[q | gate]`), k and v in one call.

@@ -3,7 +3,7 @@
 
 use super::{load_mat, load_vec, Ctx};
 use crate::backend::seqs::per_seq;
-use crate::backend::{Backend, MlaArgs, RopeArgs, StatePair, Strided};
+use crate::backend::{Backend, CachePair, MlaArgs, RopeArgs, Strided};
 use crate::config::{MlaConfig, ModelConfig};
 use crate::error::{Error, Result};
 use crate::format::packed::WeightsFile;
@@ -69,7 +69,7 @@ impl<B: Backend> MlaWeights<B> {
 
     /// x `[n, hidden]` (normed) → out `[n, hidden]`; appends each
     /// sequence's latent and rope key to its caches at its `pos0`.
-    pub fn forward(&self, c: &Ctx<B>, x: &B::Buf, caches: &mut [StatePair<'_, B>], out: &mut B::Buf) -> Result<()> {
+    pub fn forward(&self, c: &Ctx<B>, x: &B::Buf, caches: &mut [CachePair<'_, B>], out: &mut B::Buf) -> Result<()> {
         let (b, cfg, n) = (c.b, c.cfg, c.n);
         let m = mla_cfg(cfg)?;
         let h = cfg.num_attention_heads;
@@ -125,9 +125,9 @@ impl<B: Backend> MlaWeights<B> {
                     mscale: c.rope_mscale,
                 };
                 b.rope(q, c.inv_freq, rope(h, qd))?;
-                b.copy(c_norm, latent, Strided::contiguous(s.n * r, 0, s.pos0 * r))?;
+                b.cache_store(c_norm, 0, s.n, latent, s.pos0)?;
                 b.rope(k_rot, c.inv_freq, rope(1, dr))?;
-                b.copy(k_rot, kpe, Strided::contiguous(s.n * dr, 0, s.pos0 * dr))?;
+                b.cache_store(k_rot, 0, s.n, kpe, s.pos0)?;
                 let args = MlaArgs {
                     n: s.n,
                     pos0: s.pos0,

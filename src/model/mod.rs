@@ -14,7 +14,7 @@ mod state;
 pub mod timing;
 pub mod trace;
 
-use crate::backend::{Backend, Seg, StatePair, Strided};
+use crate::backend::{Backend, CachePair, KvType, KvTypes, Seg, StatePair, Strided};
 use crate::config::{Arch, AttnKind, FfnKind, ModelConfig};
 use crate::error::{Error, Result};
 use crate::experts::ExpertStore;
@@ -82,24 +82,56 @@ struct Layer<B: Backend> {
 
 /// The per-sequence state of one layer.
 pub enum LayerState<B: Backend> {
-    /// `[capacity, Hkv, hd]` each.
-    Kv { k: B::Buf, v: B::Buf },
+    /// `[capacity, Hkv, hd]` each, in the K and V cache types.
+    Kv { k: B::Cache, v: B::Cache },
     /// conv `[kernel−1, conv_dim]`, ssm `[Hv, Dv, Dk]`.
     Delta { conv: B::Buf, ssm: B::Buf },
-    /// latent `[capacity, kvr]`, k_pe `[capacity, dr]`.
-    Mla { latent: B::Buf, kpe: B::Buf },
+    /// latent `[capacity, kvr]`, k_pe `[capacity, dr]`, both in the K
+    /// cache type.
+    Mla { latent: B::Cache, kpe: B::Cache },
 }
 
-impl<B: Backend> LayerState<B> {
-    /// The two buffers, when the state belongs to a mixer of kind `mixer`.
-    fn pair_for(&mut self, mixer: &Mixer<B>) -> Result<StatePair<'_, B>> {
-        match (mixer, self) {
-            (Mixer::Gqa(_), LayerState::Kv { k, v }) => Ok((k, v)),
-            (Mixer::Delta(_), LayerState::Delta { conv, ssm }) => Ok((conv, ssm)),
-            (Mixer::Mla(_), LayerState::Mla { latent, kpe }) => Ok((latent, kpe)),
-            _ => Err(Error::Invalid("layer state does not match the layer kind".into())),
-        }
-    }
+fn wrong_state() -> Error {
+    Error::Invalid("layer state does not match the layer kind".into())
+}
+
+/// Bytes of the KV caches of one position of a model of `c`, over all
+/// its layers, in the types `kv` (MLA keeps both of its caches in `kv.k`).
+pub fn kv_bytes_per_token(c: &ModelConfig, kv: KvTypes) -> usize {
+    c.layers
+        .iter()
+        .map(|l| match l.attn {
+            AttnKind::Full => {
+                let row = c.num_key_value_heads * c.head_dim;
+                kv.k.row_bytes(row) + kv.v.row_bytes(row)
+            }
+            AttnKind::Mla => c.mla.as_ref().map_or(0, |m| {
+                kv.k.row_bytes(m.kv_lora_rank) + kv.k.row_bytes(m.qk_rope_head_dim)
+            }),
+            AttnKind::Linear => 0,
+        })
+        .sum()
+}
+
+/// Layer `i`'s caches of each sequence (an attention layer's).
+fn caches_at<'s, B: Backend>(seqs: &'s mut [SeqStep<'_, B>], i: usize) -> Result<Vec<CachePair<'s, B>>> {
+    seqs.iter_mut()
+        .map(|s| match &mut s.state.layers[i] {
+            LayerState::Kv { k, v } => Ok((k, v)),
+            LayerState::Mla { latent, kpe } => Ok((latent, kpe)),
+            LayerState::Delta { .. } => Err(wrong_state()),
+        })
+        .collect()
+}
+
+/// Layer `i`'s recurrent states of each sequence (a GatedDeltaNet layer's).
+fn states_at<'s, B: Backend>(seqs: &'s mut [SeqStep<'_, B>], i: usize) -> Result<Vec<StatePair<'s, B>>> {
+    seqs.iter_mut()
+        .map(|s| match &mut s.state.layers[i] {
+            LayerState::Delta { conv, ssm } => Ok((conv, ssm)),
+            _ => Err(wrong_state()),
+        })
+        .collect()
 }
 
 /// All mutable per-sequence state: one entry per layer, and the capacity
@@ -125,6 +157,8 @@ pub struct Net<B: Backend> {
     /// Check the residual stream for NaN after the embedding and each
     /// layer (`--check-nan`; a download per layer, so off by default).
     pub check_nan: std::sync::atomic::AtomicBool,
+    /// The element types of the caches of states made from now on.
+    kv: KvTypes,
 }
 
 impl<B: Backend> Net<B> {
@@ -193,6 +227,7 @@ impl<B: Backend> Net<B> {
             timer: PhaseTimer::default(),
             trace: RouteTrace::default(),
             check_nan: std::sync::atomic::AtomicBool::new(false),
+            kv: KvTypes::both(KvType::F32),
             cfg: cfg.clone(),
             b,
         })
@@ -203,16 +238,45 @@ impl<B: Backend> Net<B> {
         self.cfg.layers.iter().any(|l| l.attn == AttnKind::Linear)
     }
 
-    /// Empty state with room for `capacity` positions.
+    pub fn kv_types(&self) -> KvTypes {
+        self.kv
+    }
+
+    /// The element types of the caches of states made from now on (q8_0
+    /// needs heads of whole blocks of 32).
+    pub fn set_kv_types(&mut self, kv: KvTypes) -> Result<()> {
+        let c = &self.cfg;
+        let any = |k: AttnKind| c.layers.iter().any(|l| l.attn == k);
+        if any(AttnKind::Full) {
+            let row = c.num_key_value_heads * c.head_dim;
+            kv.k.check_width(row, c.head_dim, "this model's K cache")?;
+            kv.v.check_width(row, c.head_dim, "this model's V cache")?;
+        }
+        if let (true, Some(m)) = (any(AttnKind::Mla), &c.mla) {
+            kv.k.check_width(m.kv_lora_rank, m.kv_lora_rank, "this model's latent cache")?;
+            kv.k.check_width(m.qk_rope_head_dim, m.qk_rope_head_dim, "this model's rotated-key cache")?;
+        }
+        self.kv = kv;
+        Ok(())
+    }
+
+    /// Bytes of the caches of one position, over all layers.
+    pub fn kv_bytes_per_token(&self) -> usize {
+        kv_bytes_per_token(&self.cfg, self.kv)
+    }
+
+    /// Empty state with room for `capacity` positions, its caches of the
+    /// net's KV types.
     pub fn new_state(&self, capacity: usize) -> Result<State<B>> {
         let mut layers = Vec::with_capacity(self.layers.len());
+        let kv = self.kv;
         for l in &self.layers {
             layers.push(match l.mixer {
                 Mixer::Gqa(_) => {
                     let row = self.cfg.num_key_value_heads * self.cfg.head_dim;
                     LayerState::Kv {
-                        k: self.b.alloc(capacity * row)?,
-                        v: self.b.alloc(capacity * row)?,
+                        k: self.b.alloc_cache(kv.k, capacity, row)?,
+                        v: self.b.alloc_cache(kv.v, capacity, row)?,
                     }
                 }
                 Mixer::Delta(_) => {
@@ -225,8 +289,8 @@ impl<B: Backend> Net<B> {
                 Mixer::Mla(_) => {
                     let m = mla_cfg(&self.cfg)?;
                     LayerState::Mla {
-                        latent: self.b.alloc(capacity * m.kv_lora_rank)?,
-                        kpe: self.b.alloc(capacity * m.qk_rope_head_dim)?,
+                        latent: self.b.alloc_cache(kv.k, capacity, m.kv_lora_rank)?,
+                        kpe: self.b.alloc_cache(kv.k, capacity, m.qk_rope_head_dim)?,
                     }
                 }
             });
@@ -244,32 +308,6 @@ impl<B: Backend> Net<B> {
             LayerState::Mla { .. } => self.cfg.mla.as_ref().map(|m| (m.kv_lora_rank, m.qk_rope_head_dim)),
             LayerState::Delta { .. } => None,
         }
-    }
-
-    /// Grow the caches to hold at least `need` positions (keeping `held`).
-    fn reserve(&self, st: &mut State<B>, need: usize, held: usize) -> Result<()> {
-        if need <= st.capacity {
-            return Ok(());
-        }
-        let cap = need.next_power_of_two().max(64);
-        for l in st.layers.iter_mut() {
-            let Some((ra, rb)) = self.row_sizes(l) else { continue };
-            let (a, b) = match l {
-                LayerState::Kv { k, v } => (k, v),
-                LayerState::Mla { latent, kpe } => (latent, kpe),
-                LayerState::Delta { .. } => continue,
-            };
-            let mut na = self.b.alloc(cap * ra)?;
-            let mut nb = self.b.alloc(cap * rb)?;
-            if held > 0 {
-                self.b.copy(a, &mut na, Strided::contiguous(held * ra, 0, 0))?;
-                self.b.copy(b, &mut nb, Strided::contiguous(held * rb, 0, 0))?;
-            }
-            *a = na;
-            *b = nb;
-        }
-        st.capacity = cap;
-        Ok(())
     }
 
     /// Evaluate `tokens` at positions `pos0..` and return the logits of the
@@ -320,8 +358,14 @@ impl<B: Backend> Net<B> {
             });
             tokens.extend_from_slice(s.tokens);
         }
-        for s in seqs.iter_mut() {
-            self.reserve(s.state, s.pos0 + s.tokens.len(), s.pos0)?;
+        for s in seqs.iter() {
+            let end = s.pos0 + s.tokens.len();
+            if end > s.state.capacity {
+                return Err(Error::ContextFull {
+                    pos: end,
+                    limit: s.state.capacity,
+                });
+            }
         }
         let n = tokens.len();
         b.begin_pass(n);
@@ -353,16 +397,11 @@ impl<B: Backend> Net<B> {
             })?;
         }
         for (i, layer) in self.layers.iter().enumerate() {
-            let mut states = seqs
-                .iter_mut()
-                .map(|s| s.state.layers[i].pair_for(&layer.mixer))
-                .collect::<Result<Vec<_>>>()?;
             self.timer.measure(b, Phase::Attention, || match &layer.mixer {
-                Mixer::Gqa(w) => w.forward(&ctx, &xn, &mut states, &mut y),
-                Mixer::Delta(w) => w.forward(&ctx, &xn, &mut states, &mut y),
-                Mixer::Mla(w) => w.forward(&ctx, &xn, &mut states, &mut y),
+                Mixer::Gqa(w) => w.forward(&ctx, &xn, &mut caches_at(seqs, i)?, &mut y),
+                Mixer::Delta(w) => w.forward(&ctx, &xn, &mut states_at(seqs, i)?, &mut y),
+                Mixer::Mla(w) => w.forward(&ctx, &xn, &mut caches_at(seqs, i)?, &mut y),
             })?;
-            drop(states);
             b.add_rms_norm(&mut x, &y, &layer.post_norm, n, hid, eps, &mut xn)?;
             match &layer.ffn {
                 Ffn::Dense(m) => self

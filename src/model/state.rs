@@ -1,16 +1,20 @@
 //! Saving and loading a sequence's state in the MFLX wire format
 //! (SPEC.md §4): a header of u32 fields, then one record per layer, then
-//! (version 3) a CRC-32 of everything before it.
+//! (version 3 on) a CRC-32 of everything before it. Version 4 adds the
+//! caches' element types; older snapshots hold f32 caches. A snapshot of
+//! one cache type loads into a model opened with another (its values are
+//! rounded to the new type).
 
 use super::{LayerState, Net, State};
-use crate::backend::{Backend, Strided};
+use crate::backend::{Backend, KvType, KvTypes, Strided};
 use crate::checksum::{crc32, split_trailer};
 use crate::config::AttnKind;
 use crate::error::{Error, Result};
 
 pub const MAGIC: u32 = 0x4D46_4C58;
-/// The version written; 1 and 2 (no checksum) are still read.
-pub const VERSION: u32 = 3;
+/// The version written; 1 and 2 (no checksum) and 3 (f32 caches) are
+/// still read.
+pub const VERSION: u32 = 4;
 
 /// The header fields of a snapshot, in wire order after magic and version.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,14 +79,16 @@ impl Reader<'_> {
         Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
     }
     fn f32s(&mut self, n: usize, what: &str) -> Result<Vec<f32>> {
-        let bytes = n
-            .checked_mul(4)
+        self.rows(KvType::F32, n, 1, what)
+    }
+    /// `rows` rows of `width` values of type `t`, decoded.
+    fn rows(&mut self, t: KvType, rows: usize, width: usize, what: &str) -> Result<Vec<f32>> {
+        let bytes = rows
+            .checked_mul(t.row_bytes(width))
             .ok_or_else(|| snap_err(format!("{what}: length overflows")))?;
-        Ok(self
-            .take(bytes, what)?
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect())
+        let mut out = vec![0.0f32; rows * width];
+        t.decode(self.take(bytes, what)?, width, &mut out);
+        Ok(out)
     }
 }
 
@@ -141,16 +147,29 @@ impl<B: Backend> Net<B> {
     /// Bytes of a snapshot holding `len` positions.
     pub fn state_size(&self, len: usize) -> usize {
         let h = self.header();
-        // Header and checksum trailer.
-        let mut n = 40 + 4;
+        let kv = self.kv_types();
+        // Header (magic, version, 8 fields, 2 types) and checksum trailer.
+        let mut n = 48 + 4;
         for l in &self.cfg.layers {
             n += match l.attn {
-                AttnKind::Full => 4 + 2 * len * (h.num_kv_heads * h.head_dim) as usize * 4,
-                AttnKind::Mla => 4 + len * (h.kv_lora_rank + h.qk_rope_head_dim) as usize * 4,
+                AttnKind::Full => {
+                    let row = (h.num_kv_heads * h.head_dim) as usize;
+                    4 + len * (kv.k.row_bytes(row) + kv.v.row_bytes(row))
+                }
+                AttnKind::Mla => {
+                    4 + len * (kv.k.row_bytes(h.kv_lora_rank as usize) + kv.k.row_bytes(h.qk_rope_head_dim as usize))
+                }
                 AttnKind::Linear => (h.linear_conv_bytes + h.linear_ssm_bytes) as usize,
             };
         }
         n
+    }
+
+    /// Rows `0..len` of a cache, decoded.
+    fn download_rows(&self, c: &B::Cache, len: usize, width: usize) -> Result<Vec<f32>> {
+        let mut v = vec![0.0f32; len * width];
+        self.b.cache_download(c, 0, &mut v)?;
+        Ok(v)
     }
 
     fn download_vec(&self, buf: &B::Buf, n: usize) -> Result<Vec<f32>> {
@@ -197,9 +216,14 @@ impl<B: Backend> Net<B> {
     /// Append the snapshot of `st` (holding `len` positions) to `out`.
     pub fn save_state(&self, st: &State<B>, len: usize, out: &mut Vec<u8>) -> Result<()> {
         let h = self.header();
+        let kv = self.kv_types();
         out.reserve(self.state_size(len));
         let start = out.len();
-        for w in [MAGIC, VERSION].into_iter().chain(h.fields()) {
+        for w in [MAGIC, VERSION]
+            .into_iter()
+            .chain(h.fields())
+            .chain([kv.k.code(), kv.v.code()])
+        {
             out.extend_from_slice(&w.to_le_bytes());
         }
         let put = |out: &mut Vec<u8>, v: &[f32]| v.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes()));
@@ -211,14 +235,17 @@ impl<B: Backend> Net<B> {
                 }
                 continue;
             };
-            let (a, b) = match ls {
-                LayerState::Kv { k, v } => (k, v),
-                LayerState::Mla { latent, kpe } => (latent, kpe),
+            let (a, b, tb) = match ls {
+                LayerState::Kv { k, v } => (k, v, kv.v),
+                LayerState::Mla { latent, kpe } => (latent, kpe, kv.k),
                 LayerState::Delta { .. } => continue,
             };
             out.extend_from_slice(&(len as i32).to_le_bytes());
-            put(out, &self.download_vec(a, len * ra)?);
-            put(out, &self.download_vec(b, len * rb)?);
+            for (c, w, t) in [(a, ra, kv.k), (b, rb, tb)] {
+                let at = out.len();
+                out.resize(at + len * t.row_bytes(w), 0);
+                t.encode(&self.download_rows(c, len, w)?, w, &mut out[at..]);
+            }
         }
         let crc = crc32(&out[start..]);
         out.extend_from_slice(&crc.to_le_bytes());
@@ -234,7 +261,7 @@ impl<B: Backend> Net<B> {
             return Err(snap_err("not an MFLX state snapshot (bad magic)".into()));
         }
         let version = r.u32("version")?;
-        if version == 3 {
+        if version >= 3 {
             let (body, stored) =
                 split_trailer(buf).ok_or_else(|| snap_err("truncated: no room for the checksum".into()))?;
             let actual = crc32(body);
@@ -248,7 +275,7 @@ impl<B: Backend> Net<B> {
         let buf = r.buf;
         let want = self.header();
         let got: Vec<u32> = match version {
-            2 | 3 => (0..8).map(|i| r.u32(FIELD_NAMES[i])).collect::<Result<_>>()?,
+            2..=4 => (0..8).map(|i| r.u32(FIELD_NAMES[i])).collect::<Result<_>>()?,
             1 => {
                 if self.cfg.mla.is_some() {
                     return Err(snap_err(
@@ -259,7 +286,21 @@ impl<B: Backend> Net<B> {
                 v.extend([0, 0]);
                 v
             }
-            v => return Err(snap_err(format!("unsupported version {v} (this build reads 1 to 3)"))),
+            v => return Err(snap_err(format!("unsupported version {v} (this build reads 1 to 4)"))),
+        };
+        // The snapshot's cache types (f32 before version 4).
+        let saved = match version {
+            4 => {
+                let mut t = |what: &str| {
+                    let c = r.u32(what)?;
+                    KvType::from_code(c).ok_or_else(|| snap_err(format!("{what}: unknown KV cache type code {c}")))
+                };
+                KvTypes {
+                    k: t("K cache type")?,
+                    v: t("V cache type")?,
+                }
+            }
+            _ => KvTypes::both(KvType::F32),
         };
         for ((name, w), g) in FIELD_NAMES.iter().zip(want.fields()).zip(&got) {
             if w != *g {
@@ -269,12 +310,12 @@ impl<B: Backend> Net<B> {
         let mut records = Vec::with_capacity(self.cfg.layers.len());
         let mut seq_len: Option<usize> = None;
         for (i, l) in self.cfg.layers.iter().enumerate() {
-            let (ra, rb) = match l.attn {
+            let (ra, rb, tb) = match l.attn {
                 AttnKind::Full => {
                     let row = (want.num_kv_heads * want.head_dim) as usize;
-                    (row, row)
+                    (row, row, saved.v)
                 }
-                AttnKind::Mla => (want.kv_lora_rank as usize, want.qk_rope_head_dim as usize),
+                AttnKind::Mla => (want.kv_lora_rank as usize, want.qk_rope_head_dim as usize, saved.k),
                 AttnKind::Linear => {
                     let conv = r.f32s(want.linear_conv_bytes as usize / 4, &format!("layer {i} conv state"))?;
                     let ssm = r.f32s(
@@ -295,8 +336,8 @@ impl<B: Backend> Net<B> {
                     "layer {i}: length {len} differs from earlier layers ({seq_len:?})"
                 )));
             }
-            let a = r.f32s(len * ra, &format!("layer {i} cache"))?;
-            let b = r.f32s(len * rb, &format!("layer {i} cache"))?;
+            let a = r.rows(saved.k, len, ra, &format!("layer {i} cache"))?;
+            let b = r.rows(tb, len, rb, &format!("layer {i} cache"))?;
             records.push(Record::Cache { a, b });
         }
         if r.at != buf.len() {
@@ -306,18 +347,16 @@ impl<B: Backend> Net<B> {
             )));
         }
         let len = seq_len.unwrap_or(0);
-        let mut st = self.new_state(len.max(1).next_power_of_two().max(64))?;
+        let mut st = self.new_state(max_len)?;
         for (ls, rec) in st.layers.iter_mut().zip(records) {
             match (ls, rec) {
                 (
                     LayerState::Kv { k: a, v: b } | LayerState::Mla { latent: a, kpe: b },
                     Record::Cache { a: da, b: db },
                 ) => {
-                    if !da.is_empty() {
-                        self.b
-                            .copy(&self.b.upload(&da)?, a, Strided::contiguous(da.len(), 0, 0))?;
-                        self.b
-                            .copy(&self.b.upload(&db)?, b, Strided::contiguous(db.len(), 0, 0))?;
+                    if let (Some(wa), Some(wb)) = (da.len().checked_div(len), db.len().checked_div(len)) {
+                        self.b.cache_upload(a, 0, wa, &da)?;
+                        self.b.cache_upload(b, 0, wb, &db)?;
                     }
                 }
                 (LayerState::Delta { conv, ssm }, Record::Delta { conv: dc, ssm: ds }) => {

@@ -9,9 +9,9 @@
 use super::reference;
 use super::seqs::segs;
 use super::util::{close, Rng};
-use super::{attn_args, run, up};
+use super::{attn_args, cache, run, up};
 use moeflux::backend::cuda::CudaBackend;
-use moeflux::backend::{AttnArgs, AttnSeqs, Backend, Rotary};
+use moeflux::backend::{AttnArgs, AttnSeqs, Backend, KvType, Rotary};
 
 /// The op tolerance of the tiled attention (about 2^-16 per product).
 const FA_TOL: f64 = 3e-5;
@@ -38,16 +38,18 @@ pub fn check_attention_tc(b: &CudaBackend, exact: &CudaBackend) {
         let k = rng.vec(cap * hkv * d, 2.0);
         let v = rng.vec(cap * hkv * d, 1.0);
         let a = attn_args(n, pos0, (h, hkv), (d, d));
-        let attend = |be: &CudaBackend| {
-            let mut out = be.alloc(n * h * d).expect("alloc");
-            be.attention(&up(be, &q), &up(be, &k), &up(be, &v), a, &mut out)
-                .expect("attention");
-            run(be, &out, n * h * d)
-        };
-        let (got, f32s) = (attend(b), attend(exact));
-        let what = format!("attention on tensor cores {a:?}");
-        close(&what, &got, &reference::attention(&q, &k, &v, a), FA_TOL);
-        assert_eq!(!same_bits(&got, &f32s), tiled, "{what}: tiled kernel ran: {}", !tiled);
+        for t in [KvType::F32, KvType::F16, KvType::Bf16, KvType::Q8_0] {
+            let attend = |be: &CudaBackend| {
+                let ((kc, kh), (vc, vh)) = (cache(be, t, &k, hkv * d), cache(be, t, &v, hkv * d));
+                let mut out = be.alloc(n * h * d).expect("alloc");
+                be.attention(&up(be, &q), &kc, &vc, a, &mut out).expect("attention");
+                (run(be, &out, n * h * d), kh, vh)
+            };
+            let ((got, kh, vh), (f32s, _, _)) = (attend(b), attend(exact));
+            let what = format!("attention on tensor cores over a {t} cache {a:?}");
+            close(&what, &got, &reference::attention(&q, &kh, &vh, a), FA_TOL);
+            assert_eq!(!same_bits(&got, &f32s), tiled, "{what}: tiled kernel ran: {}", !tiled);
+        }
     }
     check_mixed(b, exact, &mut rng);
 }
@@ -72,7 +74,10 @@ fn check_mixed(b: &CudaBackend, exact: &CudaBackend, rng: &mut Rng) {
     let attn = attn_args(n, 0, (h, kv), (d, d));
     let attend = |be: &CudaBackend| {
         let (mut qb, mut kb, vb, fb) = (up(be, &q), up(be, &k), up(be, &v), up(be, &[0.0]));
-        let mut bufs: Vec<_> = caches0.iter().map(|(kc, vc)| (up(be, kc), up(be, vc))).collect();
+        let mut bufs: Vec<_> = caches0
+            .iter()
+            .map(|(kc, vc)| (cache(be, KvType::F32, kc, kw).0, cache(be, KvType::F32, vc, kw).0))
+            .collect();
         let mut caches: Vec<_> = bufs.iter_mut().map(|(kc, vc)| (kc, vc)).collect();
         let x = AttnSeqs {
             q: &mut qb,

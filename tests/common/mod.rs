@@ -115,6 +115,7 @@ pub fn argmax(v: &[f32]) -> usize {
     best
 }
 
+pub mod kv;
 pub mod trials;
 
 /// Calls `$m!(ARGS name, fixture, flags)` for every golden fixture: bf16

@@ -1,6 +1,7 @@
 //! RoPE, GQA attention and absorbed MLA attention on the CPU.
 
 use super::delta_conv::{isa, Isa};
+use super::kv_cache::CpuCache;
 use super::lanes::{self, Lanes, LANES};
 use super::vector::dot;
 use crate::backend::{AttnArgs, MlaArgs, RopeArgs};
@@ -65,13 +66,13 @@ fn softmax(s: &mut [f32]) {
 /// group of heads, so each key and value row is read from memory once for
 /// the group (and from L1 for its other heads); the dot products and the
 /// weighted sums run on 16-float registers (`Lanes`).
-pub fn attention(q: &[f32], k: &[f32], v: &[f32], a: AttnArgs, out: &mut [f32]) {
+pub fn attention(q: &[f32], k: &CpuCache, v: &CpuCache, a: AttnArgs, out: &mut [f32]) {
     attention_on(isa(), q, k, v, a, out)
 }
 
 /// `attention` on the registers of `isa`, which this CPU must run (the
 /// tests run every width the CPU has).
-fn attention_on(isa: Isa, q: &[f32], k: &[f32], v: &[f32], a: AttnArgs, out: &mut [f32]) {
+fn attention_on(isa: Isa, q: &[f32], k: &CpuCache, v: &CpuCache, a: AttnArgs, out: &mut [f32]) {
     let group = a.n_heads / a.n_kv_heads;
     crate::parallel::for_each_chunk(&mut out[..a.n * a.n_heads * a.v_dim], group * a.v_dim, |i, o| {
         let (t, kvh) = (i / a.n_kv_heads, i % a.n_kv_heads);
@@ -106,8 +107,8 @@ thread_local! {
 /// against keys `0..len` of that head.
 struct GroupTask<'a> {
     qs: &'a [f32],
-    k: &'a [f32],
-    v: &'a [f32],
+    k: &'a CpuCache,
+    v: &'a CpuCache,
     a: AttnArgs,
     kvh: usize,
     len: usize,
@@ -143,8 +144,10 @@ unsafe fn group_avx2(x: &GroupTask, s: &mut [f32], o: &mut [f32]) {
 unsafe fn group_task<V: Lanes>(x: &GroupTask, s: &mut [f32], o: &mut [f32]) {
     let a = x.a;
     let (hd, vd, len) = (a.head_dim, a.v_dim, x.len);
+    // A row of a 16-bit or q8_0 cache, decoded.
+    let mut tmp = Vec::new();
     for j in 0..len {
-        let kr = &x.k[(j * a.n_kv_heads + x.kvh) * hd..][..hd];
+        let kr = x.k.span((j * a.n_kv_heads + x.kvh) * hd, hd, &mut tmp);
         for (g, qg) in x.qs.chunks_exact(hd).enumerate() {
             // SAFETY: the caller's.
             s[g * len + j] = unsafe { dot_lanes::<V>(qg, kr) } * a.scale;
@@ -156,7 +159,7 @@ unsafe fn group_task<V: Lanes>(x: &GroupTask, s: &mut [f32], o: &mut [f32]) {
     o.fill(0.0);
     let whole = vd / LANES * LANES;
     for j in 0..len {
-        let vr = &x.v[(j * a.n_kv_heads + x.kvh) * vd..][..vd];
+        let vr = x.v.span((j * a.n_kv_heads + x.kvh) * vd, vd, &mut tmp);
         for (g, og) in o.chunks_exact_mut(vd).enumerate() {
             let p = s[g * len + j];
             // SAFETY: the caller's; c + LANES ≤ whole ≤ vd.
@@ -203,7 +206,7 @@ unsafe fn dot_lanes<V: Lanes>(a: &[f32], b: &[f32]) -> f32 {
     }
 }
 
-pub fn mla_attention(q: &[f32], latent: &[f32], k_pe: &[f32], kv_b: &[f32], a: MlaArgs, out: &mut [f32]) {
+pub fn mla_attention(q: &[f32], latent: &CpuCache, k_pe: &CpuCache, kv_b: &[f32], a: MlaArgs, out: &mut [f32]) {
     let (dn, dr, dv, r) = (a.nope, a.rope, a.v_dim, a.kv_lora_rank);
     let qd = dn + dr;
     crate::parallel::for_each_chunk(&mut out[..a.n * a.n_heads * dv], dv, |i, o| {
@@ -220,13 +223,17 @@ pub fn mla_attention(q: &[f32], latent: &[f32], k_pe: &[f32], kv_b: &[f32], a: M
             }
         }
         let q_pe = &qh[dn..];
+        let (mut tl, mut tp) = (Vec::new(), Vec::new());
         let mut s: Vec<f32> = (0..len)
-            .map(|j| (dot(&q_lat, &latent[j * r..][..r]) + dot(q_pe, &k_pe[j * dr..][..dr])) * a.scale)
+            .map(|j| {
+                let lj = latent.span(j * r, r, &mut tl);
+                (dot(&q_lat, lj) + dot(q_pe, k_pe.span(j * dr, dr, &mut tp))) * a.scale
+            })
             .collect();
         softmax(&mut s);
         let mut o_lat = vec![0.0f32; r];
         for (j, p) in s.iter().enumerate() {
-            for (l, x) in o_lat.iter_mut().zip(&latent[j * r..][..r]) {
+            for (l, x) in o_lat.iter_mut().zip(latent.span(j * r, r, &mut tl)) {
                 *l += p * x;
             }
         }
@@ -296,6 +303,12 @@ mod tests {
             let k: Vec<f32> = (0..len * kv * hd).map(|_| 2.0 * rnd()).collect();
             let v: Vec<f32> = (0..len * kv * vd).map(|_| rnd()).collect();
             let want = naive(&q, &k, &v, a);
+            let cache = |x: &[f32], w: usize| {
+                let mut c = CpuCache::new(crate::backend::KvType::F32, len, kv * w).unwrap();
+                c.store(x, 0).unwrap();
+                c
+            };
+            let (kc, vc) = (cache(&k, hd), cache(&v, vd));
             let mut kernels: Vec<(&str, Isa)> = vec![("plain", Isa::Plain)];
             #[cfg(target_arch = "x86_64")]
             {
@@ -308,7 +321,7 @@ mod tests {
             }
             for (name, which) in kernels {
                 let mut got = vec![0.0f32; want.len()];
-                attention_on(which, &q, &k, &v, a, &mut got);
+                attention_on(which, &q, &kc, &vc, a, &mut got);
                 for (i, (g, w)) in got.iter().zip(&want).enumerate() {
                     assert!(
                         (g - w).abs() <= 1e-5,

@@ -8,6 +8,7 @@ mod delta;
 mod delta_conv;
 #[cfg(all(test, target_arch = "x86_64"))]
 mod fast_tests;
+pub mod kv_cache;
 mod lanes;
 pub mod matmul;
 pub(crate) mod moe;
@@ -27,11 +28,14 @@ mod vnni;
 mod vnni_gemm;
 
 use super::seqs::{check_segs, Seg, StatePair};
-use super::{AttnArgs, Backend, DeltaArgs, DeltaState, DeltaWeights, MlaArgs, MoeArgs, MoeInputs, RopeArgs, Strided};
+use super::{
+    AttnArgs, Backend, DeltaArgs, DeltaState, DeltaWeights, KvType, MlaArgs, MoeArgs, MoeInputs, RopeArgs, Strided,
+};
 use crate::error::{Error, Result};
 use crate::experts::ExpertStore;
 use crate::format::MatrixView;
 use crate::parallel::for_each_span;
+use kv_cache::CpuCache;
 use matmul::{CpuMatrix, Kernel};
 pub use pool::PoolInfo;
 pub use profile::OpTime;
@@ -160,6 +164,7 @@ pub(crate) fn rms_norm_row(x: &[f32], w: &[f32], eps: f32, y: &mut [f32]) {
 impl Backend for CpuBackend {
     type Buf = Vec<f32>;
     type Matrix = CpuMatrix;
+    type Cache = CpuCache;
 
     fn name(&self) -> &'static str {
         "cpu"
@@ -184,6 +189,29 @@ impl Backend for CpuBackend {
             })?;
         out.copy_from_slice(src);
         Ok(())
+    }
+    fn alloc_cache(&self, t: KvType, rows: usize, width: usize) -> Result<CpuCache> {
+        CpuCache::new(t, rows, width)
+    }
+    fn cache_store(&self, src: &Vec<f32>, src_row: usize, n: usize, cache: &mut CpuCache, row0: usize) -> Result<()> {
+        let w = cache.width();
+        let rows = src_row
+            .checked_add(n)
+            .and_then(|end| src.get(src_row * w..end * w))
+            .ok_or_else(|| {
+                Error::Invalid(format!(
+                    "KV cache store of rows {src_row}..{} from a buffer of {} values",
+                    src_row.saturating_add(n),
+                    src.len()
+                ))
+            })?;
+        self.prof.time(Op::Elementwise, || cache.store(rows, row0))
+    }
+    fn cache_download(&self, cache: &CpuCache, row0: usize, out: &mut [f32]) -> Result<()> {
+        cache.load(row0, out)
+    }
+    fn cache_upload(&self, cache: &mut CpuCache, row0: usize, _width: usize, data: &[f32]) -> Result<()> {
+        cache.store(data, row0)
     }
     fn matrix(&self, m: &MatrixView) -> Result<CpuMatrix> {
         CpuMatrix::new(m)
@@ -325,7 +353,7 @@ impl Backend for CpuBackend {
         })
     }
 
-    fn attention(&self, q: &Vec<f32>, k: &Vec<f32>, v: &Vec<f32>, a: AttnArgs, out: &mut Vec<f32>) -> Result<()> {
+    fn attention(&self, q: &Vec<f32>, k: &CpuCache, v: &CpuCache, a: AttnArgs, out: &mut Vec<f32>) -> Result<()> {
         self.prof.time(Op::Attention, || {
             attn::attention(q, k, v, a, out);
             Ok(())
@@ -335,8 +363,8 @@ impl Backend for CpuBackend {
     fn mla_attention(
         &self,
         q: &Vec<f32>,
-        latent: &Vec<f32>,
-        k_pe: &Vec<f32>,
+        latent: &CpuCache,
+        k_pe: &CpuCache,
         kv_b: &Vec<f32>,
         a: MlaArgs,
         out: &mut Vec<f32>,

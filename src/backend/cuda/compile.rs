@@ -21,8 +21,9 @@ use std::ffi::{c_char, CStr, CString};
 use std::path::PathBuf;
 
 /// The sources of the base module, in the order they are concatenated.
-const SOURCES: [&str; 13] = [
+const SOURCES: [&str; 14] = [
     include_str!("kernels/common.cuh"),
+    include_str!("kernels/kv.cuh"),
     include_str!("kernels/matvec.cu"),
     include_str!("kernels/matvec_q.cu"),
     include_str!("kernels/elementwise.cu"),
@@ -41,8 +42,9 @@ const SOURCES: [&str; 13] = [
 /// prefill chunks. Compiled beside the base module, not
 /// in it: it took the base module's compile from about 5.6 to 7.9 s (nvcc
 /// on the H100 host), the first start's longest wait.
-const ATTENTION_SOURCES: [&str; 3] = [
+const ATTENTION_SOURCES: [&str; 4] = [
     include_str!("kernels/common.cuh"),
+    include_str!("kernels/kv.cuh"),
     include_str!("kernels/mma.cuh"),
     include_str!("kernels/flash.cu"),
 ];

@@ -67,9 +67,10 @@ pub(crate) fn allow_shared_memory(gpu: &Gpu) -> Result<()> {
 
 /// The attention of the rows of `t` (every sequence of it at least
 /// MIN_ROWS rows, `takes` true): q at `q0`, out at `o0`, rows counted from
-/// t's base. Returns false, launching nothing, if the grid would be too
+/// t's base; the caches of types `(ktype, vtype)` (`KV_*` of kernels/kv.cuh).
+/// Returns false, launching nothing, if the grid would be too
 /// tall.
-pub(crate) fn attend(gpu: &Gpu, q0: u64, o0: u64, t: &Seqs, a: &AttnArgs) -> Result<bool> {
+pub(crate) fn attend(gpu: &Gpu, q0: u64, o0: u64, t: &Seqs, a: &AttnArgs, (ktype, vtype): (i32, i32)) -> Result<bool> {
     let Some((f, kt)) = variant(gpu, a.head_dim) else {
         return Ok(false);
     };
@@ -83,7 +84,7 @@ pub(crate) fn attend(gpu: &Gpu, q0: u64, o0: u64, t: &Seqs, a: &AttnArgs) -> Res
         (a.n_heads as u32, tiles as u32, 1),
         THREADS,
         smem(a.head_dim, kt) as u32,
-        cuda_args![q0, o0, *t, h, hkv, sc],
+        cuda_args![q0, o0, *t, h, hkv, sc, ktype, vtype],
     )?;
     Ok(true)
 }

@@ -9,6 +9,7 @@ use super::buf::CudaBuf;
 use super::delta_chunk;
 use super::driver::{Gpu, MAX_GRID_Y, PDL_MAX_TOKENS};
 use super::flash;
+use super::kv_cache::CudaCache;
 use super::ops::{grid_for, limit, ATT_MAX_DIM, ATT_THREADS};
 use super::seqs::{Seqs, MAX_SEQS};
 use crate::backend::seqs::check_segs;
@@ -62,15 +63,40 @@ fn check_heads(a: &AttnArgs) -> Result<()> {
     Ok(())
 }
 
+/// Keys a row must attend to before its keys are split over blocks
+/// (`attention_split`).
+const SPLIT_MIN_KEYS: usize = 1024;
+/// The fewest keys one split takes, and the most splits of a row.
+const SPLIT_KEYS: usize = 256;
+const MAX_SPLITS: usize = 64;
+/// Rows of a call that may split (decode steps; longer calls have blocks
+/// enough).
+const SPLIT_MAX_ROWS: usize = 256;
+
+/// How many ranges each row's keys are cut into: enough blocks for four
+/// per multiprocessor, once the rows attend to SPLIT_MIN_KEYS or more.
+fn splits(gpu: &Gpu, t: &Seqs, rows: usize, heads: usize) -> usize {
+    let longest = t.longest();
+    if longest < SPLIT_MIN_KEYS || rows > SPLIT_MAX_ROWS {
+        return 1;
+    }
+    (4 * gpu.sms)
+        .div_ceil(heads * rows)
+        .min(MAX_SPLITS)
+        .min(longest / SPLIT_KEYS)
+        .max(1)
+}
+
 /// The attention of `rows` rows from q `q0` and out `o0` (the rows of the
 /// sequences of `t`): the sequences of a prefill chunk on tensor cores
 /// (`flash.rs`) where it takes them, the others through the `attention`
-/// kernel in grids of at most MAX_GRID_Y rows.
-fn attend(gpu: &Gpu, q0: u64, o0: u64, t: &Seqs, rows: usize, a: &AttnArgs) -> Result<()> {
+/// kernel in grids of at most MAX_GRID_Y rows, their keys split over
+/// blocks when they are deep (`attention_split`).
+fn attend(gpu: &Arc<Gpu>, q0: u64, o0: u64, t: &Seqs, rows: usize, a: &AttnArgs, types: (i32, i32)) -> Result<()> {
     let mut t = *t;
     if flash::takes(gpu, a) {
         let (big, small) = t.split(flash::MIN_ROWS);
-        if !big.is_empty() && flash::attend(gpu, q0, o0, &big, a)? {
+        if !big.is_empty() && flash::attend(gpu, q0, o0, &big, a, types)? {
             if small.is_empty() {
                 return Ok(());
             }
@@ -84,6 +110,28 @@ fn attend(gpu: &Gpu, q0: u64, o0: u64, t: &Seqs, rows: usize, a: &AttnArgs) -> R
         a.v_dim as i32,
         a.scale,
     );
+    let sp = splits(gpu, &t, rows, a.n_heads);
+    if sp > 1 {
+        // [rows, H, splits, vd + 2]: each split's max, sum and weighted values.
+        let part = CudaBuf::zeroed(gpu, rows * a.n_heads * sp * (a.v_dim + 2))?;
+        let pp = part.write(gpu, part.len())?;
+        let (y0, sp32) = (0i32, sp as i32);
+        let grid = (a.n_heads as u32, rows as u32, sp as u32);
+        gpu.launch(
+            gpu.k.attention_split,
+            grid,
+            ATT_THREADS,
+            0,
+            cuda_args![q0, pp, t, y0, h, hkv, hd, vd, sc, types.0, types.1, sp32],
+        )?;
+        return gpu.launch(
+            gpu.k.attention_merge,
+            (a.n_heads as u32, rows as u32, 1),
+            128,
+            0,
+            cuda_args![pp, o0, t, y0, h, vd, sp32],
+        );
+    }
     for r0 in (0..rows).step_by(MAX_GRID_Y) {
         let nr = (rows - r0).min(MAX_GRID_Y);
         let y0 = r0 as i32;
@@ -92,7 +140,7 @@ fn attend(gpu: &Gpu, q0: u64, o0: u64, t: &Seqs, rows: usize, a: &AttnArgs) -> R
             (a.n_heads as u32, nr as u32, 1),
             ATT_THREADS,
             0,
-            cuda_args![q0, o0, t, y0, h, hkv, hd, vd, sc],
+            cuda_args![q0, o0, t, y0, h, hkv, hd, vd, sc, types.0, types.1],
         )?;
     }
     Ok(())
@@ -100,18 +148,18 @@ fn attend(gpu: &Gpu, q0: u64, o0: u64, t: &Seqs, rows: usize, a: &AttnArgs) -> R
 
 /// One sequence's attention over caches that already hold its new keys.
 pub(crate) fn attention(
-    gpu: &Gpu,
+    gpu: &Arc<Gpu>,
     q: &CudaBuf,
-    k: &CudaBuf,
-    v: &CudaBuf,
+    k: &CudaCache,
+    v: &CudaCache,
     a: AttnArgs,
     out: &mut CudaBuf,
 ) -> Result<()> {
     check_heads(&a)?;
     let len = a.pos0 + a.n;
     q.want("attention q", a.n * a.n_heads * a.head_dim)?;
-    k.want("attention K cache", len * a.n_kv_heads * a.head_dim)?;
-    v.want("attention V cache", len * a.n_kv_heads * a.v_dim)?;
+    check_cache(k, "attention K cache", len, a.n_kv_heads * a.head_dim)?;
+    check_cache(v, "attention V cache", len, a.n_kv_heads * a.v_dim)?;
     out.want("attention output", a.n * a.n_heads * a.v_dim)?;
     if a.n == 0 {
         return Ok(());
@@ -121,9 +169,20 @@ pub(crate) fn attention(
         n: a.n,
         pos0: a.pos0,
     };
-    let t = Seqs::new(&[((k.read(gpu)?, v.read(gpu)?), seg)], 0);
+    let t = Seqs::new(&[((k.ptr(), v.ptr()), seg)], 0);
     let (q0, o0) = (q.read(gpu)?, out.write(gpu, a.n * a.n_heads * a.v_dim)?);
-    attend(gpu, q0, o0, &t, a.n, &a)
+    attend(gpu, q0, o0, &t, a.n, &a, (k.code(), v.code()))
+}
+
+/// An error unless `c` holds `len` positions of rows of `width`.
+fn check_cache(c: &CudaCache, what: &str, len: usize, width: usize) -> Result<()> {
+    if c.width() != width {
+        return Err(Error::Invalid(format!(
+            "{what}: rows of {} values, the heads need {width}",
+            c.width()
+        )));
+    }
+    c.want(what, len)
 }
 
 /// The rows of a batched attention call: q and k (normalized, rotated
@@ -139,15 +198,25 @@ pub(crate) struct AttnBufs<'a> {
 /// q and k rotated at each row's position, k and v appended to each
 /// sequence's caches, then the attention of all their rows: four launches.
 pub(crate) fn attention_seqs(
-    gpu: &Gpu,
+    gpu: &Arc<Gpu>,
     x: AttnBufs,
     (rope, a): (Rotary, AttnArgs),
-    caches: &[(&CudaBuf, &CudaBuf)],
+    caches: &[(&CudaCache, &CudaCache)],
     segs: &[Seg],
     out: &mut CudaBuf,
 ) -> Result<()> {
     check_heads(&a)?;
     check_segs(segs, caches.len(), a.n)?;
+    // One launch reads every sequence's caches: they have one pair of types.
+    let types = match caches.first() {
+        Some((k, v)) => (k.code(), v.code()),
+        None => return Ok(()),
+    };
+    if caches.iter().any(|(k, v)| (k.code(), v.code()) != types) {
+        return Err(Error::Invalid(
+            "the sequences of one attention call hold caches of different types".into(),
+        ));
+    }
     let (qw, kw, vw, ow) = (
         a.n_heads * a.head_dim,
         a.n_kv_heads * a.head_dim,
@@ -172,9 +241,9 @@ pub(crate) fn attention_seqs(
     }
     let mut parts = Vec::with_capacity(segs.len());
     for (s, (kc, vc)) in segs.iter().zip(caches) {
-        kc.want("attention K cache", (s.pos0 + s.n) * kw)?;
-        vc.want("attention V cache", (s.pos0 + s.n) * vw)?;
-        parts.push(((kc.read(gpu)?, vc.read(gpu)?), *s));
+        check_cache(kc, "attention K cache", s.pos0 + s.n, kw)?;
+        check_cache(vc, "attention V cache", s.pos0 + s.n, vw)?;
+        parts.push(((kc.ptr(), vc.ptr()), *s));
     }
     if a.n == 0 {
         return Ok(());
@@ -213,9 +282,9 @@ pub(crate) fn attention_seqs(
             grid_for(rows * (kw + vw)),
             256,
             0,
-            cuda_args![k0, v0, t, nr, kw32, vw32],
+            cuda_args![k0, v0, t, nr, kw32, vw32, types.0, types.1],
         )?;
-        attend(gpu, at(qp, first, qw), at(op, first, ow), &t, rows, &a)?;
+        attend(gpu, at(qp, first, qw), at(op, first, ow), &t, rows, &a, types)?;
     }
     Ok(())
 }

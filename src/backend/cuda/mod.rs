@@ -22,6 +22,7 @@ mod graph;
 mod host_cpu;
 mod hostmap;
 mod hybrid;
+mod kv_cache;
 mod matrix;
 mod matvec_tc;
 mod mixers;
@@ -42,13 +43,14 @@ mod upload;
 pub use buf::CudaBuf;
 use cache::SlotBudget;
 pub use cache::{CacheSize, CacheStats};
+pub use kv_cache::CudaCache;
 pub use matrix::CudaMatrix;
 pub use options::{CacheReport, CacheRequest, CudaOptions};
 pub use probe::LaunchCost;
 
 use super::{
-    AttnArgs, AttnSeqs, Backend, DeltaArgs, DeltaState, DeltaWeights, MlaArgs, MoeArgs, MoeInputs, RopeArgs, Seg,
-    StatePair, Strided,
+    AttnArgs, AttnSeqs, Backend, CachePair, DeltaArgs, DeltaState, DeltaWeights, KvType, MlaArgs, MoeArgs, MoeInputs,
+    RopeArgs, Seg, StatePair, Strided,
 };
 use crate::error::{Error, Result};
 use crate::experts::{ExpertStore, Hybrid};
@@ -88,9 +90,10 @@ fn delta_bufs<'a>(
     }
 }
 
-/// Device memory left free besides the expert cache (activations, KV
-/// caches, the driver's own).
-const MARGIN_BYTES: u64 = 3 << 30;
+/// Bytes of an expert cache slot for experts of at most `largest` bytes.
+pub fn slot_bytes(largest: usize) -> u64 {
+    (largest.div_ceil(256) * 256) as u64
+}
 
 /// The weight format codes (`FMT_*` of `kernels/common.cuh`, `+ 8` for f16
 /// scales) of a packed model's matrices: its dense tensors of two or more
@@ -180,6 +183,11 @@ impl CudaBackend {
     pub fn device_name(&self) -> &str {
         &self.gpu.name
     }
+
+    /// Free device memory, bytes.
+    pub fn free_memory(&self) -> Result<u64> {
+        Ok(self.gpu.mem_info()?.0 as u64)
+    }
     pub fn ordinal(&self) -> usize {
         self.gpu.ordinal
     }
@@ -215,14 +223,13 @@ impl CudaBackend {
                 held_layers: 0,
             });
         }
-        let slot = (largest.div_ceil(256) * 256) as u64;
-        let (free, _) = self.gpu.mem_info()?;
+        let slot = slot_bytes(largest);
         let (slots, minimum) = req.size.slots(&SlotBudget {
             slot_bytes: slot,
             experts,
             expert_bytes,
             min_slots: req.min_slots,
-            room: (free as u64).saturating_sub(MARGIN_BYTES),
+            room: req.room,
         })?;
         let t0 = std::time::Instant::now();
         // Probation holds misses that are not admitted: an eighth of the
@@ -313,6 +320,7 @@ impl CudaBackend {
 impl Backend for CudaBackend {
     type Buf = CudaBuf;
     type Matrix = CudaMatrix;
+    type Cache = CudaCache;
 
     fn name(&self) -> &'static str {
         "cuda"
@@ -339,6 +347,19 @@ impl Backend for CudaBackend {
     }
     fn download(&self, buf: &CudaBuf, off: usize, out: &mut [f32]) -> Result<()> {
         download::download(&self.gpu, &self.stage, buf, off, out)
+    }
+    fn alloc_cache(&self, t: KvType, rows: usize, width: usize) -> Result<CudaCache> {
+        self.gpu.bind()?;
+        CudaCache::new(&self.gpu, t, rows, width)
+    }
+    fn cache_store(&self, src: &CudaBuf, src_row: usize, n: usize, cache: &mut CudaCache, row0: usize) -> Result<()> {
+        self.gpu.bind()?;
+        kv_cache::store(&self.gpu, src, src_row, n, cache, row0)
+    }
+    fn cache_download(&self, cache: &CudaCache, row0: usize, out: &mut [f32]) -> Result<()> {
+        self.gpu.bind()?;
+        let rows = kv_cache::load(&self.gpu, cache, row0, out.len() / cache.width().max(1))?;
+        self.download(&rows, 0, out)
     }
     fn download_parts(&self, buf: &CudaBuf, parts: &[(usize, usize)]) -> Result<Vec<Vec<f32>>> {
         download::download_parts(&self.gpu, &self.stage, buf, parts)
@@ -442,15 +463,15 @@ impl Backend for CudaBackend {
         self.gpu.bind()?;
         mixers::rope(&self.gpu, x, inv_freq, a)
     }
-    fn attention(&self, q: &CudaBuf, k: &CudaBuf, v: &CudaBuf, a: AttnArgs, out: &mut CudaBuf) -> Result<()> {
+    fn attention(&self, q: &CudaBuf, k: &CudaCache, v: &CudaCache, a: AttnArgs, out: &mut CudaBuf) -> Result<()> {
         self.gpu.bind()?;
         mixers::attention(&self.gpu, q, k, v, a, out)
     }
     fn mla_attention(
         &self,
         q: &CudaBuf,
-        latent: &CudaBuf,
-        k_pe: &CudaBuf,
+        latent: &CudaCache,
+        k_pe: &CudaCache,
         kv_b: &CudaBuf,
         a: MlaArgs,
         out: &mut CudaBuf,
@@ -476,7 +497,7 @@ impl Backend for CudaBackend {
     fn attention_seqs(
         &self,
         x: AttnSeqs<'_, Self>,
-        caches: &mut [StatePair<'_, Self>],
+        caches: &mut [CachePair<'_, Self>],
         segs: &[Seg],
         out: &mut CudaBuf,
     ) -> Result<()> {
@@ -487,7 +508,7 @@ impl Backend for CudaBackend {
             v: x.v,
             inv_freq: x.inv_freq,
         };
-        let caches: Vec<(&CudaBuf, &CudaBuf)> = caches.iter().map(|(k, v)| (&**k, &**v)).collect();
+        let caches: Vec<(&CudaCache, &CudaCache)> = caches.iter().map(|(k, v)| (&**k, &**v)).collect();
         mixers::attention_seqs(&self.gpu, bufs, (x.rope, x.attn), &caches, segs, out)
     }
 

@@ -4,6 +4,7 @@
 
 use super::buf::CudaBuf;
 use super::driver::{Gpu, MAX_GRID_Y};
+use super::kv_cache::CudaCache;
 use crate::backend::{MlaArgs, Strided};
 use crate::cuda_args;
 use crate::error::{Error, Result};
@@ -241,8 +242,8 @@ pub(crate) const ATT_THREADS: u32 = 256;
 pub(crate) fn mla_attention(
     gpu: &Gpu,
     q: &CudaBuf,
-    latent: &CudaBuf,
-    k_pe: &CudaBuf,
+    latent: &CudaCache,
+    k_pe: &CudaCache,
     kv_b: &CudaBuf,
     a: MlaArgs,
     out: &mut CudaBuf,
@@ -252,13 +253,22 @@ pub(crate) fn mla_attention(
     let (dn, dr, dv, r) = (a.nope, a.rope, a.v_dim, a.kv_lora_rank);
     let len = a.pos0 + a.n;
     q.want("mla q", a.n * a.n_heads * (dn + dr))?;
-    latent.want("mla latent cache", len * r)?;
-    k_pe.want("mla rope-key cache", len * dr)?;
+    latent.want("mla latent cache", len)?;
+    k_pe.want("mla rope-key cache", len)?;
+    if latent.width() != r || k_pe.width() != dr || latent.kind() != k_pe.kind() {
+        return Err(Error::Invalid(format!(
+            "mla caches of rows of {} and {} values ({} and {}), the layer needs {r} and {dr} of one type",
+            latent.width(),
+            k_pe.width(),
+            latent.kind(),
+            k_pe.kind()
+        )));
+    }
     kv_b.want("mla kv_b", a.n_heads * (dn + dv) * r)?;
     out.want("mla output", a.n * a.n_heads * dv)?;
     let smem = ((ATT_THREADS as usize / 32 + 1) * r * 4) as u32;
     let (q0, o0) = (q.read(gpu)?, out.write(gpu, a.n * a.n_heads * dv)?);
-    let (lp, kp, bp) = (latent.read(gpu)?, k_pe.read(gpu)?, kv_b.read(gpu)?);
+    let (lp, kp, bp, kt) = (latent.ptr(), k_pe.ptr(), kv_b.read(gpu)?, latent.code());
     for t0 in (0..a.n).step_by(MAX_GRID_Y) {
         let nt = (a.n - t0).min(MAX_GRID_Y);
         let qp = q0 + 4 * (t0 * a.n_heads * (dn + dr)) as u64;
@@ -271,7 +281,7 @@ pub(crate) fn mla_attention(
             grid,
             ATT_THREADS,
             smem,
-            cuda_args![qp, lp, kp, bp, op, p0, h, dn, dr, dv, r, sc],
+            cuda_args![qp, lp, kp, bp, op, p0, h, dn, dr, dv, r, sc, kt],
         )?;
     }
     Ok(())

@@ -29,6 +29,10 @@ pub struct CacheReport {
 #[derive(Debug, Clone, Copy)]
 pub struct CacheRequest {
     pub size: CacheSize,
+    /// Device memory the cache may take at most (the memory plan's
+    /// `expert_room`: free memory less the KV caches, activations and a
+    /// margin).
+    pub room: u64,
     /// Copy experts ahead of need.
     pub prefetch: bool,
     /// The smallest working set in experts: the active experts of one

@@ -42,6 +42,15 @@ impl Seqs {
         t
     }
 
+    /// The most keys a row of the table attends to (its sequence's
+    /// positions up to its last row).
+    pub(crate) fn longest(&self) -> usize {
+        (0..self.count as usize)
+            .map(|i| (self.pos0[i] + self.n[i]).max(0) as usize)
+            .max()
+            .unwrap_or(0)
+    }
+
     pub(crate) fn most_rows(&self) -> usize {
         self.n.iter().copied().max().unwrap_or(0).max(0) as usize
     }

@@ -1,28 +1,26 @@
 // Softmax attention over the caches: GQA (decode and prefill alike, one
 // sequence or several) and absorbed MLA. One block per (head, token); its
 // warps take every ATT_WARPS-th position with an online softmax each,
-// then combine.
+// then combine. Decode rows deep into their context also split their keys
+// over blocks (attention_split, then attention_merge).
 
 #define ATT_WARPS 8
 #define ATT_MAXD 8  // head dims per lane: head_dim, v_dim ≤ 256
 
-// q [n, H, hd]; out [n, H, vd]; the rows of several sequences (s), each
-// attending over its own caches: s.a[i] K [cap, Hkv, hd], s.b[i] V [cap,
-// Hkv, vd]. Grid (H, rows): block y takes row row0 + y.
-extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32)
-    attention(const float* q, float* out, Seqs s, int row0, int H, int Hkv, int hd, int vd, float scale) {
-    GRID_DEP();
+// One head of one row over keys [j0, j1) of its sequence's caches (k of
+// type kt, rows of kw values; v of type vt, rows of vw; the head's values
+// from kvh·hd and kvh·vd): the warps' online softmaxes merged into the
+// block's max m, sum l and o[vd] = Σ exp(s_j − m)·v_j. Written normalized
+// to oh when part is null, else as (m, l, o[vd]) to part (a split of
+// attention_split, merged by attention_merge).
+__device__ __forceinline__ void att_range(const float* qh, const char* k, const char* v, int kt, int vt, int kw,
+                                          int vw, int kvh, int hd, int vd, float scale, int j0, int j1, float* oh,
+                                          float* part) {
     __shared__ float sm[ATT_WARPS], sl[ATT_WARPS];
     __shared__ float so[ATT_WARPS][ATT_MAXD * 32];
-    const int h = blockIdx.x, t = row0 + blockIdx.y;
-    const int z = seq_of(s, t);
-    if (z < 0) return;
-    const float *k = s.a[z], *v = s.b[z];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int kvh = h / (H / Hkv);
-    const int len = s.pos0[z] + t - s.off[z] + 1;
+    const i64 krb = kv_row_bytes(kt, kw), vrb = kv_row_bytes(vt, vw);
     float qr[ATT_MAXD], o[ATT_MAXD];
-    const float* qh = q + ((i64)t * H + h) * hd;
 #pragma unroll
     for (int i = 0; i < ATT_MAXD; i++) {
         const int d = lane + 32 * i;
@@ -30,23 +28,23 @@ extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32)
         o[i] = 0.0f;
     }
     float m = NEG_INF, l = 0.0f;
-    for (int j = warp; j < len; j += ATT_WARPS) {
-        const float* kj = k + ((i64)j * Hkv + kvh) * hd;
+    for (int j = j0 + warp; j < j1; j += ATT_WARPS) {
+        const char* kj = k + j * krb;
         float s = 0.0f;
 #pragma unroll
         for (int i = 0; i < ATT_MAXD; i++) {
             const int d = lane + 32 * i;
-            if (d < hd) s = fmaf(qr[i], kj[d], s);
+            if (d < hd) s = fmaf(qr[i], kv_val(kj, kt, kw, kvh * hd + d), s);
         }
         s = warp_sum(s) * scale;
         const float mn = fmaxf(m, s);
         const float corr = expf(m - mn), p = expf(s - mn);
         l = l * corr + p;
-        const float* vj = v + ((i64)j * Hkv + kvh) * vd;
+        const char* vj = v + j * vrb;
 #pragma unroll
         for (int i = 0; i < ATT_MAXD; i++) {
             const int d = lane + 32 * i;
-            if (d < vd) o[i] = o[i] * corr + p * vj[d];
+            if (d < vd) o[i] = o[i] * corr + p * kv_val(vj, vt, vw, kvh * vd + d);
         }
         m = mn;
     }
@@ -62,11 +60,78 @@ extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32)
     float den = 0.0f;
     for (int w = 0; w < ATT_WARPS; w++)
         if (sm[w] > NEG_INF) den += sl[w] * expf(sm[w] - mx);
-    float* oh = out + ((i64)t * H + h) * vd;
+    if (part && threadIdx.x == 0) {
+        part[0] = mx;
+        part[1] = den;
+    }
     for (int d = threadIdx.x; d < vd; d += blockDim.x) {
         float num = 0.0f;
         for (int w = 0; w < ATT_WARPS; w++)
             if (sm[w] > NEG_INF) num += so[w][d] * expf(sm[w] - mx);
+        if (part)
+            part[2 + d] = num;
+        else
+            oh[d] = num / den;
+    }
+}
+
+// q [n, H, hd]; out [n, H, vd]; the rows of several sequences (s), each
+// attending over its own caches: s.a[i] K [cap, Hkv, hd] of type kt,
+// s.b[i] V [cap, Hkv, vd] of type vt (kv.cuh). Grid (H, rows): block y
+// takes row row0 + y.
+extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32)
+    attention(const float* q, float* out, Seqs s, int row0, int H, int Hkv, int hd, int vd, float scale, int kt,
+              int vt) {
+    GRID_DEP();
+    const int h = blockIdx.x, t = row0 + blockIdx.y;
+    const int z = seq_of(s, t);
+    if (z < 0) return;
+    const int len = s.pos0[z] + t - s.off[z] + 1;
+    att_range(q + ((i64)t * H + h) * hd, (const char*)s.a[z], (const char*)s.b[z], kt, vt, Hkv * hd, Hkv * vd,
+              h / (H / Hkv), hd, vd, scale, 0, len, out + ((i64)t * H + h) * vd, nullptr);
+}
+
+// Flash-decoding: `attention` with each row's keys cut into `splits`
+// ranges, one block each (grid (H, rows, splits)), so that a few rows at
+// a great depth fill the device. Block (h, y, c) writes (m, l, o[vd]) of
+// its range to part [rows][H][splits][vd + 2]; attention_merge adds them.
+extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32)
+    attention_split(const float* q, float* part, Seqs s, int row0, int H, int Hkv, int hd, int vd, float scale,
+                    int kt, int vt, int splits) {
+    GRID_DEP();
+    const int h = blockIdx.x, t = row0 + blockIdx.y, c = blockIdx.z;
+    float* pp = part + (((i64)blockIdx.y * H + h) * splits + c) * (vd + 2);
+    const int z = seq_of(s, t);
+    if (z < 0) return;
+    const int len = s.pos0[z] + t - s.off[z] + 1;
+    const int chunk = (len + splits - 1) / splits;
+    const int j0 = min(len, c * chunk), j1 = min(len, j0 + chunk);
+    att_range(q + ((i64)t * H + h) * hd, (const char*)s.a[z], (const char*)s.b[z], kt, vt, Hkv * hd, Hkv * vd,
+              h / (H / Hkv), hd, vd, scale, j0, j1, nullptr, pp);
+}
+
+// out [n, H, vd] of rows row0 .. row0 + rows − 1 = the splits of part
+// merged (grid (H, rows)).
+extern "C" __global__ void attention_merge(const float* part, float* out, Seqs s, int row0, int H, int vd,
+                                           int splits) {
+    GRID_DEP();
+    const int h = blockIdx.x, t = row0 + blockIdx.y;
+    if (seq_of(s, t) < 0) return;
+    const float* pp = part + ((i64)blockIdx.y * H + h) * splits * (vd + 2);
+    float mx = NEG_INF;
+    for (int c = 0; c < splits; c++) mx = fmaxf(mx, pp[c * (vd + 2)]);
+    float den = 0.0f;
+    for (int c = 0; c < splits; c++) {
+        const float m = pp[c * (vd + 2)];
+        if (m > NEG_INF) den += pp[c * (vd + 2) + 1] * expf(m - mx);
+    }
+    float* oh = out + ((i64)t * H + h) * vd;
+    for (int d = threadIdx.x; d < vd; d += blockDim.x) {
+        float num = 0.0f;
+        for (int c = 0; c < splits; c++) {
+            const float m = pp[c * (vd + 2)];
+            if (m > NEG_INF) num += pp[c * (vd + 2) + 2 + d] * expf(m - mx);
+        }
         oh[d] = num / den;
     }
 }
@@ -75,11 +140,12 @@ extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32)
 #define MLA_MAXE 4   // rope dims per lane: rope ≤ 128
 
 // Absorbed MLA: q [n, H, nope + rope] (rope part rotated); latent
-// [cap, r]; k_pe [cap, rope]; kv_b [H·(nope + dv), r]; out [n, H, dv].
-// Grid (H, n); dynamic shared memory: (ATT_WARPS + 1)·r + rope floats.
+// [cap, r]; k_pe [cap, rope], both caches of type ct (kv.cuh); kv_b
+// [H·(nope + dv), r]; out [n, H, dv]. Grid (H, n); dynamic shared memory:
+// (ATT_WARPS + 1)·r + rope floats.
 extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32)
-    mla_attention(const float* q, const float* latent, const float* kpe, const float* kvb, float* out, int pos0,
-                  int H, int dn, int dr, int dv, int r, float scale) {
+    mla_attention(const float* q, const char* latent, const char* kpe, const float* kvb, float* out, int pos0,
+                  int H, int dn, int dr, int dv, int r, float scale, int ct) {
     GRID_DEP();
     extern __shared__ float shm[];
     float* q_lat = shm;                 // [r]
@@ -111,18 +177,20 @@ extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32)
     }
     float m = NEG_INF, l = 0.0f;
     for (int j = warp; j < len; j += ATT_WARPS) {
-        const float* lj = latent + (i64)j * r;
-        const float* pj = kpe + (i64)j * dr;
+        const char* lj = latent + j * kv_row_bytes(ct, r);
+        const char* pj = kpe + j * kv_row_bytes(ct, dr);
+        float lv[MLA_MAXR];
         float s = 0.0f;
 #pragma unroll
         for (int i = 0; i < MLA_MAXR; i++) {
             const int c = lane + 32 * i;
-            if (c < r) s = fmaf(ql[i], lj[c], s);
+            lv[i] = c < r ? kv_val(lj, ct, r, c) : 0.0f;
+            s = fmaf(ql[i], lv[i], s);
         }
 #pragma unroll
         for (int i = 0; i < MLA_MAXE; i++) {
             const int d = lane + 32 * i;
-            if (d < dr) s = fmaf(qp[i], pj[d], s);
+            if (d < dr) s = fmaf(qp[i], kv_val(pj, ct, dr, d), s);
         }
         s = warp_sum(s) * scale;
         const float mn = fmaxf(m, s);
@@ -131,7 +199,7 @@ extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32)
 #pragma unroll
         for (int i = 0; i < MLA_MAXR; i++) {
             const int c = lane + 32 * i;
-            if (c < r) o[i] = o[i] * corr + p * lj[c];
+            if (c < r) o[i] = o[i] * corr + p * lv[i];
         }
         m = mn;
     }

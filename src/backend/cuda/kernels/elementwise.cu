@@ -254,21 +254,45 @@ extern "C" __global__ void rope_seqs(float* x, const float* inv_freq, int n_toke
               });
 }
 
-// Each sequence's new K and V rows into its caches at its positions:
-// k [n, kw], v [n, vw]; s.a[i] is sequence i's K cache [cap, kw], s.b[i]
-// its V cache [cap, vw].
-extern "C" __global__ void kv_append(const float* k, const float* v, Seqs s, int n, int kw, int vw) {
+// Warps over (row, group of 32 values) of n rows: the grid-stride loop of
+// kv_store and kv_append, the same for every lane of a warp.
+#define WARP_LOOP(w, len)                                                                          \
+    for (i64 w = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5; w < (len);                      \
+         w += ((i64)gridDim.x * blockDim.x) >> 5)
+
+// Rows row0 .. row0 + n − 1 of a cache of type t (rows of `width`) =
+// the rows of src [n, width], rounded to the type.
+extern "C" __global__ void kv_store(const float* src, char* dst, int n, int width, int t, int row0) {
     GRID_DEP();
-    const int w = kw + vw;
-    GRID_LOOP(i, (i64)n * w) {
-        const int r = (int)(i / w), c = (int)(i % w);
+    const int groups = (width + 31) >> 5, lane = threadIdx.x & 31;
+    WARP_LOOP(w, (i64)n * groups) {
+        const int r = (int)(w / groups), g = (int)(w % groups);
+        kv_put32(src + (i64)r * width, dst + (row0 + r) * kv_row_bytes(t, width), t, width, g << 5, lane);
+    }
+}
+
+// dst [n, width] = rows row0 .. row0 + n − 1 of a cache of type t, decoded.
+extern "C" __global__ void kv_load(const char* src, float* dst, int n, int width, int t, int row0) {
+    GRID_DEP();
+    GRID_LOOP(i, (i64)n * width) {
+        const int r = (int)(i / width), d = (int)(i % width);
+        dst[i] = kv_val(src + (row0 + r) * kv_row_bytes(t, width), t, width, d);
+    }
+}
+
+// The new rows' k [n, kw] and v [n, vw] into each sequence's caches at
+// its positions: s.a[z] K (type kt), s.b[z] V (type vt).
+extern "C" __global__ void kv_append(const float* k, const float* v, Seqs s, int n, int kw, int vw, int kt, int vt) {
+    GRID_DEP();
+    const int kg = (kw + 31) >> 5, groups = kg + ((vw + 31) >> 5), lane = threadIdx.x & 31;
+    WARP_LOOP(w, (i64)n * groups) {
+        const int r = (int)(w / groups), g = (int)(w % groups);
         const int z = seq_of(s, r);
         if (z < 0) continue;
         const i64 p = s.pos0[z] + r - s.off[z];
-        if (c < kw) {
-            s.a[z][p * kw + c] = k[(i64)r * kw + c];
-        } else {
-            s.b[z][p * vw + c - kw] = v[(i64)r * vw + c - kw];
-        }
+        if (g < kg)
+            kv_put32(k + (i64)r * kw, (char*)s.a[z] + p * kv_row_bytes(kt, kw), kt, kw, g << 5, lane);
+        else
+            kv_put32(v + (i64)r * vw, (char*)s.b[z] + p * kv_row_bytes(vt, vw), vt, vw, (g - kg) << 5, lane);
     }
 }

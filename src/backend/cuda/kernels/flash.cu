@@ -37,6 +37,18 @@ __device__ __forceinline__ u32 fa_at(u32 base, int r, int c) {
     return base + ((r * D + ((c ^ (r & 7)) << 3)) << 1);
 }
 
+// Values 4·c4 .. 4·c4 + 3 of row r, times mul, split into hi and lo
+// [R][D] at their swizzled place.
+template <int D>
+__device__ __forceinline__ void fa_put4(float4 v, float mul, int r, int c4, u16* hi, u16* lo) {
+    u32 h0, l0, h1, l1;
+    split_bf2(v.x * mul, v.y * mul, h0, l0);
+    split_bf2(v.z * mul, v.w * mul, h1, l1);
+    const int at = r * D + (((c4 >> 1) ^ (r & 7)) << 3) + (c4 & 1) * 4;
+    *(uint2*)(hi + at) = make_uint2(h0, h1);
+    *(uint2*)(lo + at) = make_uint2(l0, l1);
+}
+
 // Rows 0..R−1 of an f32 array (row j at src + j·stride; D columns) times
 // mul, split into hi and lo [R][D]; rows from `valid` on are zeros.
 template <int D, int R>
@@ -46,12 +58,22 @@ __device__ __forceinline__ void fa_stage(const float* src, i64 stride, int valid
         const int r = c / (D / 4), c4 = c % (D / 4);
         float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         if (r < valid) v = __ldg((const float4*)(src + r * stride) + c4);
-        u32 h0, l0, h1, l1;
-        split_bf2(v.x * mul, v.y * mul, h0, l0);
-        split_bf2(v.z * mul, v.w * mul, h1, l1);
-        const int at = r * D + (((c4 >> 1) ^ (r & 7)) << 3) + (c4 & 1) * 4;
-        *(uint2*)(hi + at) = make_uint2(h0, h1);
-        *(uint2*)(lo + at) = make_uint2(l0, l1);
+        fa_put4<D>(v, mul, r, c4, hi, lo);
+    }
+}
+
+// Rows 0..R−1 of a KV cache of type t (row j at src + j·rb, rows of
+// `width` values, the head's D values from value c0), split into hi and
+// lo [R][D]; rows from `valid` on are zeros.
+template <int D, int R>
+__device__ __forceinline__ void fa_stage_kv(const char* src, i64 rb, int t, int width, int c0, int valid, u16* hi,
+                                            u16* lo) {
+#pragma unroll 4
+    for (int c = threadIdx.x; c < R * D / 4; c += FA_THREADS) {
+        const int r = c / (D / 4), c4 = c % (D / 4);
+        float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (r < valid) v = kv_val4(src + r * rb, t, width, c0 + 4 * c4);
+        fa_put4<D>(v, 1.0f, r, c4, hi, lo);
     }
 }
 
@@ -66,10 +88,10 @@ __device__ __forceinline__ void mma3(float (&c)[4], const u32 (&ah)[4], const u3
 // One block: FA_BQ rows of one sequence of `s` (tiles of FA_BQ rows,
 // sequence after sequence, by blockIdx.y) and head blockIdx.x. q [rows,
 // H, D], out [rows, H, D] (rows of the pass from s's base); caches
-// s.a[z] K [cap, Hkv, D], s.b[z] V [cap, Hkv, D].
+// s.a[z] K [cap, Hkv, D] of type kt, s.b[z] V [cap, Hkv, D] of type vt.
 template <int D, int KT>
 __device__ __forceinline__ void flash_t(const float* q, float* out, const Seqs& s, int H, int Hkv, float scale,
-                                        char* smem) {
+                                        int kt, int vt, char* smem) {
     u16* qh = (u16*)smem;  // [FA_BQ][D] each
     u16* ql = qh + FA_BQ * D;
     u16* kh = ql + FA_BQ * D;  // [KT][D] each
@@ -88,10 +110,11 @@ __device__ __forceinline__ void flash_t(const float* q, float* out, const Seqs& 
     const int t0 = s.off[z] + r0;     // the block's first row of the pass
     const int p0 = s.pos0[z] + r0;    // and its position
     const int kend = p0 + rows;       // keys 0 .. kend − 1
-    const i64 kstride = (i64)Hkv * D;
+    const int kw = Hkv * D;
+    const i64 krb = kv_row_bytes(kt, kw), vrb = kv_row_bytes(vt, kw);
     const int kvh = h / (H / Hkv);
-    const float* kc = s.a[z] + (i64)kvh * D;
-    const float* vc = s.b[z] + (i64)kvh * D;
+    const char* kc = (const char*)s.a[z];
+    const char* vc = (const char*)s.b[z];
     fa_stage<D, FA_BQ>(q + ((i64)t0 * H + h) * D, (i64)H * D, rows, scale * FA_LOG2E, qh, ql);
     const u32 sqh = smem_addr(qh), sql = smem_addr(ql), skh = smem_addr(kh), skl = smem_addr(kl);
     const u32 svh = smem_addr(vh), svl = smem_addr(vl);
@@ -104,8 +127,8 @@ __device__ __forceinline__ void flash_t(const float* q, float* out, const Seqs& 
     float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.0f, 0.0f};
     for (int k0 = 0; k0 < kend; k0 += KT) {
         __syncthreads();  // the last tile's keys are read
-        fa_stage<D, KT>(kc + k0 * kstride, kstride, min(KT, kend - k0), 1.0f, kh, kl);
-        fa_stage<D, KT>(vc + k0 * kstride, kstride, min(KT, kend - k0), 1.0f, vh, vl);
+        fa_stage_kv<D, KT>(kc + k0 * krb, krb, kt, kw, kvh * D, min(KT, kend - k0), kh, kl);
+        fa_stage_kv<D, KT>(vc + k0 * vrb, vrb, vt, kw, kvh * D, min(KT, kend - k0), vh, vl);
         __syncthreads();
         if (p0 + warp * 16 + 15 < k0) continue;  // every key after the warp's rows
 
@@ -214,10 +237,10 @@ __device__ __forceinline__ void flash_t(const float* q, float* out, const Seqs& 
 // dynamic shared memory 2·(FA_BQ + 2·KT)·D·2 bytes (cuda/flash.rs).
 #define FLASH_ATTENTION(NAME, D, KT)                                                                      \
     extern "C" __global__ void __launch_bounds__(FA_THREADS)                                             \
-        NAME(const float* q, float* out, Seqs s, int H, int Hkv, float scale) {                          \
+        NAME(const float* q, float* out, Seqs s, int H, int Hkv, float scale, int kt, int vt) {          \
         GRID_DEP();                                                                                      \
         extern __shared__ __align__(16) char fa_smem[];                                                  \
-        FA_CALL((flash_t<D, KT>(q, out, s, H, Hkv, scale, fa_smem)));                                    \
+        FA_CALL((flash_t<D, KT>(q, out, s, H, Hkv, scale, kt, vt, fa_smem)));                            \
     }
 FLASH_ATTENTION(flash_attention64, 64, 64)
 FLASH_ATTENTION(flash_attention128, 128, 64)
