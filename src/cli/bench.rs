@@ -6,7 +6,8 @@
 
 use super::bench_cuda::print_cuda;
 use super::bench_rows::{
-    ahead_json, mean_sd, print_ahead, print_phases, print_ram, print_storage, ram_json, routing_note, Phases, Row,
+    ahead_json, kv_json, kv_note, mean_sd, print_ahead, print_phases, print_ram, print_storage, ram_json, routing_note,
+    Phases, Row,
 };
 use super::model_args::ModelArgs;
 use anyhow::Context;
@@ -243,7 +244,15 @@ fn delta(a: StatsSnapshot, b: StatsSnapshot) -> StatsSnapshot {
     b.since(&a)
 }
 
-pub fn run(a: BenchArgs) -> anyhow::Result<()> {
+pub fn run(mut a: BenchArgs) -> anyhow::Result<()> {
+    // Each stream's session holds the deepest context and the longest run
+    // after it, as llama-bench sizes its context to the test.
+    a.model.sequences = a.parallel as usize;
+    if a.model.ctx.is_none() {
+        let most = |v: &[usize]| v.iter().copied().max().unwrap_or(0);
+        let need = most(&a.depth) + most(&a.prompt).max(most(&a.gen));
+        a.model.ctx = Some(need.max(1));
+    }
     let t0 = Instant::now();
     let model = a.model.open_model()?;
     let load_s = t0.elapsed().as_secs_f64();
@@ -376,7 +385,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
                 "device": model.device_name(), "io": store.mode().name(), "io_auto": a.model.io == moeflux::experts::IoMode::Auto,
                 "cold": a.cold, "load_s": load_s, "read_gb_s": bw, "threads": threads,
                 "kernel": kernel, "ram_tier": ram_json(model.ram_stats()),
-                "read_ahead": ahead_json(store.ahead_stats()), "results": j})
+                "read_ahead": ahead_json(store.ahead_stats()), "kv_cache": kv_json(&model), "results": j})
         )?;
         return Ok(());
     }
@@ -398,6 +407,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         bw,
         threads
     )?;
+    writeln!(out, "{}", kv_note(&model))?;
     writeln!(
         out,
         "| test | tok/s | expert MB/token | expert read GB/s | floor tok/s (experts at read GB/s) |"

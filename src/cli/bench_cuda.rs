@@ -1,7 +1,9 @@
 //! `bench`'s CUDA table: tok/s with the expert cache's hit rate, the bytes
 //! streamed per token, the rate misses were served at, and the floor.
 
-use super::bench_rows::{mean_sd, print_phases, print_ram, print_storage, ram_json, routing_note, Row};
+use super::bench_rows::{
+    kv_json, kv_note, mean_sd, print_phases, print_ram, print_storage, ram_json, routing_note, Row,
+};
 use super::model_args::ModelArgs;
 use moeflux::experts::{CacheStats, SplitModel};
 use moeflux::Model;
@@ -174,7 +176,7 @@ pub(super) fn print_cuda(
                 "device": format!("{} ({gpu})", args.device), "prefill_products": prefill, "expert_cache": cache_desc,
                 "hybrid": split.map(|m| m.describe()), "ram_tier": ram_json(model.ram_stats()), "load_s": load_s, "h2d_pinned_gb_s": h2d,
                 "layers_pinned": cache.filter(|c| !c.resident).map(|c| c.pinned_layers),
-                "layers_held": cache.filter(|c| !c.resident).map(|c| c.held_layers), "results": j})
+                "layers_held": cache.filter(|c| !c.resident).map(|c| c.held_layers), "kv_cache": kv_json(model), "results": j})
         )?;
         return Ok(());
     }
@@ -184,6 +186,7 @@ pub(super) fn print_cuda(
         model.name(),
         routing_note(&args.model)
     )?;
+    writeln!(out, "{}", kv_note(model))?;
     if let Some(m) = &split {
         writeln!(out, "{}", m.describe())?;
     }

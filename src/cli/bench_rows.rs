@@ -2,6 +2,7 @@
 //! sd, the storage line, the phases of `--timing`.
 
 use moeflux::experts::{AheadStats, CacheStats, RamStats};
+use moeflux::Model;
 use std::io::Write;
 use std::path::Path;
 
@@ -160,4 +161,30 @@ pub(super) fn print_storage(out: &mut impl Write, rows: &[Row]) -> std::io::Resu
         }
     }
     Ok(())
+}
+
+/// The KV caches of a run, for the header: their types, the context and
+/// sequences they hold, their bytes a token (all layers, and one
+/// attention layer) and in all.
+pub fn kv_note(model: &Model) -> String {
+    let (kv, p) = (model.kv_types(), model.memory_plan());
+    format!(
+        "KV {}/{} | ctx {} × {} | KV {} B/token ({} B/token/layer) {:.2} GB",
+        kv.k,
+        kv.v,
+        p.ctx,
+        p.sequences,
+        p.kv_per_token,
+        model.kv_bytes_per_token_layer(),
+        p.kv_bytes as f64 / 1e9
+    )
+}
+
+/// [`kv_note`] as JSON fields.
+pub fn kv_json(model: &Model) -> serde_json::Value {
+    let (kv, p) = (model.kv_types(), model.memory_plan());
+    serde_json::json!({"type_k": kv.k.name(), "type_v": kv.v.name(), "ctx": p.ctx, "sequences": p.sequences,
+        "bytes_per_token": p.kv_per_token, "bytes_per_token_layer": model.kv_bytes_per_token_layer(),
+        "bytes": p.kv_bytes, "expert_room_bytes": p.expert_room, "activation_bytes": p.activations,
+        "margin_bytes": p.margin})
 }

@@ -2,12 +2,14 @@
 
 use clap::Args;
 use indicatif::HumanBytes;
+use moeflux::backend::{KvType, KvTypes};
 use moeflux::config::{AttnKind, FfnKind, ModelConfig};
 use moeflux::format::checksums::{self, Verified, ALGORITHM, CHECKSUMS_FILE};
 use moeflux::format::convert::Source;
 use moeflux::format::packed::{
     expert_file_name, LayerLayout, Layout, Manifest, EXPERTS_DIR, MANIFEST_FILE, WEIGHTS_FILE,
 };
+use moeflux::model::kv_bytes_per_token;
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -100,7 +102,43 @@ fn describe_config(out: &mut impl Write, c: &ModelConfig) -> std::io::Result<()>
     if c.shared_expert_intermediate_size > 0 {
         experts += &format!(", shared expert width {}", c.shared_expert_intermediate_size);
     }
-    row(out, "experts", experts)
+    row(out, "experts", experts)?;
+    kv_rows(out, c)
+}
+
+/// The KV cache of one position in each type (`--cache-type-k/-v`), over
+/// all attention layers and for one, and at the model's whole context.
+fn kv_rows(out: &mut impl Write, c: &ModelConfig) -> std::io::Result<()> {
+    let layers = c.layers.iter().filter(|l| l.attn != AttnKind::Linear).count();
+    if layers == 0 {
+        return row(out, "KV cache", "none: no attention layer");
+    }
+    let per_type: Vec<String> = KvType::ALL
+        .iter()
+        .map(|&t| {
+            let b = kv_bytes_per_token(c, KvTypes::both(t));
+            let usable = match t {
+                KvType::Q8_0 if c.mla.is_none() && !c.head_dim.is_multiple_of(32) => {
+                    " (heads not blocks of 32: refused)"
+                }
+                KvType::Q8_0 if c.mla.as_ref().is_some_and(|m| !m.qk_rope_head_dim.is_multiple_of(32)) => {
+                    " (heads not blocks of 32: refused)"
+                }
+                _ => "",
+            };
+            format!(
+                "{t} {b} B ({} B a layer, {} at {} tokens){usable}",
+                b / layers,
+                HumanBytes((b * c.max_position_embeddings) as u64),
+                c.max_position_embeddings
+            )
+        })
+        .collect();
+    row(
+        out,
+        "KV cache",
+        format!("per token, {layers} attention layers: {}", per_type.join("; ")),
+    )
 }
 
 /// Describe a packed model, then list every problem that would keep it

@@ -3,7 +3,7 @@
 # Run from the repository root there, with the binaries that
 # tools/device/prepare.sh put in target/devbin/ carried along:
 #   tools/device/run.sh STAGE...
-# Stages: probe coldstart coldstart-model ops golden synth resident half quarter zero quarter-nopf cpu
+# Stages: probe coldstart coldstart-model ops golden synth resident depth half quarter zero quarter-nopf cpu
 # golden-staging pieces quarter-staging quick quick25 kernels resident-nograph
 # quarter-nograph golden-nograph resident-nopdl quarter-nopdl profile profile-stream profile-parallel
 # profile-kernel profile-sass batch parallel
@@ -68,6 +68,12 @@ for stage in "$@"; do
         note "synth (rc $?, $((SECONDS - t0)) s): $(du -sh "$MODEL" | cut -f1)"
         ;;
     resident) bench resident --device cuda -p 512 -n 128 -r 3 --timing ;;
+    depth)
+        # Decode at depth over each KV cache type, every expert resident.
+        for t in ${KV_TYPES:-f32 f16 q8_0}; do
+            bench "depth-$t" --device cuda -p 0 -n 64 -d ${DEPTHS:-0,8192,32768} -r 2 --cache-type-k "$t" --cache-type-v "$t"
+        done
+        ;;
     resident-nopdl) bench resident-nopdl --no-pdl --device cuda -p 512 -n 128 -r 3 ;;
     quarter-nopdl) bench quarter-nopdl --no-pdl --device cuda --expert-cache 25% -p 512 -n 128 -r 3 ;;
     resident-nograph) bench resident-nograph --no-cuda-graphs --device cuda -p 512 -n 128 -r 3 ;;
