@@ -338,7 +338,8 @@ pub fn attn_args(n: usize, pos0: usize, (h, hkv): (usize, usize), (hd, vd): (usi
     }
 }
 
-/// Short contexts, and deep ones whose keys CUDA splits over blocks.
+/// Short contexts, and deep ones whose keys CUDA splits over blocks (a
+/// KV head's group a block, and a group too large for that).
 pub fn check_attention<B: Backend>(b: &B) {
     let mut rng = Rng::new(6);
     for (n, pos0, h, hkv, hd, vd) in [
@@ -348,6 +349,7 @@ pub fn check_attention<B: Backend>(b: &B) {
         (4, 0, 4, 1, 16, 16),
         (1, 3000, 16, 2, 256, 256),
         (3, 1500, 8, 2, 64, 64),
+        (1, 2000, 20, 1, 64, 64),
     ] {
         let cap = pos0 + n + 2;
         let q = rng.vec(n * h * hd, 2.0);

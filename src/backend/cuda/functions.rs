@@ -41,6 +41,7 @@ kernels!(
         kv_load,
         attention,
         attention_split,
+        attention_decode,
         attention_merge,
         flash_attention64,
         flash_attention128,

@@ -64,34 +64,96 @@ fn check_heads(a: &AttnArgs) -> Result<()> {
 }
 
 /// Keys a row must attend to before its keys are split over blocks
-/// (`attention_split`).
+/// (`attention_decode`, `attention_split`).
 const SPLIT_MIN_KEYS: usize = 1024;
-/// The fewest keys one split takes, and the most splits of a row.
-const SPLIT_KEYS: usize = 256;
-const MAX_SPLITS: usize = 64;
+/// The fewest keys one split takes, and the most splits of a row
+/// (`attention_merge` takes 256).
+const SPLIT_KEYS: usize = 128;
+const MAX_SPLITS: usize = 256;
 /// Rows of a call that may split (decode steps; longer calls have blocks
 /// enough).
 const SPLIT_MAX_ROWS: usize = 256;
+/// Keys of a tile of `attention_decode` (`AD_T`), and the most query heads
+/// of a group it takes (a warp each).
+const DECODE_TILE: usize = 32;
+const MAX_GROUP: usize = 16;
 
-/// How many ranges each row's keys are cut into: enough blocks for four
-/// per multiprocessor, once the rows attend to SPLIT_MIN_KEYS or more.
-fn splits(gpu: &Gpu, t: &Seqs, rows: usize, heads: usize) -> usize {
+/// Dynamic shared memory of `attention_decode`: a tile of keys (rows
+/// padded by one), of values, and the group's queries.
+fn decode_smem(group: usize, hd: usize, vd: usize) -> usize {
+    4 * (DECODE_TILE * (hd + 1) + DECODE_TILE * vd + group * hd)
+}
+
+/// How many ranges each row's keys are cut into, for `blocks_per_split`
+/// blocks a split: enough for two blocks per multiprocessor, once the
+/// rows attend to SPLIT_MIN_KEYS or more.
+fn splits(gpu: &Gpu, t: &Seqs, rows: usize, blocks_per_split: usize) -> usize {
     let longest = t.longest();
     if longest < SPLIT_MIN_KEYS || rows > SPLIT_MAX_ROWS {
         return 1;
     }
-    (4 * gpu.sms)
-        .div_ceil(heads * rows)
+    (2 * gpu.sms)
+        .div_ceil(blocks_per_split * rows)
         .min(MAX_SPLITS)
         .min(longest / SPLIT_KEYS)
         .max(1)
+}
+
+/// Deep decode rows with their keys split over blocks, the splits merged
+/// into o0: `attention_decode` (a KV head's group of query heads a block,
+/// each tile of keys read once for them) where the group fits, else
+/// `attention_split` (a query head a block). False when the rows are
+/// not deep enough to split.
+fn attend_split(
+    gpu: &Arc<Gpu>,
+    q0: u64,
+    o0: u64,
+    t: &Seqs,
+    rows: usize,
+    a: &AttnArgs,
+    types: (i32, i32),
+) -> Result<bool> {
+    let group = a.n_heads / a.n_kv_heads;
+    let smem = decode_smem(group, a.head_dim, a.v_dim);
+    let grouped = group <= MAX_GROUP && gpu.cc.0 >= 7 && smem <= gpu.smem_optin;
+    let sp = splits(gpu, t, rows, if grouped { a.n_kv_heads } else { a.n_heads });
+    if sp < 2 {
+        return Ok(false);
+    }
+    let (h, hkv, hd, vd, sc) = (
+        a.n_heads as i32,
+        a.n_kv_heads as i32,
+        a.head_dim as i32,
+        a.v_dim as i32,
+        a.scale,
+    );
+    // [rows, H, splits, vd + 2]: each split's max, sum and weighted values.
+    let part = CudaBuf::zeroed(gpu, rows * a.n_heads * sp * (a.v_dim + 2))?;
+    let pp = part.write(gpu, part.len())?;
+    let (y0, sp32) = (0i32, sp as i32);
+    let args = cuda_args![q0, pp, *t, y0, h, hkv, hd, vd, sc, types.0, types.1, sp32];
+    if grouped {
+        let grid = (a.n_kv_heads as u32, rows as u32, sp as u32);
+        gpu.launch(gpu.k.attention_decode, grid, 32 * group as u32, smem as u32, args)?;
+    } else {
+        let grid = (a.n_heads as u32, rows as u32, sp as u32);
+        gpu.launch(gpu.k.attention_split, grid, ATT_THREADS, 0, args)?;
+    }
+    gpu.launch(
+        gpu.k.attention_merge,
+        (a.n_heads as u32, rows as u32, 1),
+        128,
+        0,
+        cuda_args![pp, o0, *t, y0, h, vd, sp32],
+    )?;
+    Ok(true)
 }
 
 /// The attention of `rows` rows from q `q0` and out `o0` (the rows of the
 /// sequences of `t`): the sequences of a prefill chunk on tensor cores
 /// (`flash.rs`) where it takes them, the others through the `attention`
 /// kernel in grids of at most MAX_GRID_Y rows, their keys split over
-/// blocks when they are deep (`attention_split`).
+/// blocks when they are deep (`attend_split`).
 fn attend(gpu: &Arc<Gpu>, q0: u64, o0: u64, t: &Seqs, rows: usize, a: &AttnArgs, types: (i32, i32)) -> Result<()> {
     let mut t = *t;
     if flash::takes(gpu, a) {
@@ -110,27 +172,8 @@ fn attend(gpu: &Arc<Gpu>, q0: u64, o0: u64, t: &Seqs, rows: usize, a: &AttnArgs,
         a.v_dim as i32,
         a.scale,
     );
-    let sp = splits(gpu, &t, rows, a.n_heads);
-    if sp > 1 {
-        // [rows, H, splits, vd + 2]: each split's max, sum and weighted values.
-        let part = CudaBuf::zeroed(gpu, rows * a.n_heads * sp * (a.v_dim + 2))?;
-        let pp = part.write(gpu, part.len())?;
-        let (y0, sp32) = (0i32, sp as i32);
-        let grid = (a.n_heads as u32, rows as u32, sp as u32);
-        gpu.launch(
-            gpu.k.attention_split,
-            grid,
-            ATT_THREADS,
-            0,
-            cuda_args![q0, pp, t, y0, h, hkv, hd, vd, sc, types.0, types.1, sp32],
-        )?;
-        return gpu.launch(
-            gpu.k.attention_merge,
-            (a.n_heads as u32, rows as u32, 1),
-            128,
-            0,
-            cuda_args![pp, o0, t, y0, h, vd, sp32],
-        );
+    if attend_split(gpu, q0, o0, &t, rows, a, types)? {
+        return Ok(());
     }
     for r0 in (0..rows).step_by(MAX_GRID_Y) {
         let nr = (rows - r0).min(MAX_GRID_Y);
@@ -304,6 +347,7 @@ pub(crate) fn allow_shared_memory(gpu: &Gpu) -> Result<()> {
         true => {
             gpu.allow_shared_memory(gpu.k.delta_scan, DELTA_SCAN_MAX_SMEM)?;
             gpu.allow_shared_memory(gpu.k.delta_scan128, DELTA_SCAN_MAX_SMEM)?;
+            gpu.allow_shared_memory(gpu.k.attention_decode, decode_smem(MAX_GROUP, ATT_MAX_DIM, ATT_MAX_DIM))?;
             delta_chunk::allow_shared_memory(gpu)
         }
         false => Ok(()),

@@ -110,28 +110,127 @@ extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32)
               h / (H / Hkv), hd, vd, scale, j0, j1, nullptr, pp);
 }
 
+#define AD_T 32  // keys per tile of attention_decode
+
+// Flash-decoding for a KV head's whole group of query heads at once: block
+// (kvh, y, c) takes row row0 + y, the group's G = H/Hkv heads (one warp
+// each, blockDim 32·G) and the c-th of `splits` ranges of its keys; the
+// keys and values of a tile of AD_T positions are decoded into shared
+// memory once for the group, each lane scores one position of the tile,
+// and each lane keeps vd/32 of its head's output. Writes (m, l, o[vd]) as
+// attention_split does. Dynamic shared memory: (AD_T·(hd + 1) + AD_T·vd +
+// G·hd) floats.
+extern "C" __global__ void __launch_bounds__(512)
+    attention_decode(const float* q, float* part, Seqs s, int row0, int H, int Hkv, int hd, int vd, float scale,
+                     int kt, int vt, int splits) {
+    GRID_DEP();
+    extern __shared__ float ad_smem[];
+    const int G = H / Hkv, kvh = blockIdx.x, t = row0 + blockIdx.y, c = blockIdx.z;
+    const int lane = threadIdx.x & 31, g = threadIdx.x >> 5, h = kvh * G + g;
+    const int z = seq_of(s, t);
+    if (z < 0) return;
+    float* ks = ad_smem;                   // [AD_T][hd + 1]
+    float* vs = ks + AD_T * (hd + 1);      // [AD_T][vd]
+    float* qs = vs + AD_T * vd;            // [G][hd], times scale
+    const int len = s.pos0[z] + t - s.off[z] + 1;
+    const int chunk = (len + splits - 1) / splits;
+    const int j0 = min(len, c * chunk), j1 = min(len, j0 + chunk);
+    const char *k = (const char*)s.a[z], *v = (const char*)s.b[z];
+    const int kw = Hkv * hd, vw = Hkv * vd;
+    const i64 krb = kv_row_bytes(kt, kw), vrb = kv_row_bytes(vt, vw);
+    const float* qg = q + ((i64)t * H + kvh * G) * hd;  // the group's heads, one after another
+    for (int i = threadIdx.x; i < G * hd; i += blockDim.x) qs[i] = qg[i] * scale;
+    float o[ATT_MAXD];
+#pragma unroll
+    for (int i = 0; i < ATT_MAXD; i++) o[i] = 0.0f;
+    float m = NEG_INF, l = 0.0f;
+    for (int p0 = j0; p0 < j1; p0 += AD_T) {
+        const int n = min(AD_T, j1 - p0);
+        __syncthreads();  // the last tile is read
+        // Warp g loads rows g, g + G, …: its lanes read a row's values in order.
+        for (int r = g; r < AD_T; r += G) {
+            const char* kr = k + (p0 + r) * krb;
+            const char* vr = v + (p0 + r) * vrb;
+            for (int d = lane; d < hd; d += 32) ks[r * (hd + 1) + d] = r < n ? kv_val(kr, kt, kw, kvh * hd + d) : 0.0f;
+            for (int d = lane; d < vd; d += 32) vs[r * vd + d] = r < n ? kv_val(vr, vt, vw, kvh * vd + d) : 0.0f;
+        }
+        __syncthreads();
+        // Lane r scores position p0 + r for head g.
+        const float* qh = qs + g * hd;
+        const float* kr = ks + lane * (hd + 1);
+        float s4[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // four chains, not one
+        int d = 0;
+        for (; d + 4 <= hd; d += 4) {
+#pragma unroll
+            for (int u = 0; u < 4; u++) s4[u] = fmaf(qh[d + u], kr[d + u], s4[u]);
+        }
+        for (; d < hd; d++) s4[0] = fmaf(qh[d], kr[d], s4[0]);
+        float sc = (s4[0] + s4[1]) + (s4[2] + s4[3]);
+        if (lane >= n) sc = NEG_INF;
+        const float mn = fmaxf(m, warp_max(sc));
+        const float corr = expf(m - mn);
+        const float p = lane < n ? expf(sc - mn) : 0.0f;
+        l = l * corr + warp_sum(p);
+#pragma unroll
+        for (int i = 0; i < ATT_MAXD; i++) o[i] *= corr;
+        for (int r = 0; r < n; r++) {
+            const float pr = __shfl_sync(FULL_MASK, p, r);
+            const float* vr = vs + r * vd;
+#pragma unroll
+            for (int i = 0; i < ATT_MAXD; i++) {
+                const int d = lane + 32 * i;
+                if (d < vd) o[i] = fmaf(pr, vr[d], o[i]);
+            }
+        }
+        m = mn;
+    }
+    float* pp = part + (((i64)blockIdx.y * H + h) * splits + c) * (vd + 2);
+    if (lane == 0) {
+        pp[0] = m;
+        pp[1] = l;
+    }
+#pragma unroll
+    for (int i = 0; i < ATT_MAXD; i++) {
+        const int d = lane + 32 * i;
+        if (d < vd) pp[2 + d] = o[i];
+    }
+}
+
 // out [n, H, vd] of rows row0 .. row0 + rows − 1 = the splits of part
-// merged (grid (H, rows)).
+// merged (grid (H, rows); at most 256 splits): each split's weight
+// exp(m − max) once, then each thread sums its values over the splits.
 extern "C" __global__ void attention_merge(const float* part, float* out, Seqs s, int row0, int H, int vd,
                                            int splits) {
     GRID_DEP();
+    __shared__ float w[256];
+    __shared__ float red[32];
     const int h = blockIdx.x, t = row0 + blockIdx.y;
     if (seq_of(s, t) < 0) return;
     const float* pp = part + ((i64)blockIdx.y * H + h) * splits * (vd + 2);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
     float mx = NEG_INF;
-    for (int c = 0; c < splits; c++) mx = fmaxf(mx, pp[c * (vd + 2)]);
+    for (int c = threadIdx.x; c < splits; c += blockDim.x) mx = fmaxf(mx, pp[c * (vd + 2)]);
+    mx = warp_max(mx);
+    if (lane == 0) red[warp] = mx;
+    __syncthreads();
+    mx = NEG_INF;
+    for (int i = 0; i < warps; i++) mx = fmaxf(mx, red[i]);
+    __syncthreads();
     float den = 0.0f;
-    for (int c = 0; c < splits; c++) {
+    for (int c = threadIdx.x; c < splits; c += blockDim.x) {
         const float m = pp[c * (vd + 2)];
-        if (m > NEG_INF) den += pp[c * (vd + 2) + 1] * expf(m - mx);
+        w[c] = m > NEG_INF ? expf(m - mx) : 0.0f;
+        den += w[c] * pp[c * (vd + 2) + 1];
     }
+    den = warp_sum(den);
+    if (lane == 0) red[warp] = den;
+    __syncthreads();
+    den = 0.0f;
+    for (int i = 0; i < warps; i++) den += red[i];
     float* oh = out + ((i64)t * H + h) * vd;
     for (int d = threadIdx.x; d < vd; d += blockDim.x) {
         float num = 0.0f;
-        for (int c = 0; c < splits; c++) {
-            const float m = pp[c * (vd + 2)];
-            if (m > NEG_INF) num += pp[c * (vd + 2) + 2 + d] * expf(m - mx);
-        }
+        for (int c = 0; c < splits; c++) num = fmaf(pp[c * (vd + 2) + 2 + d], w[c], num);
         oh[d] = num / den;
     }
 }
