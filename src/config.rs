@@ -110,7 +110,8 @@ pub struct LayerSpec {
     pub ffn: FfnKind,
 }
 
-/// YaRN rope scaling (DeepSeek-V3).
+/// YaRN rope scaling: DeepSeek-V2/V3 (MLA), and GQA models whose config
+/// asks for it (Qwen3 for long contexts).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Yarn {
     pub factor: f64,
@@ -120,6 +121,9 @@ pub struct Yarn {
     pub mscale: Option<f64>,
     pub mscale_all_dim: Option<f64>,
     pub attention_factor: Option<f64>,
+    /// Round the correction range's ends to whole dimensions
+    /// (transformers' default; gpt-oss turns it off).
+    pub truncate: bool,
 }
 
 /// GatedDeltaNet shape.

@@ -1,6 +1,6 @@
 """Golden fixtures of the families added with the one-file-per-family
 layout: mixtral, qwen2_moe, glm4_moe, minimax_m2_fp8 (MiniMax-M2 ships fp8
-only), deepseek_v2.
+only), deepseek_v2; and qwen3_moe_yarn (YaRN on a GQA model).
 
 Each is written with the tensor names of the family's official Hugging Face
 checkpoints (Mixtral and MiniMax-M2: `block_sparse_moe.experts.N.w1/w3/w2`;
@@ -270,6 +270,21 @@ def _build(mf, name, config, seed, to_hub, from_hub, keep_f32, fp8):
     mf.finish(name, d, config["model_type"], ref, f"{fl.versions_string()}, {note}")
 
 
+def qwen3_moe_yarn_config(mf) -> dict:
+    """Qwen3-MoE with the YaRN scaling its model cards tell users to add
+    for long contexts (here a factor of 4 over 1,024 positions); two layers
+    of 8 experts, to stay small."""
+    return {
+        **mf.QWEN3_MOE_CONFIG,
+        "num_hidden_layers": 2,
+        "max_window_layers": 2,
+        "mlp_only_layers": [],
+        "num_experts": 8,
+        "num_experts_per_tok": 2,
+        "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024},
+    }
+
+
 def builders(mf) -> dict:
     """The builders, keyed by fixture name; `mf` is make_fixtures."""
     return {
@@ -277,6 +292,7 @@ def builders(mf) -> dict:
         "qwen2_moe": lambda: build(mf, "qwen2_moe", QWEN2_MOE_CONFIG, 823),
         "glm4_moe": lambda: build(mf, "glm4_moe", GLM4_MOE_CONFIG, 839, keep_f32=("e_score_correction_bias",)),
         "deepseek_v2": lambda: build(mf, "deepseek_v2", DEEPSEEK_V2_CONFIG, 877),
+        "qwen3_moe_yarn": lambda: build(mf, "qwen3_moe_yarn", qwen3_moe_yarn_config(mf), 901),
         "minimax_m2_fp8": lambda: build(mf, "minimax_m2_fp8", MINIMAX_M2_FP8_CONFIG, 863, _hub_block_sparse,
                                         _from_hub_block_sparse, keep_f32=("e_score_correction_bias",), fp8=True),
     }

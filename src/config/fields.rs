@@ -148,6 +148,11 @@ pub(crate) fn rope_settings(f: &Fields) -> Result<RopeSettings> {
                     mscale: f64_in(m, "mscale")?,
                     mscale_all_dim: f64_in(m, "mscale_all_dim")?,
                     attention_factor: f64_in(m, "attention_factor")?,
+                    truncate: match m.get("truncate") {
+                        None | Some(Value::Null) => true,
+                        Some(Value::Bool(b)) => *b,
+                        Some(v) => return Err(Error::config("rope_scaling.truncate", format!("{v} is not a boolean"))),
+                    },
                 });
                 break;
             }

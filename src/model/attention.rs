@@ -149,7 +149,7 @@ impl<B: Backend> GqaWeights<B> {
                 rot_off: 0,
                 rot_dim: cfg.rotary_dim(),
                 interleaved: false,
-                mscale: 1.0,
+                mscale: c.rope_mscale,
             },
             attn: AttnArgs {
                 n,

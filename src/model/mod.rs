@@ -199,15 +199,19 @@ impl<B: Backend> Net<B> {
                     ),
                 }
             }
+            // YaRN as transformers applies it to GQA models: its frequencies,
+            // and its attention factor on cos and sin (q·k scaled by its
+            // square); the softmax scale stays 1/√head_dim.
             None => {
-                if cfg.yarn.is_some() {
-                    return Err(Error::config("rope_scaling", "yarn is only supported for deepseek_v3"));
+                let scale = (cfg.head_dim as f64).powf(-0.5) as f32;
+                match &cfg.yarn {
+                    Some(y) => (
+                        rope::yarn_inv_freq(cfg.rope_theta, cfg.rotary_dim(), y),
+                        rope::yarn_attention_factor(y) as f32,
+                        scale,
+                    ),
+                    None => (rope::inv_freq(cfg.rope_theta, cfg.rotary_dim()), 1.0, scale),
                 }
-                (
-                    rope::inv_freq(cfg.rope_theta, cfg.rotary_dim()),
-                    1.0,
-                    (cfg.head_dim as f64).powf(-0.5) as f32,
-                )
             }
         };
         let embed = load_mat(&b, wf, "model.embed_tokens", cfg.vocab_size, hid)?;

@@ -24,8 +24,12 @@ pub fn yarn_inv_freq(theta: f64, dim: usize, y: &Yarn) -> Vec<f32> {
     let d = dim as f64;
     let corr_dim =
         |n: f64| d * (y.original_max_position_embeddings / (n * 2.0 * std::f64::consts::PI)).ln() / (2.0 * theta.ln());
-    let low = corr_dim(y.beta_fast).floor().max(0.0);
-    let mut high = corr_dim(y.beta_slow).ceil().min(d - 1.0);
+    let (low, high) = (corr_dim(y.beta_fast), corr_dim(y.beta_slow));
+    let (low, high) = match y.truncate {
+        true => (low.floor(), high.ceil()),
+        false => (low, high),
+    };
+    let (low, mut high) = (low.max(0.0), high.min(d - 1.0));
     if low == high {
         high += 0.001;
     }
@@ -80,6 +84,7 @@ mod tests {
             mscale: Some(1.0),
             mscale_all_dim: Some(1.0),
             attention_factor: None,
+            truncate: true,
         };
         let plain = inv_freq(10000.0, 64);
         let yarn = yarn_inv_freq(10000.0, 64, &y);
@@ -89,5 +94,13 @@ mod tests {
         assert_eq!(yarn_attention_factor(&y), 1.0);
         let m = 0.1 * 40f64.ln() + 1.0;
         assert!((yarn_softmax_factor(&y) - m * m).abs() < 1e-12);
+        // Without truncation the ramp starts at the fractional dimension
+        // (transformers' `truncate: false`, as gpt-oss sets it).
+        let exact = yarn_inv_freq(10000.0, 64, &Yarn { truncate: false, ..y });
+        assert_eq!((exact[0], exact[31]), (yarn[0], yarn[31]));
+        assert!(
+            exact.iter().zip(&yarn).any(|(a, b)| a != b),
+            "truncate changes the ramp"
+        );
     }
 }

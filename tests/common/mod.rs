@@ -137,6 +137,7 @@ macro_rules! for_each_golden_fixture {
         $($m)::+!($($args)* glm4_moe_bf16, "glm4_moe", &["--bits", "16"]);
         $($m)::+!($($args)* minimax_m2_fp8, "minimax_m2_fp8", &["--bits", "16"]);
         $($m)::+!($($args)* deepseek_v2_bf16, "deepseek_v2", &["--bits", "16"]);
+        $($m)::+!($($args)* qwen3_moe_yarn_bf16, "qwen3_moe_yarn", &["--bits", "16"]);
     };
 }
 
