@@ -363,11 +363,13 @@ pub fn check_attention<B: Backend>(b: &B) {
             let ((kc, kh), (vc, vh)) = (cache(b, t, &k, hkv * hd), cache(b, t, &v, hkv * vd));
             let mut out = b.alloc(n * h * vd).expect("alloc");
             b.attention(&up(b, &q), &kc, &vc, a, &mut out).expect("attention");
+            // f32 sums over thousands of keys round more than over tens.
+            let tol = if cap > 1000 { 1e-5 } else { 2e-6 };
             close(
                 &format!("attention over a {t} cache {a:?}"),
                 &run(b, &out, n * h * vd),
                 &reference::attention(&q, &kh, &vh, a),
-                2e-6,
+                tol,
             );
         }
     }
