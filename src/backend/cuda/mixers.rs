@@ -78,6 +78,18 @@ const SPLIT_MAX_ROWS: usize = 256;
 const DECODE_TILE: usize = 32;
 const MAX_GROUP: usize = 16;
 
+/// The heads of `a` as the attention kernels take them: query heads, KV
+/// heads, head and value dimensions, scale.
+fn head_args(a: &AttnArgs) -> (i32, i32, i32, i32, f32) {
+    (
+        a.n_heads as i32,
+        a.n_kv_heads as i32,
+        a.head_dim as i32,
+        a.v_dim as i32,
+        a.scale,
+    )
+}
+
 /// Dynamic shared memory of `attention_decode`: a tile of keys (rows
 /// padded by one), of values, and the group's queries.
 fn decode_smem(group: usize, hd: usize, vd: usize) -> usize {
@@ -120,13 +132,7 @@ fn attend_split(
     if sp < 2 {
         return Ok(false);
     }
-    let (h, hkv, hd, vd, sc) = (
-        a.n_heads as i32,
-        a.n_kv_heads as i32,
-        a.head_dim as i32,
-        a.v_dim as i32,
-        a.scale,
-    );
+    let (h, hkv, hd, vd, sc) = head_args(a);
     // [rows, H, splits, vd + 2]: each split's max, sum and weighted values.
     let part = CudaBuf::zeroed(gpu, rows * a.n_heads * sp * (a.v_dim + 2))?;
     let pp = part.write(gpu, part.len())?;
@@ -165,13 +171,7 @@ fn attend(gpu: &Arc<Gpu>, q0: u64, o0: u64, t: &Seqs, rows: usize, a: &AttnArgs,
             t = small;
         }
     }
-    let (h, hkv, hd, vd, sc) = (
-        a.n_heads as i32,
-        a.n_kv_heads as i32,
-        a.head_dim as i32,
-        a.v_dim as i32,
-        a.scale,
-    );
+    let (h, hkv, hd, vd, sc) = head_args(a);
     if attend_split(gpu, q0, o0, &t, rows, a, types)? {
         return Ok(());
     }
