@@ -42,6 +42,7 @@ kernels!(
         attention,
         attention_split,
         attention_decode,
+        attention_decode16,
         attention_merge,
         flash_attention64,
         flash_attention128,

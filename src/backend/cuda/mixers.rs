@@ -13,7 +13,7 @@ use super::kv_cache::CudaCache;
 use super::ops::{grid_for, limit, ATT_MAX_DIM, ATT_THREADS};
 use super::seqs::{Seqs, MAX_SEQS};
 use crate::backend::seqs::check_segs;
-use crate::backend::{AttnArgs, DeltaArgs, RopeArgs, Rotary, Seg};
+use crate::backend::{AttnArgs, DeltaArgs, KvType, RopeArgs, Rotary, Seg};
 use crate::cuda_args;
 use crate::error::{Error, Result};
 use std::sync::Arc;
@@ -90,10 +90,23 @@ fn head_args(a: &AttnArgs) -> (i32, i32, i32, i32, f32) {
     )
 }
 
-/// Dynamic shared memory of `attention_decode`: a tile of keys (rows
-/// padded by one), of values, and the group's queries.
-fn decode_smem(group: usize, hd: usize, vd: usize) -> usize {
-    4 * (DECODE_TILE * (hd + 1) + DECODE_TILE * vd + group * hd)
+/// Dynamic shared memory of `attention_decode` (f32 tiles, rows of keys
+/// padded by one) or `attention_decode16` (f16 tiles, padded by two), and
+/// the group's queries in f32.
+fn decode_smem(h16: bool, group: usize, hd: usize, vd: usize) -> usize {
+    let tile = match h16 {
+        true => 2 * DECODE_TILE * (hd + 2 + vd),
+        false => 4 * DECODE_TILE * (hd + 1 + vd),
+    };
+    tile + 4 * group * hd
+}
+
+/// Whether `attention_decode16` takes these heads over caches of `types`:
+/// f16 K and V, groups of 8 to 16 (a warp copies at most four rows of a
+/// tile), dimensions whole 16-byte pieces.
+fn decode16(group: usize, a: &AttnArgs, types: (i32, i32)) -> bool {
+    let f16 = KvType::F16.code() as i32;
+    types == (f16, f16) && (8..=MAX_GROUP).contains(&group) && a.head_dim.is_multiple_of(8) && a.v_dim.is_multiple_of(8)
 }
 
 /// How many ranges each row's keys are cut into, for `blocks_per_split`
@@ -126,7 +139,8 @@ fn attend_split(
     types: (i32, i32),
 ) -> Result<bool> {
     let group = a.n_heads / a.n_kv_heads;
-    let smem = decode_smem(group, a.head_dim, a.v_dim);
+    let h16 = decode16(group, a, types);
+    let smem = decode_smem(h16, group, a.head_dim, a.v_dim);
     let grouped = group <= MAX_GROUP && gpu.cc.0 >= 7 && smem <= gpu.smem_optin;
     let sp = splits(gpu, t, rows, if grouped { a.n_kv_heads } else { a.n_heads });
     if sp < 2 {
@@ -140,7 +154,12 @@ fn attend_split(
     let args = cuda_args![q0, pp, *t, y0, h, hkv, hd, vd, sc, types.0, types.1, sp32];
     if grouped {
         let grid = (a.n_kv_heads as u32, rows as u32, sp as u32);
-        gpu.launch(gpu.k.attention_decode, grid, 32 * group as u32, smem as u32, args)?;
+        let f = if h16 {
+            gpu.k.attention_decode16
+        } else {
+            gpu.k.attention_decode
+        };
+        gpu.launch(f, grid, 32 * group as u32, smem as u32, args)?;
     } else {
         let grid = (a.n_heads as u32, rows as u32, sp as u32);
         gpu.launch(gpu.k.attention_split, grid, ATT_THREADS, 0, args)?;
@@ -347,7 +366,9 @@ pub(crate) fn allow_shared_memory(gpu: &Gpu) -> Result<()> {
         true => {
             gpu.allow_shared_memory(gpu.k.delta_scan, DELTA_SCAN_MAX_SMEM)?;
             gpu.allow_shared_memory(gpu.k.delta_scan128, DELTA_SCAN_MAX_SMEM)?;
-            gpu.allow_shared_memory(gpu.k.attention_decode, decode_smem(MAX_GROUP, ATT_MAX_DIM, ATT_MAX_DIM))?;
+            for (f, h16) in [(gpu.k.attention_decode, false), (gpu.k.attention_decode16, true)] {
+                gpu.allow_shared_memory(f, decode_smem(h16, MAX_GROUP, ATT_MAX_DIM, ATT_MAX_DIM))?;
+            }
             delta_chunk::allow_shared_memory(gpu)
         }
         false => Ok(()),

@@ -112,26 +112,58 @@ extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32)
 
 #define AD_T 32  // keys per tile of attention_decode
 
+// A tile's rows of an f16 cache, copied as they are: warp g takes rows g
+// and g + G (R = AD_T/G ≤ 4 rows), lane i the 8 values 8i .. 8i + 7 of each
+// (hd, vd ≤ 256), every load issued before any store; rows from n on are
+// zeros. ks [AD_T][hd + 2], vs [AD_T][vd], f16 bits.
+__device__ __forceinline__ void ad_load16(const char* k, const char* v, i64 krb, i64 vrb, int koff, int voff,
+                                          int n, int hd, int vd, int G, int g, int lane, u16* ks, u16* vs) {
+    uint4 kx[4], vx[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const int r = g + i * G;
+        const bool ok = r < AD_T && r < n;
+        const uint4 zero = make_uint4(0, 0, 0, 0);
+        kx[i] = ok && 8 * lane < hd ? __ldg((const uint4*)(k + r * krb + koff) + lane) : zero;
+        vx[i] = ok && 8 * lane < vd ? __ldg((const uint4*)(v + r * vrb + voff) + lane) : zero;
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const int r = g + i * G;
+        if (r >= AD_T) break;
+        if (8 * lane < hd) {
+            u32* kw = (u32*)(ks + r * (hd + 2) + 8 * lane);  // rows of hd + 2: 4-byte aligned
+            kw[0] = kx[i].x;
+            kw[1] = kx[i].y;
+            kw[2] = kx[i].z;
+            kw[3] = kx[i].w;
+        }
+        if (8 * lane < vd) *(uint4*)(vs + r * vd + 8 * lane) = vx[i];
+    }
+}
+
 // Flash-decoding for a KV head's whole group of query heads at once: block
 // (kvh, y, c) takes row row0 + y, the group's G = H/Hkv heads (one warp
 // each, blockDim 32·G) and the c-th of `splits` ranges of its keys; the
-// keys and values of a tile of AD_T positions are decoded into shared
-// memory once for the group, each lane scores one position of the tile,
-// and each lane keeps vd/32 of its head's output. Writes (m, l, o[vd]) as
-// attention_split does. Dynamic shared memory: (AD_T·(hd + 1) + AD_T·vd +
-// G·hd) floats.
-extern "C" __global__ void __launch_bounds__(512)
-    attention_decode(const float* q, float* part, Seqs s, int row0, int H, int Hkv, int hd, int vd, float scale,
-                     int kt, int vt, int splits) {
-    GRID_DEP();
-    extern __shared__ float ad_smem[];
+// keys and values of a tile of AD_T positions are put in shared memory
+// once for the group, each lane scores one position of the tile, and each
+// lane keeps vd/32 of its head's output. Writes (m, l, o[vd]) as
+// attention_split does. H16 (f16 caches, 8 ≤ G ≤ 16): the tile is copied
+// as f16; otherwise decoded to f32. Dynamic shared memory
+// (cuda/mixers.rs `decode_smem`): the tile, then G·hd floats of queries.
+template <bool H16>
+__device__ __forceinline__ void attention_decode_t(const float* q, float* part, const Seqs& s, int row0, int H,
+                                                   int Hkv, int hd, int vd, float scale, int kt, int vt,
+                                                   int splits, char* smem) {
     const int G = H / Hkv, kvh = blockIdx.x, t = row0 + blockIdx.y, c = blockIdx.z;
     const int lane = threadIdx.x & 31, g = threadIdx.x >> 5, h = kvh * G + g;
     const int z = seq_of(s, t);
     if (z < 0) return;
-    float* ks = ad_smem;                   // [AD_T][hd + 1]
-    float* vs = ks + AD_T * (hd + 1);      // [AD_T][vd]
-    float* qs = vs + AD_T * vd;            // [G][hd], times scale
+    float* ks = (float*)smem;                       // f32: [AD_T][hd + 1]
+    float* vs = ks + AD_T * (hd + 1);               // f32: [AD_T][vd]
+    u16* ks16 = (u16*)smem;                         // f16: [AD_T][hd + 2]
+    u16* vs16 = ks16 + AD_T * (hd + 2);             // f16: [AD_T][vd]
+    float* qs = H16 ? (float*)(vs16 + AD_T * vd) : vs + AD_T * vd;  // [G][hd], times scale
     const int len = s.pos0[z] + t - s.off[z] + 1;
     const int chunk = (len + splits - 1) / splits;
     const int j0 = min(len, c * chunk), j1 = min(len, j0 + chunk);
@@ -147,24 +179,41 @@ extern "C" __global__ void __launch_bounds__(512)
     for (int p0 = j0; p0 < j1; p0 += AD_T) {
         const int n = min(AD_T, j1 - p0);
         __syncthreads();  // the last tile is read
-        // Warp g loads rows g, g + G, …: its lanes read a row's values in order.
-        for (int r = g; r < AD_T; r += G) {
-            const char* kr = k + (p0 + r) * krb;
-            const char* vr = v + (p0 + r) * vrb;
-            for (int d = lane; d < hd; d += 32) ks[r * (hd + 1) + d] = r < n ? kv_val(kr, kt, kw, kvh * hd + d) : 0.0f;
-            for (int d = lane; d < vd; d += 32) vs[r * vd + d] = r < n ? kv_val(vr, vt, vw, kvh * vd + d) : 0.0f;
+        if constexpr (H16) {
+            ad_load16(k + p0 * krb, v + p0 * vrb, krb, vrb, 2 * kvh * hd, 2 * kvh * vd, n, hd, vd, G, g, lane, ks16,
+                      vs16);
+        } else {
+            // Warp g loads rows g, g + G, …: its lanes read a row's values in order.
+            for (int r = g; r < AD_T; r += G) {
+                const char* kr = k + (p0 + r) * krb;
+                const char* vr = v + (p0 + r) * vrb;
+                for (int d = lane; d < hd; d += 32)
+                    ks[r * (hd + 1) + d] = r < n ? kv_val(kr, kt, kw, kvh * hd + d) : 0.0f;
+                for (int d = lane; d < vd; d += 32) vs[r * vd + d] = r < n ? kv_val(vr, vt, vw, kvh * vd + d) : 0.0f;
+            }
         }
         __syncthreads();
         // Lane r scores position p0 + r for head g.
         const float* qh = qs + g * hd;
-        const float* kr = ks + lane * (hd + 1);
         float s4[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // four chains, not one
-        int d = 0;
-        for (; d + 4 <= hd; d += 4) {
+        if constexpr (H16) {
+            const u32* kr = (const u32*)(ks16 + lane * (hd + 2));  // pairs of f16
+            for (int d = 0; d < hd; d += 4) {
+                const u32 a = kr[d >> 1], b = kr[(d >> 1) + 1];
+                s4[0] = fmaf(qh[d], f16f((u16)(a & 0xffff)), s4[0]);
+                s4[1] = fmaf(qh[d + 1], f16f((u16)(a >> 16)), s4[1]);
+                s4[2] = fmaf(qh[d + 2], f16f((u16)(b & 0xffff)), s4[2]);
+                s4[3] = fmaf(qh[d + 3], f16f((u16)(b >> 16)), s4[3]);
+            }
+        } else {
+            const float* kr = ks + lane * (hd + 1);
+            int d = 0;
+            for (; d + 4 <= hd; d += 4) {
 #pragma unroll
-            for (int u = 0; u < 4; u++) s4[u] = fmaf(qh[d + u], kr[d + u], s4[u]);
+                for (int u = 0; u < 4; u++) s4[u] = fmaf(qh[d + u], kr[d + u], s4[u]);
+            }
+            for (; d < hd; d++) s4[0] = fmaf(qh[d], kr[d], s4[0]);
         }
-        for (; d < hd; d++) s4[0] = fmaf(qh[d], kr[d], s4[0]);
         float sc = (s4[0] + s4[1]) + (s4[2] + s4[3]);
         if (lane >= n) sc = NEG_INF;
         const float mn = fmaxf(m, warp_max(sc));
@@ -175,11 +224,10 @@ extern "C" __global__ void __launch_bounds__(512)
         for (int i = 0; i < ATT_MAXD; i++) o[i] *= corr;
         for (int r = 0; r < n; r++) {
             const float pr = __shfl_sync(FULL_MASK, p, r);
-            const float* vr = vs + r * vd;
 #pragma unroll
             for (int i = 0; i < ATT_MAXD; i++) {
                 const int d = lane + 32 * i;
-                if (d < vd) o[i] = fmaf(pr, vr[d], o[i]);
+                if (d < vd) o[i] = fmaf(pr, H16 ? f16f(vs16[r * vd + d]) : vs[r * vd + d], o[i]);
             }
         }
         m = mn;
@@ -195,6 +243,17 @@ extern "C" __global__ void __launch_bounds__(512)
         if (d < vd) pp[2 + d] = o[i];
     }
 }
+
+#define ATTENTION_DECODE(NAME, H16)                                                                             \
+    extern "C" __global__ void __launch_bounds__(512)                                                           \
+        NAME(const float* q, float* part, Seqs s, int row0, int H, int Hkv, int hd, int vd, float scale, int kt, \
+             int vt, int splits) {                                                                              \
+        GRID_DEP();                                                                                             \
+        extern __shared__ __align__(16) char ad_smem[];                                                         \
+        attention_decode_t<H16>(q, part, s, row0, H, Hkv, hd, vd, scale, kt, vt, splits, ad_smem);              \
+    }
+ATTENTION_DECODE(attention_decode, false)
+ATTENTION_DECODE(attention_decode16, true)
 
 // out [n, H, vd] of rows row0 .. row0 + rows − 1 = the splits of part
 // merged (grid (H, rows); at most 256 splits): each split's weight
