@@ -43,6 +43,7 @@ kernels!(
         attention_split,
         attention_decode,
         attention_decode16,
+        attention_decode8,
         attention_merge,
         flash_attention64,
         flash_attention128,

@@ -90,23 +90,45 @@ fn head_args(a: &AttnArgs) -> (i32, i32, i32, i32, f32) {
     )
 }
 
-/// Dynamic shared memory of `attention_decode` (f32 tiles, rows of keys
-/// padded by one) or `attention_decode16` (f16 tiles, padded by two), and
-/// the group's queries in f32.
-fn decode_smem(h16: bool, group: usize, hd: usize, vd: usize) -> usize {
-    let tile = match h16 {
-        true => 2 * DECODE_TILE * (hd + 2 + vd),
-        false => 4 * DECODE_TILE * (hd + 1 + vd),
-    };
-    tile + 4 * group * hd
+/// How `attention_decode` holds a tile of keys and values in shared
+/// memory: decoded to f32, or copied as they are from f16 or q8_0 caches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Tile {
+    F32,
+    F16,
+    Q8,
 }
 
-/// Whether `attention_decode16` takes these heads over caches of `types`:
-/// f16 K and V, groups of 8 to 16 (a warp copies at most four rows of a
-/// tile), dimensions whole 16-byte pieces.
-fn decode16(group: usize, a: &AttnArgs, types: (i32, i32)) -> bool {
-    let f16 = KvType::F16.code() as i32;
-    types == (f16, f16) && (8..=MAX_GROUP).contains(&group) && a.head_dim.is_multiple_of(8) && a.v_dim.is_multiple_of(8)
+impl Tile {
+    /// The tile for heads `a` over caches of `types`: copied where the
+    /// group has 8 to 16 heads (a warp copies at most four rows) and the
+    /// rows are whole 16-byte pieces (q8_0: rows of 256 values and more,
+    /// so that every row of codes and scales starts on 16 bytes).
+    fn of(a: &AttnArgs, types: (i32, i32)) -> Tile {
+        let group = a.n_heads / a.n_kv_heads;
+        let (f16, q8) = (KvType::F16.code() as i32, KvType::Q8_0.code() as i32);
+        let (kw, vw) = (a.n_kv_heads * a.head_dim, a.n_kv_heads * a.v_dim);
+        if !(8..=MAX_GROUP).contains(&group) {
+            Tile::F32
+        } else if types == (f16, f16) && a.head_dim.is_multiple_of(8) && a.v_dim.is_multiple_of(8) {
+            Tile::F16
+        } else if types == (q8, q8) && kw.is_multiple_of(256) && vw.is_multiple_of(256) {
+            Tile::Q8
+        } else {
+            Tile::F32
+        }
+    }
+
+    /// Dynamic shared memory of the kernel: the tile (rows of keys padded
+    /// by 4 bytes, or by one f32), and the group's queries in f32.
+    fn smem(self, group: usize, hd: usize, vd: usize) -> usize {
+        let tile = match self {
+            Tile::F32 => 4 * DECODE_TILE * (hd + 1 + vd),
+            Tile::F16 => 2 * DECODE_TILE * (hd + 2 + vd),
+            Tile::Q8 => DECODE_TILE * (hd + 4 + vd) + 4 * DECODE_TILE * (hd + vd) / 32,
+        };
+        tile + 4 * group * hd
+    }
 }
 
 /// How many ranges each row's keys are cut into, for `blocks_per_split`
@@ -139,8 +161,8 @@ fn attend_split(
     types: (i32, i32),
 ) -> Result<bool> {
     let group = a.n_heads / a.n_kv_heads;
-    let h16 = decode16(group, a, types);
-    let smem = decode_smem(h16, group, a.head_dim, a.v_dim);
+    let tile = Tile::of(a, types);
+    let smem = tile.smem(group, a.head_dim, a.v_dim);
     let grouped = group <= MAX_GROUP && gpu.cc.0 >= 7 && smem <= gpu.smem_optin;
     let sp = splits(gpu, t, rows, if grouped { a.n_kv_heads } else { a.n_heads });
     if sp < 2 {
@@ -154,10 +176,10 @@ fn attend_split(
     let args = cuda_args![q0, pp, *t, y0, h, hkv, hd, vd, sc, types.0, types.1, sp32];
     if grouped {
         let grid = (a.n_kv_heads as u32, rows as u32, sp as u32);
-        let f = if h16 {
-            gpu.k.attention_decode16
-        } else {
-            gpu.k.attention_decode
+        let f = match tile {
+            Tile::F32 => gpu.k.attention_decode,
+            Tile::F16 => gpu.k.attention_decode16,
+            Tile::Q8 => gpu.k.attention_decode8,
         };
         gpu.launch(f, grid, 32 * group as u32, smem as u32, args)?;
     } else {
@@ -366,8 +388,12 @@ pub(crate) fn allow_shared_memory(gpu: &Gpu) -> Result<()> {
         true => {
             gpu.allow_shared_memory(gpu.k.delta_scan, DELTA_SCAN_MAX_SMEM)?;
             gpu.allow_shared_memory(gpu.k.delta_scan128, DELTA_SCAN_MAX_SMEM)?;
-            for (f, h16) in [(gpu.k.attention_decode, false), (gpu.k.attention_decode16, true)] {
-                gpu.allow_shared_memory(f, decode_smem(h16, MAX_GROUP, ATT_MAX_DIM, ATT_MAX_DIM))?;
+            for (f, tile) in [
+                (gpu.k.attention_decode, Tile::F32),
+                (gpu.k.attention_decode16, Tile::F16),
+                (gpu.k.attention_decode8, Tile::Q8),
+            ] {
+                gpu.allow_shared_memory(f, tile.smem(MAX_GROUP, ATT_MAX_DIM, ATT_MAX_DIM))?;
             }
             delta_chunk::allow_shared_memory(gpu)
         }

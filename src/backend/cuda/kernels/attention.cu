@@ -142,16 +142,60 @@ __device__ __forceinline__ void ad_load16(const char* k, const char* v, i64 krb,
     }
 }
 
+// A tile's rows of a q8_0 cache: the codes copied as they are (lane i
+// takes codes 16i .. 16i + 15 of each of the warp's rows, every load
+// before any store), the scales as f32; rows from n on are zeros. ks8
+// [AD_T][hd + 4], vs8 [AD_T][vd] codes; kd [AD_T][hd/32], vd8 [AD_T][vd/32]
+// scales. Rows of kw (K) and vw (V) values: codes, then f16 scales.
+__device__ __forceinline__ void ad_load8(const char* k, const char* v, i64 krb, i64 vrb, int kvh, int kw, int vw,
+                                         int n, int hd, int vd, int G, int g, int lane, signed char* ks8,
+                                         signed char* vs8, float* kd, float* vsd) {
+    uint4 kx[4], vx[4];
+    float ksc[4], vsc[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const int r = g + i * G;
+        const bool ok = r < AD_T && r < n;
+        const uint4 zero = make_uint4(0, 0, 0, 0);
+        const char* kr = k + r * krb;
+        const char* vr = v + r * vrb;
+        kx[i] = ok && 16 * lane < hd ? __ldg((const uint4*)(kr + kvh * hd) + lane) : zero;
+        vx[i] = ok && 16 * lane < vd ? __ldg((const uint4*)(vr + kvh * vd) + lane) : zero;
+        ksc[i] = ok && lane < hd / 32 ? f16f(((const u16*)(kr + kw))[kvh * hd / 32 + lane]) : 0.0f;
+        vsc[i] = ok && lane < vd / 32 ? f16f(((const u16*)(vr + vw))[kvh * vd / 32 + lane]) : 0.0f;
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const int r = g + i * G;
+        if (r >= AD_T) break;
+        if (16 * lane < hd) {
+            u32* kw4 = (u32*)(ks8 + r * (hd + 4) + 16 * lane);  // rows of hd + 4: 4-byte aligned
+            kw4[0] = kx[i].x;
+            kw4[1] = kx[i].y;
+            kw4[2] = kx[i].z;
+            kw4[3] = kx[i].w;
+        }
+        if (16 * lane < vd) *(uint4*)(vs8 + r * vd + 16 * lane) = vx[i];
+        if (lane < hd / 32) kd[r * (hd / 32) + lane] = ksc[i];
+        if (lane < vd / 32) vsd[r * (vd / 32) + lane] = vsc[i];
+    }
+}
+
 // Flash-decoding for a KV head's whole group of query heads at once: block
 // (kvh, y, c) takes row row0 + y, the group's G = H/Hkv heads (one warp
 // each, blockDim 32·G) and the c-th of `splits` ranges of its keys; the
 // keys and values of a tile of AD_T positions are put in shared memory
 // once for the group, each lane scores one position of the tile, and each
 // lane keeps vd/32 of its head's output. Writes (m, l, o[vd]) as
-// attention_split does. H16 (f16 caches, 8 ≤ G ≤ 16): the tile is copied
-// as f16; otherwise decoded to f32. Dynamic shared memory
+// attention_split does. MODE AD_F16 (f16 caches, 8 ≤ G ≤ 16): the tile is
+// copied as f16; AD_Q8 (q8_0 caches, 8 ≤ G ≤ 16): as codes and scales,
+// each value taken as code·scale where it is read; AD_F32: decoded to f32. Dynamic shared memory
 // (cuda/mixers.rs `decode_smem`): the tile, then G·hd floats of queries.
-template <bool H16>
+#define AD_F32 0
+#define AD_F16 1
+#define AD_Q8 2
+
+template <int MODE>
 __device__ __forceinline__ void attention_decode_t(const float* q, float* part, const Seqs& s, int row0, int H,
                                                    int Hkv, int hd, int vd, float scale, int kt, int vt,
                                                    int splits, char* smem) {
@@ -163,7 +207,13 @@ __device__ __forceinline__ void attention_decode_t(const float* q, float* part, 
     float* vs = ks + AD_T * (hd + 1);               // f32: [AD_T][vd]
     u16* ks16 = (u16*)smem;                         // f16: [AD_T][hd + 2]
     u16* vs16 = ks16 + AD_T * (hd + 2);             // f16: [AD_T][vd]
-    float* qs = H16 ? (float*)(vs16 + AD_T * vd) : vs + AD_T * vd;  // [G][hd], times scale
+    signed char* ks8 = (signed char*)smem;            // q8: [AD_T][hd + 4] codes
+    signed char* vs8 = ks8 + AD_T * (hd + 4);         // q8: [AD_T][vd] codes
+    float* kd8 = (float*)(vs8 + AD_T * vd);           // q8: [AD_T][hd / 32] scales
+    float* vd8 = kd8 + AD_T * (hd / 32);              // q8: [AD_T][vd / 32] scales
+    float* qs = MODE == AD_F16 ? (float*)(vs16 + AD_T * vd)
+                : MODE == AD_Q8 ? vd8 + AD_T * (vd / 32)
+                                : vs + AD_T * vd;  // [G][hd], times scale
     const int len = s.pos0[z] + t - s.off[z] + 1;
     const int chunk = (len + splits - 1) / splits;
     const int j0 = min(len, c * chunk), j1 = min(len, j0 + chunk);
@@ -179,7 +229,9 @@ __device__ __forceinline__ void attention_decode_t(const float* q, float* part, 
     for (int p0 = j0; p0 < j1; p0 += AD_T) {
         const int n = min(AD_T, j1 - p0);
         __syncthreads();  // the last tile is read
-        if constexpr (H16) {
+        if constexpr (MODE == AD_Q8) {
+            ad_load8(k + p0 * krb, v + p0 * vrb, krb, vrb, kvh, kw, vw, n, hd, vd, G, g, lane, ks8, vs8, kd8, vd8);
+        } else if constexpr (MODE == AD_F16) {
             ad_load16(k + p0 * krb, v + p0 * vrb, krb, vrb, 2 * kvh * hd, 2 * kvh * vd, n, hd, vd, G, g, lane, ks16,
                       vs16);
         } else {
@@ -196,7 +248,17 @@ __device__ __forceinline__ void attention_decode_t(const float* q, float* part, 
         // Lane r scores position p0 + r for head g.
         const float* qh = qs + g * hd;
         float s4[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // four chains, not one
-        if constexpr (H16) {
+        if constexpr (MODE == AD_Q8) {
+            const u32* kr = (const u32*)(ks8 + lane * (hd + 4));  // four codes a word
+            const float* kds = kd8 + lane * (hd / 32);
+            for (int d = 0; d < hd; d += 4) {
+                const u32 w = kr[d >> 2];
+                const float sd = kds[d >> 5];
+#pragma unroll
+                for (int u = 0; u < 4; u++)
+                    s4[u] = fmaf(qh[d + u], (float)(signed char)(w >> (8 * u)) * sd, s4[u]);
+            }
+        } else if constexpr (MODE == AD_F16) {
             const u32* kr = (const u32*)(ks16 + lane * (hd + 2));  // pairs of f16
             for (int d = 0; d < hd; d += 4) {
                 const u32 a = kr[d >> 1], b = kr[(d >> 1) + 1];
@@ -227,7 +289,15 @@ __device__ __forceinline__ void attention_decode_t(const float* q, float* part, 
 #pragma unroll
             for (int i = 0; i < ATT_MAXD; i++) {
                 const int d = lane + 32 * i;
-                if (d < vd) o[i] = fmaf(pr, H16 ? f16f(vs16[r * vd + d]) : vs[r * vd + d], o[i]);
+                if (d >= vd) continue;
+                float x;
+                if constexpr (MODE == AD_Q8)
+                    x = (float)vs8[r * vd + d] * vd8[r * (vd / 32) + (d >> 5)];
+                else if constexpr (MODE == AD_F16)
+                    x = f16f(vs16[r * vd + d]);
+                else
+                    x = vs[r * vd + d];
+                o[i] = fmaf(pr, x, o[i]);
             }
         }
         m = mn;
@@ -244,16 +314,17 @@ __device__ __forceinline__ void attention_decode_t(const float* q, float* part, 
     }
 }
 
-#define ATTENTION_DECODE(NAME, H16)                                                                             \
+#define ATTENTION_DECODE(NAME, MODE)                                                                             \
     extern "C" __global__ void __launch_bounds__(512)                                                           \
         NAME(const float* q, float* part, Seqs s, int row0, int H, int Hkv, int hd, int vd, float scale, int kt, \
              int vt, int splits) {                                                                              \
         GRID_DEP();                                                                                             \
         extern __shared__ __align__(16) char ad_smem[];                                                         \
-        attention_decode_t<H16>(q, part, s, row0, H, Hkv, hd, vd, scale, kt, vt, splits, ad_smem);              \
+        attention_decode_t<MODE>(q, part, s, row0, H, Hkv, hd, vd, scale, kt, vt, splits, ad_smem);             \
     }
-ATTENTION_DECODE(attention_decode, false)
-ATTENTION_DECODE(attention_decode16, true)
+ATTENTION_DECODE(attention_decode, AD_F32)
+ATTENTION_DECODE(attention_decode16, AD_F16)
+ATTENTION_DECODE(attention_decode8, AD_Q8)
 
 // out [n, H, vd] of rows row0 .. row0 + rows − 1 = the splits of part
 // merged (grid (H, rows); at most 256 splits): each split's weight
