@@ -21,11 +21,13 @@ pub mod engine;
 pub mod experts;
 pub mod model;
 pub mod notify;
+pub mod options;
 pub(crate) mod parallel;
 pub mod server;
 pub mod session;
 pub mod text;
 
-pub use engine::{Device, Model, Options};
+pub use engine::Model;
+pub use options::{Device, Options};
 pub use session::{BatchItem, Session};
 pub mod synth;

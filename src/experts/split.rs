@@ -14,7 +14,7 @@ use crate::error::{Error, Result};
 /// fast at 50% (docs/notes/2026-11-22-to-12-02-benchmark-log.md, "Streaming
 /// without CUDA graphs"; docs/streaming.md); `Off` by default where misses go
 /// through staging buffers
-/// (the split was not measured there). See `engine::Options::hybrid`.
+/// (the split was not measured there). See `Options::hybrid` (`options.rs`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Hybrid {
     /// Split by the cost model.
