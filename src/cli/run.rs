@@ -5,6 +5,7 @@ use super::interrupt;
 pub use super::model_args::ModelArgs;
 use anyhow::Context;
 use clap::Args;
+use moeflux::backend::KvType;
 use moeflux::generate::{CacheTraffic, Finish, GenerationStats, Generator, PhaseBreakdown, Request};
 use moeflux::text::{
     model_eos_ids, ChatRequest, ChatTemplate, Rng, SamplingParams, TextStream, Tokenizer, TokenizerConfig,
@@ -410,8 +411,19 @@ pub fn write_summary(
 }
 
 /// `, kernel K` on the CPU, with what the fast path does when it runs;
-/// on CUDA, whether prefill runs on tensor cores.
+/// on CUDA, whether prefill runs on tensor cores; then the KV caches'
+/// types where they round (f16 by default).
 pub fn kernel_note(model: &Model) -> String {
+    let kv = model.kv_types();
+    let kv_note = match (kv.k, kv.v) {
+        (KvType::F32, KvType::F32) => String::new(),
+        (k, v) if k == v => format!(", KV cache {k} (-ctk/-ctv f32 or --exact for f32)"),
+        (k, v) => format!(", KV cache {k}/{v} (-ctk/-ctv f32 or --exact for f32)"),
+    };
+    kernel_only(model) + &kv_note
+}
+
+fn kernel_only(model: &Model) -> String {
     match model.cuda_tensor_cores() {
         Some(true) => return ", prefill products on tensor cores (split f16, f32 sums; --exact for f32)".into(),
         Some(false) => return String::new(),
