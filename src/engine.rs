@@ -473,6 +473,11 @@ impl Model {
         })
     }
 
+    /// `st` back to empty, its caches kept (`Net::reset_state`).
+    pub(crate) fn reset_state(&self, st: &mut EngineState) -> Result<()> {
+        with_net_state!(&self.engine, st, n, s => n.reset_state(s))
+    }
+
     fn timer(&self) -> &crate::model::timing::PhaseTimer {
         with_net!(&self.engine, n => &n.timer)
     }

@@ -217,9 +217,15 @@ impl<'m> Session<'m> {
         self.eval_prompt(&[token], pos)
     }
 
-    /// Everything back to empty, checkpoints dropped.
+    /// Everything back to empty, checkpoints dropped. The caches stay
+    /// allocated (a second set of them, even for a moment, may not fit
+    /// the memory plan).
     pub fn clear(&mut self) -> Result<()> {
-        self.state = self.model.new_state(self.model.n_ctx())?;
+        if let Err(e) = self.model.reset_state(&mut self.state) {
+            // Some recurrent states may be zero, others not.
+            self.broken = true;
+            return Err(e);
+        }
         self.pos = 0;
         self.tokens = Some(Vec::new());
         self.checkpoints.clear();

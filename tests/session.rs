@@ -420,3 +420,19 @@ fn snapshots_round_trip_in_every_cache_type() {
         }
     }
 }
+
+/// A cleared session computes what a new one does: its recurrent states
+/// are zero again, and its caches' old positions are never read.
+#[test]
+fn a_cleared_session_equals_a_new_one() {
+    for name in ["qwen3_next", "deepseek_v3"] {
+        let m = open(name);
+        let mut s = m.session().unwrap();
+        s.eval_prompt(&TOKENS[..7], 0).unwrap();
+        s.clear().unwrap();
+        assert_eq!(s.pos(), 0);
+        let got = s.eval_prompt(&TOKENS[3..6], 0).unwrap();
+        let want = m.session().unwrap().eval_prompt(&TOKENS[3..6], 0).unwrap();
+        assert_eq!(got, want, "{name}: a cleared session differs from a new one");
+    }
+}

@@ -302,6 +302,20 @@ impl<B: Backend> Net<B> {
         Ok(State { layers, capacity })
     }
 
+    /// `st` back to empty without allocating its caches again: a cache's
+    /// positions past the sequence's are never read, so only the recurrent
+    /// layers' states are made zero (new zeroed buffers, small).
+    pub fn reset_state(&self, st: &mut State<B>) -> Result<()> {
+        for l in &mut st.layers {
+            if let LayerState::Delta { conv, ssm } = l {
+                let lc = linear_cfg(&self.cfg)?;
+                *conv = self.b.alloc((lc.conv_kernel - 1) * lc.conv_dim())?;
+                *ssm = self.b.alloc(lc.num_value_heads * lc.value_head_dim * lc.key_head_dim)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Elements per position of each cache buffer of a layer state.
     fn row_sizes(&self, s: &LayerState<B>) -> Option<(usize, usize)> {
         match s {
