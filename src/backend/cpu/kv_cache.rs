@@ -27,7 +27,7 @@ pub struct CpuCache {
 
 impl CpuCache {
     pub fn new(t: KvType, rows: usize, width: usize) -> Result<CpuCache> {
-        t.check_width(width, width.min(Q8_BLOCK), "this cache")?;
+        t.check_width(width, width, "this cache")?;
         let n = rows
             .checked_mul(width)
             .ok_or_else(|| Error::Invalid(format!("a KV cache of {rows} rows of {width} overflows")))?;
@@ -40,10 +40,6 @@ impl CpuCache {
             },
         };
         Ok(CpuCache { t, width, rows, data })
-    }
-
-    pub fn kind(&self) -> KvType {
-        self.t
     }
 
     pub fn width(&self) -> usize {
@@ -92,8 +88,8 @@ impl CpuCache {
         let n = out.len() / self.width.max(1);
         self.check(row0, n, "KV cache read")?;
         let at = row0 * self.width;
+        let mut tmp = Vec::new();
         for (r, o) in out.chunks_exact_mut(self.width).enumerate() {
-            let mut tmp = Vec::new();
             let got = self.span(at + r * self.width, self.width, &mut tmp);
             o.copy_from_slice(got);
         }

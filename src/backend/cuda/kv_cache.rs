@@ -20,7 +20,7 @@ pub struct CudaCache {
 
 impl CudaCache {
     pub(crate) fn new(gpu: &Arc<Gpu>, t: KvType, rows: usize, width: usize) -> Result<CudaCache> {
-        t.check_width(width, width.min(crate::backend::kv::Q8_BLOCK), "this cache")?;
+        t.check_width(width, width, "this cache")?;
         let bytes = rows
             .checked_mul(t.row_bytes(width))
             .ok_or_else(|| Error::Invalid(format!("a KV cache of {rows} rows of {width} overflows")))?;
